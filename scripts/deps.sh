@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs the Debian packages vlac needs (only those missing). Usage: scripts/deps.sh [build|test]
+set -euo pipefail
+want=(g++ cmake ninja-build pkg-config libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
+      libcli11-dev libxxhash-dev libopenblas-dev libdnnl-dev libsentencepiece-dev)
+if [[ "${1:-build}" == test ]]; then
+  # clang + its runtime for the libFuzzer targets; chromium renders the snapshot HTML in a test.
+  want+=(clang libclang-rt-14-dev chromium)
+fi
+missing=()
+for p in "${want[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "deps: installing ${missing[*]}" >&2
+  sudo_cmd=""; [[ $(id -u) -ne 0 ]] && sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi

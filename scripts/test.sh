@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Install what is missing, build, and run every test: release build, then the ASan+UBSan
+# build, then each libFuzzer target for a bounded time.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/deps.sh test
+fuzz_seconds=${VLAC_FUZZ_SECONDS:-30}
+
+echo "== release build + tests"
+cmake --preset release >/dev/null
+cmake --build --preset release
+ctest --preset release
+
+echo "== ASan + UBSan build + tests"
+cmake --preset asan >/dev/null
+cmake --build --preset asan
+ctest --preset asan
+
+echo "== fuzz targets (${fuzz_seconds}s each)"
+cmake --preset fuzz >/dev/null
+cmake --build --preset fuzz
+shopt -s nullglob
+n=0
+for f in build-fuzz/fuzz_*; do
+  [[ -x "$f" && -f "$f" ]] || continue
+  name=$(basename "$f")
+  corpus="fuzz/corpus/${name#fuzz_}"
+  mkdir -p "build-fuzz/corpus-$name"
+  args=("build-fuzz/corpus-$name")
+  [[ -d "$corpus" ]] && args+=("$corpus")
+  echo "-- $name"
+  "$f" -max_total_time="$fuzz_seconds" -rss_limit_mb=2048 -print_final_stats=0 "${args[@]}" 2>&1 | tail -n 3
+  n=$((n + 1))
+done
+echo "fuzz: $n targets ran without a crash"

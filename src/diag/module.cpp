@@ -1,0 +1,1 @@
+// placeholder so the module library is never empty

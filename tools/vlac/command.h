@@ -1,0 +1,40 @@
+// Shared plumbing for vlac subcommands: common flags (--report-json), the memory meter around
+// every command, one-line errors and the exit-code convention (0 ok, 2 bad input, 1 other).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+#include <string>
+
+#include "core/status.h"
+#include "mem/meter.h"
+
+namespace vlac::cli {
+
+struct CommonOptions {
+  std::string report_json;  // --report-json FILE
+  bool quiet = false;       // --quiet: no summary line
+};
+
+/// Adds --report-json and --quiet to a subcommand.
+void add_common_options(CLI::App* sub, CommonOptions* opts);
+
+/// Runs `body` with a meter named `name`: prints "vlac NAME: error: ..." on failure, the
+/// summary line on stderr, writes the report if asked, and records the exit code.
+void run_command(const std::string& name, const CommonOptions& opts,
+                 const std::function<Status(MemMeter&)>& body);
+
+/// The exit code main() returns (set by run_command).
+int& exit_code();
+
+// One registration function per subcommand file (explicit, no static initializers).
+void register_inspect(CLI::App& app);
+void register_convert(CLI::App& app);
+void register_demo(CLI::App& app);
+void register_mem(CLI::App& app);
+void register_mem_oom(CLI::App& mem);
+void register_mem_plan(CLI::App& mem);
+void register_mem_snapshot(CLI::App& mem);
+
+}  // namespace vlac::cli
