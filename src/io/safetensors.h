@@ -68,6 +68,7 @@ class SafetensorsFile {
       : map_(std::move(map)), header_(std::move(header)) {}
   MappedFile map_;
   SafetensorsHeader header_;
+  std::vector<size_t> by_name_;  // indices into header_.tensors, sorted by name (for find)
 };
 
 /// One logical set of tensors over a single file or the shards named by an index json.
