@@ -3,6 +3,7 @@
 #include "io/json_reader.h"
 
 #include <cstdio>
+#include <cstring>
 #include <set>
 #include <vector>
 
@@ -148,6 +149,10 @@ Result<json> parse_json_strict(const uint8_t* data, size_t size, const std::stri
   size_t bad = 0;
   if (!is_valid_utf8(data, size, &bad))
     return invalid_format(path + ": invalid UTF-8 at byte " + std::to_string(bad));
+  // nlohmann's lexer takes a NUL byte for the end of input; JSON text never holds a raw NUL.
+  if (const void* z = std::memchr(data, 0, size))
+    return invalid_format(path + ": NUL byte at byte " + std::to_string(static_cast<const uint8_t*>(z) - data) +
+                          " (not JSON text)");
   StrictDomSax sax(max_depth);
   try {
     const char* first = reinterpret_cast<const char*>(data);

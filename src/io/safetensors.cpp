@@ -286,6 +286,11 @@ Result<SafetensorsHeader> parse_safetensors_header(const uint8_t* data, uint64_t
   size_t bad = 0;
   if (!is_valid_utf8(h, n, &bad))
     return invalid_format(path + ": header is not valid UTF-8 (header byte " + std::to_string(bad) + ")");
+  // nlohmann's lexer takes a NUL byte for the end of input, so "{}\0junk" would pass: no raw NUL
+  // may appear anywhere in JSON text.
+  if (const void* z = std::memchr(h, 0, n))
+    return invalid_format(path + ": header contains a NUL byte (header byte " +
+                          std::to_string(static_cast<const uint8_t*>(z) - h) + ")");
 
   HeaderSax sax(path);
   try {
