@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import inspect
 import json
 import math
@@ -131,6 +132,10 @@ MODEL_B = TinyModel(
     tokenizer_max_length=24,
     seed=4321,
 )
+
+# Same weights as tiny_a (same seed, same draw order) run by lerobot in its dtype="bfloat16" mode:
+# lerobot casts the Gemma weights to bf16 and keeps SigLIP, projector, norms and adaRMS denses f32.
+MODEL_A_BF16 = dataclasses.replace(MODEL_A, name="tiny_a_bf16", dtype="bfloat16")
 
 # The model being built right now; read by the monkeypatched lerobot size tables below.
 _ACTIVE: TinyModel | None = None
@@ -554,6 +559,7 @@ def main() -> int:
 
     for m, cases in (
         (MODEL_A, [("tiny_a", None, MODEL_A.tokenizer_max_length, True)]),
+        (MODEL_A_BF16, [("tiny_a_bf16", None, MODEL_A.tokenizer_max_length, True)]),
         (
             MODEL_B,
             [
@@ -597,6 +603,7 @@ def main() -> int:
                 "transformers": transformers.__version__,
                 "dropped_camera": drop_cam or "",
                 "n_real_tokens": n_real,
+                "lerobot_dtype": m.dtype,
             }
             rec = write_case(out / case_name, "policy" if case_name == m.name else f"../{m.name}/policy", policy, post, obs, noise, meta)
             _, rec2 = run_lerobot(reloaded, to_batch(obs), noise[None], record=False)
