@@ -547,17 +547,282 @@ def write_case(
     return rec
 
 
+# --------------------------------------------------------------------------------------------
+# Processor-pipeline cases (issue 5): raw frames, raw state and task text through lerobot's own
+# saved pre/post-processor pipelines, with a SentencePiece tokenizer made by spm_train.
+# --------------------------------------------------------------------------------------------
+
+SPM_TRAIN_ARGS = [
+    "--vocab_size=600",
+    "--model_type=bpe",
+    "--pad_id=0",
+    "--eos_id=1",
+    "--bos_id=2",
+    "--unk_id=3",
+    "--pad_piece=<pad>",
+    "--eos_piece=<eos>",
+    "--bos_piece=<bos>",
+    "--unk_piece=<unk>",
+    "--byte_fallback=true",
+    "--split_digits=true",
+    "--add_dummy_prefix=false",
+    "--remove_extra_whitespaces=false",
+    "--normalization_rule_name=identity",
+    "--allow_whitespace_only_pieces=true",
+    "--character_coverage=1.0",
+]
+
+
+def spm_corpus() -> str:
+    import random
+
+    rnd = random.Random(0)
+    verbs = ["pick up", "put down", "place", "move", "push", "open", "close", "grasp", "rotate", "lift",
+             "stack", "insert", "fold", "wipe", "pour"]
+    objs = ["the red cube", "a blue bowl", "the green block", "the towel", "the drawer", "a cup",
+            "the yellow sponge", "the left box", "the bottle cap", "two spoons", "the plate", "a wooden peg"]
+    dest = ["on the plate", "into the bin", "to the left", "near the robot", "in the drawer",
+            "on top of the box", "behind the cup", ""]
+    lines = []
+    for _ in range(3000):
+        s = f"Task: {rnd.choice(verbs)} {rnd.choice(objs)} {rnd.choice(dest)}".strip()
+        st = " ".join(str(rnd.randint(0, 255)) for _ in range(rnd.randint(3, 12)))
+        lines.append(s + ", State: " + st + ";")
+        lines.append("Action: ")
+    return "\n".join(lines) + "\n"
+
+
+def ensure_tokenizer(tok_dir: Path):
+    """Gemma-style BPE SentencePiece model (ids: pad 0, eos 1, bos 2, unk 3; byte fallback, split
+    digits, identity normalization, no dummy prefix) + the HF tokenizer transformers converts from it."""
+    import subprocess
+    import tempfile
+
+    from transformers import AutoTokenizer
+
+    tok_dir.mkdir(parents=True, exist_ok=True)
+    model = tok_dir / "tokenizer.model"
+    if not model.exists():
+        with tempfile.TemporaryDirectory() as td:
+            corpus = Path(td) / "corpus.txt"
+            corpus.write_text(spm_corpus())
+            subprocess.run(
+                ["spm_train", "--input=corpus.txt", "--model_prefix=tokenizer", *SPM_TRAIN_ARGS],
+                cwd=td,  # relative paths: the trainer spec stored in the model stays reproducible
+                check=True,
+                capture_output=True,
+            )
+            shutil.copy(Path(td) / "tokenizer.model", model)
+    cfg = {
+        "tokenizer_class": "GemmaTokenizer",
+        "add_bos_token": True,
+        "add_eos_token": False,
+        "pad_token": "<pad>",
+        "bos_token": "<bos>",
+        "eos_token": "<eos>",
+        "unk_token": "<unk>",
+    }
+    with tempfile.TemporaryDirectory() as td:
+        shutil.copy(model, Path(td) / "tokenizer.model")
+        (Path(td) / "tokenizer_config.json").write_text(json.dumps(cfg))
+        tok = AutoTokenizer.from_pretrained(td)
+    return tok
+
+
+@dataclass
+class PipeCase:
+    name: str
+    base: TinyModel
+    norm: str  # QUANTILES or MEAN_STD (state and action)
+    relative: bool
+    action_names: list[str] | None
+    tokenizer_max_length: int
+    task: str
+    frames: dict  # cam -> ("uint8_hwc" | "float_chw", H, W) ; a cam missing here is absent
+    state_scale: float = 1.0  # how far the raw state reaches beyond [q01, q99]
+    zero_range_dim: int | None = None  # make q01 == q99 (and min == max) for this state/action dim
+
+
+PIPE_CASES = [
+    PipeCase(
+        name="pipe_b_quantiles",
+        base=MODEL_B,
+        norm="QUANTILES",
+        relative=False,
+        action_names=None,
+        tokenizer_max_length=64,
+        task="  pick_up the red cube\nthen stop ",
+        frames={
+            "observation.images.cam_high": ("uint8_hwc", 30, 50),
+            "observation.images.cam_left_wrist": ("float_chw", 64, 48),
+            "observation.images.cam_right_wrist": ("uint8_hwc", 40, 40),
+        },
+        state_scale=1.3,
+    ),
+    PipeCase(
+        name="pipe_b_meanstd_relative",
+        base=MODEL_B,
+        norm="MEAN_STD",
+        relative=True,
+        action_names=["shoulder_pan", "shoulder_lift", "elbow_flex", "wrist_flex", "wrist_roll", "Right_Gripper", "gripper"],
+        tokenizer_max_length=64,
+        task="fold the towel",
+        frames={
+            "observation.images.cam_high": ("float_chw", 45, 37),
+            "observation.images.cam_right_wrist": ("uint8_hwc", 24, 80),
+        },
+    ),
+    PipeCase(
+        name="pipe_a_truncated_relative",
+        base=MODEL_A,
+        norm="QUANTILES",
+        relative=True,
+        action_names=None,
+        tokenizer_max_length=16,  # the prompt is longer: lerobot truncates
+        task="Stack two spoons on the plate",
+        frames={
+            "observation.images.base_0_rgb": ("float_chw", 70, 90),
+            "observation.images.left_wrist_0_rgb": ("uint8_hwc", 112, 112),
+        },
+        zero_range_dim=2,
+    ),
+]
+
+
+def run_pipe_case(c: PipeCase, out: Path, tok) -> dict:
+    global _LOCAL_TOKENIZER
+    from lerobot.policies.factory import make_pre_post_processors
+    from lerobot.policies.pi05.processor_pi05 import make_pi05_pre_post_processors
+    from lerobot.policies.utils import prepare_observation_for_inference
+
+    _LOCAL_TOKENIZER = tok
+    m = c.base
+    cfg = make_config(m)
+    cfg.normalization_mapping = {
+        "VISUAL": NormalizationMode.IDENTITY,
+        "STATE": NormalizationMode(c.norm),
+        "ACTION": NormalizationMode(c.norm),
+    }
+    cfg.use_relative_actions = c.relative
+    cfg.action_feature_names = c.action_names
+    cfg.tokenizer_max_length = c.tokenizer_max_length
+    policy = build_policy(m, cfg)
+    randomize_(policy, m.seed)  # same weights as the core case of the same model
+
+    g = torch.Generator().manual_seed(m.seed + 100 + len(c.name))
+    stats = make_stats(m, torch.Generator().manual_seed(m.seed))
+    if c.zero_range_dim is not None:
+        d = c.zero_range_dim
+        for key in ("observation.state", "action"):
+            st = stats[key]
+            st["q99"][d] = st["q01"][d]
+            st["max"][d] = st["min"][d]
+
+    case_dir = out / c.name
+    policy_dir = case_dir / "policy"
+    if case_dir.exists():
+        shutil.rmtree(case_dir)
+    policy.save_pretrained(policy_dir)
+    pre, post = make_pi05_pre_post_processors(policy.config, dataset_stats=stats)
+    pre.save_pretrained(policy_dir)
+    post.save_pretrained(policy_dir)
+    tok_out = policy_dir / "tokenizer"
+    tok.save_pretrained(tok_out)
+    shutil.copy(out / "tokenizer" / "tokenizer.model", tok_out / "tokenizer.model")
+    # The weights are the core case's: share the file instead of storing it twice.
+    core_model = out / m.name / "policy" / "model.safetensors"
+    if core_model.exists() and core_model.read_bytes() == (policy_dir / "model.safetensors").read_bytes():
+        (policy_dir / "model.safetensors").unlink()
+        (policy_dir / "model.safetensors").symlink_to(f"../../{m.name}/policy/model.safetensors")
+
+    # Load everything back the way lerobot's inference does (factory reconnects relative/absolute).
+    pre, post = make_pre_post_processors(policy.config, pretrained_path=str(policy_dir))
+
+    # Raw observation as a robot delivers it.
+    q01, q99 = stats["observation.state"]["q01"], stats["observation.state"]["q99"]
+    u = torch.rand(m.state_dim, generator=g) * 2 - 1
+    u[0], u[-1] = -c.state_scale, c.state_scale
+    if c.norm == "MEAN_STD":
+        st = stats["observation.state"]
+        state = st["mean"] + u * st["std"]
+    else:
+        state = (q01 + q99) / 2 + u * (q99 - q01) / 2
+    if c.zero_range_dim is not None:
+        state[c.zero_range_dim] = q01[c.zero_range_dim] + 0.25
+    raw_obs = {"observation.state": state.to(torch.float32)}
+    np_obs = {"observation.state": state.numpy().astype(np.float32)}
+    for cam, (kind, h, w) in c.frames.items():
+        if kind == "uint8_hwc":
+            fr = torch.randint(0, 256, (h, w, 3), generator=g, dtype=torch.uint8)
+            raw_obs[cam] = fr
+            np_obs[cam] = fr.numpy()
+        else:
+            fr = torch.rand((3, h, w), generator=g)
+            raw_obs[cam] = fr
+            np_obs[cam] = fr.permute(1, 2, 0).contiguous().numpy()  # lerobot's helper takes HWC
+    batch = prepare_observation_for_inference(dict(np_obs), torch.device("cpu"), task=c.task)
+    batch = pre(batch)
+
+    noise = torch.randn((m.chunk_size, m.max_action_dim), generator=g)
+    rec_images = {}
+    orig_pp = policy._preprocess_images
+
+    def pp(b):
+        imgs, masks = orig_pp(b)
+        present = [k for k in policy.config.image_features if k in b]
+        for k, im in zip(present, imgs):
+            rec_images[f"images.{k}"] = im[0].detach().clone().contiguous()
+        return imgs, masks
+
+    policy._preprocess_images = pp
+    try:
+        actions, rec = run_lerobot(policy, batch, noise[None], record=False)
+    finally:
+        policy._preprocess_images = orig_pp
+    action = post(actions)
+
+    prompt = batch.get("task")
+    if isinstance(prompt, list):
+        prompt = prompt[0]
+    expected = {
+        "observation.language.tokens": batch["observation.language.tokens"][0].contiguous(),
+        "observation.language.attention_mask": batch["observation.language.attention_mask"][0].contiguous(),
+        "observation.state.normalized": batch["observation.state"][0].to(torch.float32).contiguous(),
+        "action_normalized": rec["action_normalized"],
+        "action": action[0].to(torch.float32).contiguous(),
+        **rec_images,
+    }
+    meta = {
+        "case": c.name,
+        "task": c.task,
+        "prompt": prompt,
+        "lerobot": lerobot.__version__,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "normalization": c.norm,
+        "use_relative_actions": str(c.relative),
+    }
+    save_file({k: v.contiguous() for k, v in raw_obs.items()}, str(case_dir / "obs.safetensors"), metadata={"task": c.task})
+    save_file({"noise": noise.contiguous()}, str(case_dir / "noise.safetensors"))
+    save_file(expected, str(case_dir / "expected.safetensors"), metadata=meta)
+    add_vision_heads_key(policy_dir, m.vision.num_heads)
+    print(f"{c.name}: prompt={prompt!r}")
+    print("  tokens", expected["observation.language.tokens"].tolist())
+    print("  action", expected["action"][0].tolist())
+    return expected
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path("tests/fixtures/pi05"))
-    ap.add_argument("--check-reload", action="store_true", default=True)
+    ap.add_argument("--pipeline-only", action="store_true", help="only (re)make the pipe_* cases")
     args = ap.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     summary = {}
 
-    for m, cases in (
+    model_sets = () if args.pipeline_only else (
         (MODEL_A, [("tiny_a", None, MODEL_A.tokenizer_max_length, True)]),
         (MODEL_A_BF16, [("tiny_a_bf16", None, MODEL_A.tokenizer_max_length, True)]),
         (
@@ -567,7 +832,8 @@ def main() -> int:
                 ("tiny_b_absent_cam", "observation.images.cam_left_wrist", 13, False),
             ],
         ),
-    ):
+    )
+    for m, cases in model_sets:
         g = torch.Generator().manual_seed(m.seed)
         policy = build_policy(m)
         randomize_(policy, m.seed)
@@ -613,6 +879,9 @@ def main() -> int:
             summary[case_name] = {k: list(v.shape) for k, v in rec.items() if not k.startswith("step.") or k.startswith("step.0.")}
             print(case_name, "action_normalized", rec["action_normalized"])
 
+    tok = ensure_tokenizer(out / "tokenizer")
+    for c in PIPE_CASES:
+        run_pipe_case(c, out, tok)
     print(json.dumps({k: len(v) for k, v in summary.items()}))
     return 0
 
