@@ -1,0 +1,116 @@
+// CPU reference kernels: plain functions over pointers + shapes, fp32 math (bf16 weights are
+// widened to fp32, fp32 accumulation). They never allocate: callers pass scratch sized by the
+// *_scratch_floats() helpers, so an engine can plan every buffer once at load time.
+//
+// Pointer parameters are borrowed for the duration of the call; nothing is retained. Inputs and
+// outputs must not overlap unless a function says "in place". Shapes are row-major, outermost
+// first. Sizes come from our own graph (validated at build time), so bad sizes are VLAC_CHECKed;
+// values read from files (token ids) return a Status instead.
+#pragma once
+
+#include <cstdint>
+
+#include "core/status.h"
+
+namespace vlac::cpu {
+
+/// lerobot/openpi's additive mask value (not -inf): masked logits get exactly zero probability
+/// when the row has at least one allowed key; a fully masked row becomes uniform, as in lerobot.
+constexpr float kMaskValue = -2.3819763e38f;
+
+/// Threads used by the BLAS calls (OpenBLAS); the elementwise kernels are single-threaded.
+void set_num_threads(int n);
+
+// ---------------------------------------------------------------------------------------------
+// Matmul
+
+/// y[M,N] = x[M,K] · W[N,K]ᵀ (+ b[N]); OpenBLAS sgemm. b may be null.
+void linear_f32(const float* x, const float* w, const float* b, float* y, int64_t m, int64_t k,
+                int64_t n);
+
+/// Scratch floats linear_bf16 wants for good speed (tiles of W rows); any value >= k works.
+int64_t linear_bf16_scratch_floats(int64_t k, int64_t n);
+/// y[M,N] = x[M,K] · W[N,K]ᵀ (+ b[N]) with W in bf16: rows of W are widened to fp32 into
+/// `scratch` (scratch_floats >= k) one tile at a time, each tile multiplied with sgemm (fp32
+/// accumulation). Equal to linear_f32 on the widened weights up to summation order.
+void linear_bf16(const float* x, const uint16_t* w, const float* b, float* y, int64_t m, int64_t k,
+                 int64_t n, float* scratch, int64_t scratch_floats);
+
+// ---------------------------------------------------------------------------------------------
+// Normalization (statistics in fp32 or better; row = last dim)
+
+/// y[R,D] = (x - mean) / sqrt(var + eps) * w + b   (biased variance, SigLIP LayerNorm).
+void layer_norm(const float* x, const float* w, const float* b, float* y, int64_t rows, int64_t d,
+                float eps);
+/// y[R,D] = x * rsqrt(mean(x²) + eps) * (1 + w)   (Gemma RMSNorm; stored w is an offset).
+void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t d, float eps);
+/// Adaptive RMSNorm (pi0.5 expert). mod[3D] = [scale | shift | gate] (one vector, broadcast over
+/// rows): y[R,D] = n * (1 + scale) + shift with n = x * rsqrt(mean(x²) + eps); gate[D] = mod[2D:3D].
+void ada_rms_norm(const float* x, const float* mod, float* y, float* gate, int64_t rows, int64_t d,
+                  float eps);
+
+// ---------------------------------------------------------------------------------------------
+// Elementwise (in place allowed: y may equal x)
+
+/// 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))
+void gelu_tanh(const float* x, float* y, int64_t n);
+/// y = gelu_tanh(gate) * up   (y may equal gate or up)
+void geglu(const float* gate, const float* up, float* y, int64_t n);
+/// y = x * sigmoid(x)
+void silu(const float* x, float* y, int64_t n);
+
+// ---------------------------------------------------------------------------------------------
+// Position and time
+
+/// Rotary embedding, rotate-half layout, in place on x[T,H,Dh] (Dh even): for i < Dh/2 with
+/// θ_i = base^(-2i/Dh) and a = pos[t]·θ_i (fp32, as HF computes it):
+///   x_i' = x_i·cos a − x_{i+Dh/2}·sin a,   x_{i+Dh/2}' = x_{i+Dh/2}·cos a + x_i·sin a.
+void rope(float* x, const int64_t* pos, int64_t t, int64_t h, int64_t dh, float base);
+/// Sin-cos time embedding out[dim] = [sin(t·ω_0..), cos(t·ω_0..)], ω_i = 2π / period_i,
+/// period_i = min_period·(max_period/min_period)^(i/(dim/2 − 1)); computed in double -> fp32.
+void time_embedding(double t, float* out, int64_t dim, double min_period, double max_period);
+/// x[N] += dt · v[N]   (Euler step of the flow-matching ODE, fp32).
+void euler_step(float* x, const float* v, float dt, int64_t n);
+
+// ---------------------------------------------------------------------------------------------
+// Softmax and attention
+
+/// In place over rows of x[R,N]: max-subtracted, fp32.
+void softmax(float* x, int64_t rows, int64_t n);
+
+/// Attention mask: either none, a boolean [T,S] (1 = may attend) or an additive fp32 [T,S].
+/// The boolean form is applied as the additive kMaskValue, exactly as lerobot does.
+struct AttentionMask {
+  const uint8_t* allow = nullptr;  // [T, S] or null
+  const float* add = nullptr;      // [T, S] or null
+};
+/// Scratch floats attention needs for t query tokens over s keys.
+int64_t attention_scratch_floats(int64_t t, int64_t s);
+/// out[T,H,Dv] = softmax(q·kᵀ·scale + mask) · v per query head h, reading KV head h / (H/Hk):
+/// q [T,H,Dh], k [S,Hk,Dh], v [S,Hk,Dv]; H % Hk == 0 (pi0.5: Hk = 1, all heads share it).
+/// Softmax in fp32; scratch >= attention_scratch_floats(t, s).
+void attention(const float* q, const float* k, const float* v, AttentionMask mask, float* out,
+               int64_t t, int64_t h, int64_t hk, int64_t s, int64_t dh, int64_t dv, float scale,
+               float* scratch, int64_t scratch_floats);
+
+// ---------------------------------------------------------------------------------------------
+// Embeddings
+
+/// Scratch floats patch_embed needs (the im2col matrix).
+int64_t patch_embed_scratch_floats(int64_t c, int64_t y, int64_t x, int64_t kh, int64_t kw);
+/// Conv2d with stride = kernel, no padding, as a matmul: img [C,Y,X], w [O,C,kh,kw], b [O] or null
+/// -> out [(Y/kh)·(X/kw), O], patches in row-major order (patch row outer). Partial patches at
+/// the bottom/right edge are dropped, like PyTorch.
+void patch_embed(const float* img, const float* w, const float* b, float* out, int64_t c,
+                 int64_t y, int64_t x, int64_t o, int64_t kh, int64_t kw, float* scratch,
+                 int64_t scratch_floats);
+
+/// out[T,D] = table[ids[t], :] · scale for a fp32 table [V,D]. An id outside [0, V) (ids come
+/// from observation files) returns InvalidArgument naming its position and value.
+Status embedding_f32(const float* table, int64_t v, int64_t d, const int64_t* ids, int64_t t,
+                     float scale, float* out);
+/// Same for a bf16 table, widened to fp32 before scaling.
+Status embedding_bf16(const uint16_t* table, int64_t v, int64_t d, const int64_t* ids, int64_t t,
+                      float scale, float* out);
+
+}  // namespace vlac::cpu
