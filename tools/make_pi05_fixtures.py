@@ -13,8 +13,12 @@ that lerobot initialises to zero), fp32. The policy folder is written by lerobot
 save_pretrained and the processors by lerobot's make_pi05_pre_post_processors with made-up
 dataset statistics.
 
-Usage (CPU is fine; see tests/fixtures/pi05/README.md for the exact versions):
-    python tools/make_pi05_fixtures.py --out tests/fixtures/pi05
+Also writes processor-pipeline cases (pipe_*): raw frames/state/task through lerobot's own saved
+pre/post-processor pipelines, with a Gemma-style SentencePiece model trained by Debian's spm_train.
+
+Usage (CPU is fine; see tests/fixtures/pi05/README.md for the exact versions and every output name):
+    python tools/make_pi05_fixtures.py --out tests/fixtures/pi05 [--pipeline-only]
+Runs with lerobot's pinned transformers (5.5.x) and with transformers >= 5.6 (5.17 checked).
 """
 
 from __future__ import annotations
