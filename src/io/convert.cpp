@@ -270,6 +270,7 @@ Status convert_checkpoint(const ConvertOptions& opt, ConvertStats* stats_out, co
       cur.data_bytes += items[i].out_bytes;
     }
     shards.push_back(cur);
+    if (shards.size() == 1) shards[0].final_path = opt.output;  // fits: one plain file, as HF does
   }
   std::string index_path;
   if (shards.size() > 1) {
