@@ -293,11 +293,13 @@ struct Anchor {
   bool mps = false;
 };
 
-// Next OOM message at or after `from` in the squeezed text.
-std::optional<Anchor> next_anchor(std::string_view sq, size_t from) {
+// Next OOM message at or after `from` in the squeezed text. `mps_cache` remembers the next MPS
+// header so that a log with many messages is scanned once (callers pass increasing `from`).
+std::optional<Anchor> next_anchor(std::string_view sq, size_t from, size_t& mps_cache) {
   constexpr std::string_view kTried = "Triedtoallocate";
   constexpr std::string_view kMps = "MPSbackendoutofmemory(";
-  size_t mps = sq.find(kMps, from);
+  if (mps_cache != std::string_view::npos && mps_cache < from) mps_cache = sq.find(kMps, from);
+  size_t mps = mps_cache;
   size_t q = from;
   while (true) {
     q = sq.find(kTried, q);
@@ -311,6 +313,11 @@ std::optional<Anchor> next_anchor(std::string_view sq, size_t from) {
                                                  {"XPUoutofmemory.", OomKind::Xpu, false},
                                                  {"Outofmemory.", OomKind::Cuda, true}}};
     bool found = false;
+    // A message needs its size: "Tried to allocate" followed by prose is not one.
+    if (!read_size(sq, q + kTried.size())) {
+      q += kTried.size();
+      continue;
+    }
     for (const auto& h : kHeads) {
       if (ends_with(before, h.text)) {
         a.start = q - h.text.size();
@@ -630,7 +637,8 @@ std::string normalize_log_text(std::string_view text) {
 Result<OomMessage> parse_oom(std::string_view text, const std::string& source) {
   std::string sq = squeeze(normalize_log_text(text));
   std::string_view s(sq);
-  auto first = next_anchor(s, 0);
+  size_t mps_cache = s.find("MPSbackendoutofmemory(");
+  auto first = next_anchor(s, 0, mps_cache);
   if (!first) {
     std::string why;
     if (s.find("CUDAerror:outofmemory") != std::string_view::npos)
@@ -647,7 +655,7 @@ Result<OomMessage> parse_oom(std::string_view text, const std::string& source) {
   std::vector<size_t> starts{first->start};
   size_t from = first->tried + 1;
   while (starts.size() < kMaxAnchors) {
-    auto a = next_anchor(s, from);
+    auto a = next_anchor(s, from, mps_cache);
     if (!a) break;
     starts.push_back(a->start);
     from = a->tried + 1;
