@@ -67,8 +67,8 @@ Status folder_listing_error(const std::string& dir) {
   }
   std::sort(names.begin(), names.end());
   std::string list;
-  for (size_t i = 0; i < names.size() && i < 30; ++i) list += (i ? ", " : "") + names[i];
-  if (names.size() > 30) list += ", ... (" + std::to_string(names.size()) + " entries)";
+  for (size_t i = 0; i < names.size() && i < 12; ++i) list += (i ? ", " : "") + names[i];
+  if (names.size() > 12) list += ", ... (" + std::to_string(names.size()) + " entries)";
   if (names.empty()) list = "nothing";
   return not_found(dir + ": no " + kSingleName + " or " + kIndexName + " in this folder (it has: " + list + ")");
 
