@@ -84,7 +84,7 @@ constexpr std::array<LeverDef, 10> kGuideOrder = {{
 
 uint64_t caching_allocator_round_size(uint64_t request_bytes) {
   if (request_bytes < kMinBlockSize) return kMinBlockSize;
-  uint64_t n = (request_bytes + kMinBlockSize - 1) / kMinBlockSize;
+  uint64_t n = request_bytes / kMinBlockSize + (request_bytes % kMinBlockSize != 0);
   return n > UINT64_MAX / kMinBlockSize ? UINT64_MAX : n * kMinBlockSize;
 }
 
