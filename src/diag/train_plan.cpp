@@ -1,0 +1,892 @@
+// Training-memory arithmetic. Sources for every rule are cited next to it; docs/mem-plan.md
+// explains the model and its limits. No I/O here.
+#include "diag/train_plan.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <functional>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "core/bytes.h"
+
+namespace vlac::diag {
+
+// ---- enums -------------------------------------------------------------------------------
+
+const char* to_string(WeightDtype v) { return v == WeightDtype::Fp32 ? "fp32" : "bf16"; }
+const char* to_string(MixedPrecision v) {
+  switch (v) {
+    case MixedPrecision::No: return "no";
+    case MixedPrecision::Bf16: return "bf16";
+    case MixedPrecision::Fp16: return "fp16";
+  }
+  return "?";
+}
+const char* to_string(OptimizerKind v) {
+  switch (v) {
+    case OptimizerKind::AdamW: return "adamw";
+    case OptimizerKind::AdamW8bit: return "adamw8bit";
+    case OptimizerKind::Sgd: return "sgd";
+    case OptimizerKind::SgdMomentum: return "sgd-momentum";
+  }
+  return "?";
+}
+const char* to_string(ShardKind v) {
+  switch (v) {
+    case ShardKind::None: return "none";
+    case ShardKind::Zero1: return "zero1";
+    case ShardKind::Zero2: return "zero2";
+    case ShardKind::Zero3: return "zero3";
+    case ShardKind::Fsdp: return "fsdp";
+  }
+  return "?";
+}
+
+namespace {
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+}  // namespace
+
+Result<WeightDtype> parse_weight_dtype(const std::string& s) {
+  const std::string v = lower(s);
+  if (v == "fp32" || v == "float32") return WeightDtype::Fp32;
+  if (v == "bf16" || v == "bfloat16") return WeightDtype::Bf16;
+  return invalid_argument("--dtype '" + s + "' is not fp32 or bf16");
+}
+Result<MixedPrecision> parse_mixed_precision(const std::string& s) {
+  const std::string v = lower(s);
+  if (v == "no" || v == "none" || v == "off") return MixedPrecision::No;
+  if (v == "bf16" || v == "bfloat16") return MixedPrecision::Bf16;
+  if (v == "fp16" || v == "float16") return MixedPrecision::Fp16;
+  return invalid_argument("--mixed-precision '" + s + "' is not no, bf16 or fp16");
+}
+Result<OptimizerKind> parse_optimizer(const std::string& s) {
+  const std::string v = lower(s);
+  if (v == "adamw" || v == "adam") return OptimizerKind::AdamW;
+  if (v == "adamw8bit" || v == "adamw-8bit" || v == "adamw_8bit") return OptimizerKind::AdamW8bit;
+  if (v == "sgd") return OptimizerKind::Sgd;
+  if (v == "sgd-momentum" || v == "sgd_momentum" || v == "sgdm") return OptimizerKind::SgdMomentum;
+  return invalid_argument("--optimizer '" + s + "' is not adamw, adamw8bit, sgd or sgd-momentum");
+}
+Result<ShardKind> parse_shard(const std::string& s) {
+  const std::string v = lower(s);
+  if (v == "none" || v == "ddp") return ShardKind::None;
+  if (v == "zero1") return ShardKind::Zero1;
+  if (v == "zero2") return ShardKind::Zero2;
+  if (v == "zero3") return ShardKind::Zero3;
+  if (v == "fsdp") return ShardKind::Fsdp;
+  return invalid_argument("--shard '" + s + "' is not none, zero1, zero2, zero3 or fsdp");
+}
+
+TrainOptions default_train_options(PolicyKind kind) {
+  TrainOptions o;
+  if (kind == PolicyKind::GrootN17) {
+    // Isaac-GR00T launch_finetune: load_bf16=False (fp32 parameters), HF Trainer bf16 autocast;
+    // hardware_recommendation.md: single-GPU default effective batch 32.
+    o.mixed = MixedPrecision::Bf16;
+    o.batch = 32;
+  }
+  return o;
+}
+
+TrainOptions openpi_train_options(bool lora) {
+  TrainOptions o;
+  o.openpi = true;
+  o.mixed = MixedPrecision::Bf16;
+  o.half_copy = false;
+  o.frozen_dtype = WeightDtype::Bf16;
+  o.gradient_checkpointing = true;
+  o.batch = 32;
+  o.ema = !lora;
+  o.lora_r = lora ? 16 : 0;
+  return o;
+}
+
+Status apply_lerobot_train_config(const nlohmann::json& c, const std::string& path, TrainOptions* o) {
+  if (!c.is_object()) return invalid_format(path + ": config is not a JSON object");
+  auto flag = [&](const char* key, bool* out) -> Status {
+    auto it = c.find(key);
+    if (it == c.end() || it->is_null()) return Status::ok();
+    if (!it->is_boolean()) return invalid_format(path + ": '" + key + "' must be true or false");
+    *out = *out || it->get<bool>();
+    return Status::ok();
+  };
+  VLAC_RETURN_IF_ERROR(flag("gradient_checkpointing", &o->gradient_checkpointing));
+  VLAC_RETURN_IF_ERROR(flag("freeze_vision_encoder", &o->freeze_vision));
+  VLAC_RETURN_IF_ERROR(flag("train_expert_only", &o->train_expert_only));
+  if (auto it = c.find("dtype"); it != c.end() && !it->is_null()) {
+    if (!it->is_string()) return invalid_format(path + ": 'dtype' must be a string");
+    auto d = parse_weight_dtype(it->get<std::string>());
+    if (!d.is_ok()) return invalid_format(path + ": 'dtype' is '" + it->get<std::string>() + "', not float32 or bfloat16");
+    o->dtype = d.value();
+  }
+  return Status::ok();
+}
+
+// ---- GPUs --------------------------------------------------------------------------------
+
+const std::vector<GpuSpec>& known_gpus() {
+  // memory.total in MiB as nvidia-smi prints it for each card (the allocator gets slightly less:
+  // torch reports e.g. 79.19 GiB for an 80 GB H100).
+  static const std::vector<GpuSpec> kGpus = {
+      {"Jetson-Orin-Nano-8GB", 7620ull << 20, "unified memory shared with the CPU"},
+      {"T4", 15360ull << 20, ""},
+      {"L4", 23034ull << 20, ""},
+      {"A10G", 23028ull << 20, ""},
+      {"RTX4090", 24564ull << 20, ""},
+      {"RTX3090", 24576ull << 20, ""},
+      {"RTX5090", 32607ull << 20, ""},
+      {"A100-40", 40960ull << 20, ""},
+      {"L40S", 46068ull << 20, ""},
+      {"A6000", 49140ull << 20, "RTX A6000"},
+      {"A100-80", 81920ull << 20, ""},
+      {"H100", 81559ull << 20, "H100 80GB HBM3"},
+      {"H200", 143771ull << 20, ""},
+  };
+  return kGpus;
+}
+
+Result<GpuSpec> parse_gpu(const std::string& text) {
+  auto canon = [](const std::string& s) {
+    std::string out;
+    for (char c : s)
+      if (std::isalnum(static_cast<unsigned char>(c))) out += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return out;
+  };
+  const std::string want = canon(text);
+  if (want.empty()) return invalid_argument("--gpu is empty");
+  static const std::map<std::string, std::string> kAliases = {
+      {"4090", "rtx4090"}, {"3090", "rtx3090"}, {"5090", "rtx5090"}, {"a100", "a10080"},
+      {"a10080gb", "a10080"}, {"a10040gb", "a10040"}, {"h10080", "h100"}, {"h10080gb", "h100"},
+      {"h100sxm", "h100"}, {"rtxa6000", "a6000"}, {"orinnano", "jetsonorinnano8gb"},
+      {"jetsonorinnano", "jetsonorinnano8gb"}, {"orinnano8gb", "jetsonorinnano8gb"}, {"h200141gb", "h200"},
+      {"l40s48gb", "l40s"}, {"a600048gb", "a6000"}, {"t416gb", "t4"}, {"24gib", ""}};
+  std::string key = want;
+  if (auto it = kAliases.find(want); it != kAliases.end() && !it->second.empty()) key = it->second;
+  for (const GpuSpec& g : known_gpus())
+    if (canon(g.name) == key) return g;
+  // A plain size.
+  auto size = parse_size(text);
+  if (size.is_ok() && size.value() >= (256ull << 20)) return GpuSpec{text, size.value(), "size given"};
+  std::string names;
+  for (const GpuSpec& g : known_gpus()) names += (names.empty() ? "" : ", ") + g.name;
+  return invalid_argument("--gpu '" + text + "' is neither a known card (" + names + ") nor a size like 24GiB");
+}
+
+// ---- activations -------------------------------------------------------------------------
+
+uint64_t block_activation_bytes(const ActBlock& b, int e) {
+  // Korthikanti et al. 2022 (arXiv:2205.05198, section 4.1), per layer with 16-bit activations:
+  // attention 11sbh + 5as^2b, MLP 19sbh, two LayerNorms 4sbh -> sbh(34 + 5as/h). Generalised
+  // term by term so that a GPT block (h_q = h_kv = h, MLP 4h, GeLU, dropout) gives exactly that:
+  //   attention input sbh, Q s*h_q, K and V s_kv*h_kv each, softmax output a*s*s_kv, (dropout mask
+  //   a*s*s_kv bytes + dropout output a*s*s_kv), attention output (o_proj input) s*h_q, dropout mask sbh;
+  //   MLP input sbh, `ffn_tensors` f-wide tensors (2: fc1 out + GeLU out; 4 for gated MLPs:
+  //   gate, up, act(gate), product), dropout mask sbh; `norms` norm inputs sbh each.
+  // Fused attention (FlashAttention/SDPA) stores no a*s^2 terms (the paper's "selective" row).
+  if (!b.transformer) return static_cast<uint64_t>(b.raw_elements) * e + static_cast<uint64_t>(b.raw_extra_bytes);
+  const uint64_t sq = b.seqs * b.tokens_q, skv = b.seqs * b.tokens_kv;
+  const uint64_t scores = static_cast<uint64_t>(b.seqs) * b.heads * b.tokens_q * b.tokens_kv;
+  uint64_t elems = 0, mask = 0;
+  if (b.q_width > 0) {
+    elems += sq * b.width + 2 * sq * b.q_width + 2 * skv * b.kv_width;
+    if (b.kv_in_width > 0) elems += skv * b.kv_in_width;  // cross-attention keeps its K/V source
+    if (!b.flash) elems += scores * (b.dropout ? 2 : 1);
+    if (b.dropout) mask += (b.flash ? 0 : scores) + sq * b.width;
+  }
+  if (b.ffn_width > 0) {
+    elems += sq * b.width + static_cast<uint64_t>(b.ffn_tensors) * sq * b.ffn_width;
+    if (b.dropout) mask += sq * b.width;
+  }
+  elems += static_cast<uint64_t>(b.norms) * sq * b.width;
+  return elems * e + mask;
+}
+
+uint64_t block_checkpoint_bytes(const ActBlock& b, int e) {
+  // Full recomputation keeps each layer's input (2sbh at 16 bits); non-transformer parts are not
+  // checkpointed by lerobot/Isaac-GR00T and keep everything.
+  if (!b.transformer) return block_activation_bytes(b, e);
+  return static_cast<uint64_t>(b.input_elements()) * e;
+}
+
+// ---- the plan ----------------------------------------------------------------------------
+
+namespace {
+
+int dtype_bytes(WeightDtype d) { return d == WeightDtype::Fp32 ? 4 : 2; }
+
+struct Target {
+  std::string module;  // empty: any
+  std::string linear;  // "*" = any Linear weight
+};
+
+std::vector<std::string> default_lora_targets(PolicyKind kind) {
+  switch (kind) {
+    case PolicyKind::Pi05:
+    case PolicyKind::Pi0:
+    case PolicyKind::SmolVla:
+      // openpi's gemma_2b_lora / gemma_300m_lora: attention and MLP of both transformers.
+      return {"language.*", "expert.*"};
+    case PolicyKind::Act: return {"encoder.*", "decoder.*"};
+    case PolicyKind::GrootN17: return {"dit.*"};  // N1.5's --lora-rank adapted the action head
+  }
+  return {};
+}
+
+Result<std::vector<Target>> parse_targets(const std::vector<std::string>& raw, const PolicyArch& arch) {
+  std::vector<Target> out;
+  for (const std::string& t : raw) {
+    if (t.empty()) return invalid_argument("--lora-targets has an empty entry");
+    Target x;
+    auto dot = t.find('.');
+    std::string first = dot == std::string::npos ? t : t.substr(0, dot);
+    if (dot != std::string::npos && arch.module_index(first) >= 0) {
+      x.module = first;
+      x.linear = t.substr(dot + 1);
+    } else if (dot == std::string::npos && arch.module_index(t) >= 0) {
+      x.module = t;
+      x.linear = "*";
+    } else {
+      x.linear = t;
+    }
+    if (x.linear.empty()) return invalid_argument("--lora-targets entry '" + t + "' names no layer");
+    out.push_back(x);
+  }
+  return out;
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// A Linear weight: 2-D, named "*.weight", not an embedding table / positional table.
+bool is_linear_weight(const ParamTensor& p) {
+  return p.shape.size() == 2 && !p.is_buffer && ends_with(p.name, ".weight") &&
+         p.name.find("embed") == std::string::npos && p.name.find("embedding") == std::string::npos;
+}
+
+bool lora_matches(const ParamTensor& p, const std::string& module_name, const std::vector<Target>& targets) {
+  if (!is_linear_weight(p)) return false;
+  for (const Target& t : targets) {
+    if (!t.module.empty() && t.module != module_name) continue;
+    if (t.linear == "*") return true;
+    if (ends_with(p.name, "." + t.linear + ".weight") || p.name == t.linear + ".weight") return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+Result<TrainPlan> plan_training(const PolicyArch& arch, const TrainOptions& o) {
+  if (o.batch < 1) return invalid_argument("--batch must be at least 1");
+  if (o.grad_accum < 1) return invalid_argument("--grad-accum must be at least 1");
+  if (o.gpus < 1 || o.gpus > 100000) return invalid_argument("--gpus must be between 1 and 100000");
+  if (o.lora_r < 0 || o.lora_r > 65536) return invalid_argument("--lora-r must be between 0 and 65536");
+  if (o.shard != ShardKind::None && o.gpus == 1)
+    return invalid_argument("--shard " + std::string(to_string(o.shard)) + " needs --gpus > 1");
+  const size_t nm = arch.modules.size();
+  TrainPlan plan;
+  plan.kind = arch.kind;
+  plan.description = arch.description;
+  plan.inputs = arch.inputs;
+  plan.image_tokens_per_cam = arch.image_tokens_per_cam;
+  plan.prefix_tokens = arch.prefix_tokens;
+  plan.options = o;
+  const bool mixed = o.mixed != MixedPrecision::No;
+
+  // Trainable modules: the stack's default, then un-freeze, then freeze.
+  std::vector<bool> trainable(nm), lora(nm, false), in_path(nm, false);
+  for (size_t m = 0; m < nm; ++m) {
+    const ModuleSpec& s = arch.modules[m];
+    bool t = s.trainable_default;
+    if (o.tune_vision && s.role == ModuleRole::Vision) t = true;
+    if (o.tune_llm && (s.role == ModuleRole::Language || s.role == ModuleRole::Projector)) t = true;
+    if (o.freeze_vision && s.role == ModuleRole::Vision) t = false;
+    if (o.train_expert_only &&
+        (s.role == ModuleRole::Vision || s.role == ModuleRole::Projector || s.role == ModuleRole::Language))
+      t = false;
+    trainable[m] = t;
+  }
+  std::vector<Target> targets;
+  if (o.lora_r > 0) {
+    VLAC_ASSIGN_OR_RETURN(targets, parse_targets(o.lora_targets.empty() ? default_lora_targets(arch.kind) : o.lora_targets, arch));
+  }
+  // Weight storage per module.
+  auto weight_bytes_of = [&](size_t m) -> int {
+    switch (arch.modules[m].dtype_rule) {
+      case DtypeRule::Follow: return dtype_bytes(o.dtype);
+      case DtypeRule::Fp32InBf16: return (o.dtype == WeightDtype::Bf16 && !mixed) ? 4 : dtype_bytes(o.dtype);
+      case DtypeRule::AlwaysBf16: return 2;
+    }
+    return 4;
+  };
+  auto act_bytes_of = [&](size_t m) -> int { return mixed ? 2 : weight_bytes_of(m); };
+
+  plan.modules.resize(nm);
+  // LoRA: adapters r*(in+out) on each targeted Linear; the module's base weights are frozen
+  // (openpi freezes the whole LLM except adapters; PEFT freezes every non-adapter weight).
+  std::vector<uint64_t> lora_params(nm, 0);
+  if (o.lora_r > 0) {
+    for (const ParamTensor& p : arch.params) {
+      if (lora_matches(p, arch.modules[p.module].name, targets)) {
+        lora_params[p.module] += static_cast<uint64_t>(o.lora_r) * static_cast<uint64_t>(p.shape[0] + p.shape[1]);
+        lora[p.module] = true;
+      }
+    }
+    bool any = false;
+    for (size_t m = 0; m < nm; ++m) any = any || lora[m];
+    if (!any) return invalid_argument("--lora-targets match no Linear layer of " + std::string(policy_kind_name(arch.kind)));
+  }
+  // Gradient path: a module keeps activations if it, or anything upstream, has trainable weights.
+  for (size_t it = 0; it < nm + 1; ++it)
+    for (size_t m = 0; m < nm; ++m) {
+      bool v = (trainable[m] && !lora[m]) || lora[m];
+      for (int u : arch.modules[m].upstream) v = v || in_path[u];
+      for (int c : arch.modules[m].coupled) v = v || in_path[c];
+      in_path[m] = v;
+    }
+
+  for (size_t m = 0; m < nm; ++m) {
+    ModulePlan& mp = plan.modules[m];
+    mp.name = arch.modules[m].name;
+    mp.role = module_role_name(arch.modules[m].role);
+    mp.trainable = (trainable[m] && !lora[m]) || lora[m];
+    mp.in_grad_path = in_path[m];
+  }
+  // Count, per module, parameters by what they cost: stored only (frozen, buffers, or requiring
+  // grad but never reached by the loss) and trainable-with-gradient by storage width.
+  std::vector<uint64_t> stored_bytes(nm, 0), train16(nm, 0), train32(nm, 0);
+  uint64_t largest_tensor = 0;
+  for (const ParamTensor& p : arch.params) {
+    const size_t m = static_cast<size_t>(p.module);
+    if (o.openpi && arch.modules[m].role == ModuleRole::Unused) continue;  // not in the JAX model
+    ModulePlan& mp = plan.modules[m];
+    const uint64_t n = p.numel();
+    const int wb = weight_bytes_of(m);
+    if (p.is_buffer) {
+      stored_bytes[m] += n * 4;
+      continue;
+    }
+    mp.params += n;
+    largest_tensor = std::max(largest_tensor, n);
+    const bool requires_grad = trainable[m] && !lora[m];
+    if (requires_grad) mp.trainable_params += n;
+    if (requires_grad && (p.gets_grad || o.openpi)) {
+      (wb == 4 ? train32 : train16)[m] += n;
+    } else {
+      const int fb = (!requires_grad && o.frozen_dtype) ? dtype_bytes(*o.frozen_dtype) : wb;
+      stored_bytes[m] += n * fb;
+    }
+  }
+  for (size_t m = 0; m < nm; ++m) {
+    if (lora_params[m] == 0) continue;
+    plan.modules[m].lora_params = lora_params[m];
+    plan.modules[m].trainable_params += lora_params[m];
+    (weight_bytes_of(m) == 4 ? train32 : train16)[m] += lora_params[m];
+  }
+
+  // Bytes per trainable parameter. Hugging Face "Anatomy of Model's Memory"
+  // (huggingface.co/docs/transformers/model_memory_anatomy): weights 4 (fp32) or 6 (mixed: fp32
+  // + 16-bit copy), gradients 4, AdamW 8, 8-bit AdamW 2, SGD with momentum 4 -> 18/param for
+  // mixed-precision AdamW. Pure 16-bit training keeps gradients and torch.optim state in the
+  // parameter dtype (AdamW: zeros_like(param) for both moments).
+  // Sharded over N GPUs, mixed precision (the fp32 master belongs to the optimizer partition):
+  //   zero1: 2 + 4 + 12/N (Megatron-LM theoretical_memory_usage.py, distributed optimizer: 6 + 12/N)
+  //   zero2: 4 + 16/N     (DeepSpeed estimate_zero2_model_states_mem_needs, no offload)
+  //   zero3/fsdp: 18/N + the gathered unit (DeepSpeed estimate_zero3_model_states_mem_needs)
+  // Pure precision: stage 1 divides optimizer state, 2 also gradients, 3 also parameters.
+  const uint64_t N = static_cast<uint64_t>(o.gpus);
+  auto div = [&](uint64_t v) { return (v + N - 1) / N; };
+  const bool s1 = o.shard != ShardKind::None;
+  const bool s2 = o.shard == ShardKind::Zero2 || o.shard == ShardKind::Zero3 || o.shard == ShardKind::Fsdp;
+  const bool s3 = o.shard == ShardKind::Zero3 || o.shard == ShardKind::Fsdp;
+  auto moments = [&](uint64_t sb) -> uint64_t {
+    uint64_t b = 0;
+    switch (o.optimizer) {
+      case OptimizerKind::AdamW: b = 2 * sb; break;
+      case OptimizerKind::AdamW8bit: b = 2; break;  // bitsandbytes: two 8-bit moments
+      case OptimizerKind::Sgd: b = 0; break;
+      case OptimizerKind::SgdMomentum: b = sb; break;
+    }
+    if (o.ema) b += sb;  // EMA copy, kept with the optimizer state
+    return b;
+  };
+  for (size_t m = 0; m < nm; ++m) {
+    ModulePlan& mp = plan.modules[m];
+    mp.weight_bytes = s3 ? div(stored_bytes[m]) : stored_bytes[m];
+    for (int wb : {2, 4}) {
+      const uint64_t n = wb == 4 ? train32[m] : train16[m];
+      if (n == 0) continue;
+      if (mixed) {
+        // fp32 master + 16-bit working copy (bf16-stored params: the fp32 master is the extra).
+        const uint64_t working = (wb == 4 && (!o.half_copy || o.openpi)) ? 0 : 2;
+        const uint64_t master = 4;
+        const uint64_t opt = moments(4);
+        if (!s1) {
+          mp.weight_bytes += n * (master + working);
+          mp.grad_bytes += n * 4;
+          mp.optimizer_bytes += n * opt;
+        } else if (!s2) {  // zero1
+          mp.weight_bytes += n * 2;
+          mp.grad_bytes += n * 4;
+          mp.optimizer_bytes += div(n * (master + opt));
+        } else if (!s3) {  // zero2
+          mp.weight_bytes += n * 2;
+          mp.grad_bytes += n * 2 + div(n * 4);
+          mp.optimizer_bytes += div(n * (master + opt));
+        } else {  // zero3 / fsdp
+          mp.weight_bytes += div(n * 2);
+          mp.grad_bytes += div(n * 4);
+          mp.optimizer_bytes += div(n * (master + opt));
+        }
+      } else {
+        const uint64_t w = n * wb, g = n * wb, opt = n * moments(static_cast<uint64_t>(wb));
+        mp.weight_bytes += s3 ? div(w) : w;
+        mp.grad_bytes += s2 ? div(g) : g;
+        mp.optimizer_bytes += s1 ? div(opt) : opt;
+      }
+    }
+  }
+
+  // Activations, per micro-batch.
+  const uint64_t B = static_cast<uint64_t>(o.batch);
+  uint64_t working = 0;
+  for (const ActBlock& b : arch.blocks) {
+    const size_t m = static_cast<size_t>(b.module);
+    const int e = act_bytes_of(m);
+    const uint64_t full = block_activation_bytes(b, e);
+    if (in_path[m]) {
+      const uint64_t saved = o.gradient_checkpointing ? block_checkpoint_bytes(b, e) : full;
+      plan.modules[m].activation_bytes += B * saved * static_cast<uint64_t>(b.count);
+      if (b.transformer) working = std::max(working, B * full);
+    } else if (b.transformer) {
+      // Frozen, outside the gradient path: nothing is saved, but the forward still holds a
+      // layer's input, output and widest intermediates at once.
+      const uint64_t sq = b.seqs * b.tokens_q;
+      uint64_t transient = sq * b.width * 3 + 2 * sq * b.ffn_width;
+      if (!b.flash && b.q_width > 0) transient += static_cast<uint64_t>(b.seqs) * b.heads * b.tokens_q * b.tokens_kv;
+      working = std::max(working, B * transient * e);
+    }
+  }
+  plan.working_bytes = working;
+  // The batch itself: fp32 images and targets.
+  const PolicyInputs& in = arch.inputs;
+  plan.input_bytes = B * 4 *
+      static_cast<uint64_t>(in.cams * 3 * in.image_h * in.image_w + in.chunk * in.action_dim + in.state_dim);
+
+  // ZeRO-3 gathers one submodule's parameters (and reduces its gradients) at a time: DeepSpeed's
+  // estimator charges 16-bit params + grads of the largest layer (4 bytes x its parameters; here
+  // the largest tensor); FSDP FULL_SHARD gathers one wrapped unit, a transformer layer here.
+  // Plain DDP keeps a bucket copy of every gradient (gradient_as_bucket_view=False, the default;
+  // torch.nn.parallel.DistributedDataParallel docs).
+  if (s3) {
+    uint64_t unit = largest_tensor;
+    if (o.shard == ShardKind::Fsdp) {
+      for (size_t m = 0; m < nm; ++m) {
+        int64_t layers = 0;
+        for (const ActBlock& b : arch.blocks)
+          if (static_cast<size_t>(b.module) == m && b.transformer) layers = std::max(layers, b.count);
+        if (layers > 0) unit = std::max(unit, plan.modules[m].params / static_cast<uint64_t>(layers));
+      }
+    }
+    plan.gather_bytes = unit * (mixed ? 4 : 2 * static_cast<uint64_t>(dtype_bytes(o.dtype)));
+  }
+
+  for (const ModulePlan& mp : plan.modules) {
+    plan.params += mp.params + mp.lora_params;  // adapters counted as parameters too
+    plan.trainable_params += mp.trainable_params;
+    plan.weight_bytes += mp.weight_bytes;
+    plan.grad_bytes += mp.grad_bytes;
+    plan.optimizer_bytes += mp.optimizer_bytes;
+    plan.activation_bytes += mp.activation_bytes;
+  }
+  if (o.gpus > 1 && o.shard == ShardKind::None) plan.ddp_bucket_bytes = plan.grad_bytes;
+
+  // Fixed costs. CUDA context: with lazy module loading (CUDA_MODULE_LOADING=LAZY, the default
+  // since CUDA 11.7 / PyTorch 1.13) a PyTorch process holds a few hundred MiB before its first
+  // tensor (Hugging Face's anatomy page measured ~1.3 GB with eager loading); we charge 512 MiB.
+  // cuBLAS workspace: PyTorch's default CUBLAS_WORKSPACE_CONFIG on Hopper is ":4096:8" = 32 MiB.
+  // Allocator: the caching allocator rounds blocks (2 MiB / 20 MiB buffers) and fragments most
+  // where activations come and go each step; torchtune measured 16.39 -> 10.83 GiB peak reserved
+  // just from expandable segments (meta-pytorch/torchtune#1185). We charge 5% on persistent
+  // tensors and 15% on per-step ones: our choice, stated in docs/mem-plan.md.
+  plan.cuda_context_bytes = o.cuda_context_bytes;
+  plan.workspace_bytes = o.workspace_bytes;
+  const uint64_t persistent = plan.weight_bytes + plan.grad_bytes + plan.optimizer_bytes + plan.ddp_bucket_bytes + plan.gather_bytes;
+  const uint64_t per_step = plan.activation_bytes + plan.working_bytes + plan.input_bytes;
+  plan.allocator_bytes = static_cast<uint64_t>(static_cast<double>(persistent) * o.allocator_persistent_fraction +
+                                               static_cast<double>(per_step) * o.allocator_activation_fraction);
+  plan.total_bytes = persistent + per_step + plan.cuda_context_bytes + plan.workspace_bytes + plan.allocator_bytes;
+  return plan;
+}
+
+// ---- levers ------------------------------------------------------------------------------
+
+namespace {
+
+struct Setup {
+  PolicyInputs inputs;
+  TrainOptions opts;
+};
+
+struct Planner {
+  PolicyKind kind;
+  const nlohmann::json* config;
+  std::string config_path;
+  Result<TrainPlan> run(const Setup& s) const {
+    VLAC_ASSIGN_OR_RETURN(PolicyArch arch, build_policy_arch(kind, s.inputs, config, config_path));
+    return plan_training(arch, s.opts);
+  }
+};
+
+// The guide's order (seed 004, "Pull the levers in this order"), restricted to what a plan can
+// model: dtype -> halve batch (+ accumulate) -> gradient checkpointing -> freeze vision ->
+// train expert only -> LoRA -> shrink inputs -> bigger card.
+enum class LeverId { Dtype, HalveBatch, Checkpointing, FreezeVision, ExpertOnly, Lora, Shrink };
+constexpr LeverId kOrder[] = {LeverId::Dtype, LeverId::HalveBatch, LeverId::Checkpointing, LeverId::FreezeVision,
+                              LeverId::ExpertOnly, LeverId::Lora, LeverId::Shrink};
+
+const char* lever_name(LeverId id) {
+  switch (id) {
+    case LeverId::Dtype: return "dtype";
+    case LeverId::HalveBatch: return "halve_batch";
+    case LeverId::Checkpointing: return "gradient_checkpointing";
+    case LeverId::FreezeVision: return "freeze_vision";
+    case LeverId::ExpertOnly: return "train_expert_only";
+    case LeverId::Lora: return "lora";
+    case LeverId::Shrink: return "shrink_inputs";
+  }
+  return "?";
+}
+
+// changes_policy follows the guide ("Which levers silently change the run") and matches
+// `vlac mem oom`: a different dtype, frozen modules, adapters and smaller inputs change what is
+// learned; batch halving with accumulation keeps the effective batch (only throughput changes);
+// recomputation and a bigger card are pure infrastructure.
+bool lever_changes_policy(LeverId id) {
+  switch (id) {
+    case LeverId::HalveBatch:
+    case LeverId::Checkpointing: return false;
+    default: return true;
+  }
+}
+
+// Applies a (non-batch) lever to a setup; returns false if it does not apply.
+bool apply_lever(LeverId id, const PolicyArch& arch0, const TrainPlan& base, Setup* s, std::string* detail) {
+  switch (id) {
+    case LeverId::Dtype:
+      if (s->opts.dtype != WeightDtype::Fp32 || s->opts.mixed != MixedPrecision::No) return false;
+      s->opts.dtype = WeightDtype::Bf16;
+      *detail = "--dtype bf16 (lerobot: --policy.dtype=bfloat16)";
+      return true;
+    case LeverId::Checkpointing:
+      if (s->opts.gradient_checkpointing) return false;
+      s->opts.gradient_checkpointing = true;
+      *detail = "--gradient-checkpointing (lerobot: --policy.gradient_checkpointing=true)";
+      return true;
+    case LeverId::FreezeVision: {
+      if (s->opts.freeze_vision) return false;
+      bool any = false;
+      for (const ModulePlan& m : base.modules) any = any || (m.role == std::string("vision") && m.trainable);
+      if (!any) return false;
+      s->opts.freeze_vision = true;
+      s->opts.tune_vision = false;
+      *detail = "--freeze-vision (lerobot: --policy.freeze_vision_encoder=true)";
+      return true;
+    }
+    case LeverId::ExpertOnly: {
+      if (s->opts.train_expert_only) return false;
+      bool any = false, has_expert = false;
+      for (const ModuleSpec& m : arch0.modules) has_expert = has_expert || m.role == ModuleRole::Expert;
+      for (const ModulePlan& m : base.modules)
+        any = any || ((m.role == std::string("language") || m.role == std::string("projector")) && m.trainable);
+      if (!any || !has_expert) return false;
+      s->opts.train_expert_only = true;
+      s->opts.tune_llm = false;
+      *detail = "--train-expert-only (lerobot: --policy.train_expert_only=true)";
+      return true;
+    }
+    case LeverId::Lora:
+      if (s->opts.lora_r > 0) return false;
+      s->opts.lora_r = 16;  // lerobot PeftConfig default r=16; openpi gemma_2b_lora rank 16
+      *detail = "--lora-r 16 (lerobot: --peft.method_type=LORA --peft.r=16)";
+      return true;
+    case LeverId::Shrink: {
+      // Fewer cameras first (activations scale with image tokens), then a shorter chunk.
+      PolicyInputs& in = s->inputs;
+      if (in.cams > 1) {
+        *detail = "--cams " + std::to_string(in.cams) + " -> 1";
+        in.cams = 1;
+        if (in.chunk > 16) {
+          *detail += ", --chunk " + std::to_string(in.chunk) + " -> " + std::to_string(in.chunk / 2);
+          in.chunk /= 2;
+        }
+        return true;
+      }
+      if (in.chunk > 16) {
+        *detail = "--chunk " + std::to_string(in.chunk) + " -> " + std::to_string(in.chunk / 2);
+        in.chunk /= 2;
+        return true;
+      }
+      return false;
+    }
+    case LeverId::HalveBatch: return false;  // handled by the search
+  }
+  return false;
+}
+
+}  // namespace
+
+Result<TrainPlan> plan_for_gpu(PolicyKind kind, const PolicyInputs& requested, const nlohmann::json* config,
+                               const std::string& config_path, const TrainOptions& opts, const GpuSpec& gpu) {
+  Planner planner{kind, config, config_path};
+  VLAC_ASSIGN_OR_RETURN(PolicyArch arch0, build_policy_arch(kind, requested, config, config_path));
+  VLAC_ASSIGN_OR_RETURN(TrainPlan plan, plan_training(arch0, opts));
+  plan.gpu = gpu;
+  plan.fits = plan.total_bytes <= gpu.bytes;
+  for (const GpuSpec& g : known_gpus())
+    if (plan.total_bytes <= g.bytes) {
+      plan.smallest_gpu_as_is = g;
+      break;
+    }
+  if (plan.fits) return plan;
+
+  const Setup original{arch0.inputs, opts};
+  int max_halvings = 0;
+  for (int64_t b = opts.batch; b > 1; b = (b + 1) / 2) ++max_halvings;
+  struct Step {
+    LeverId id;
+    std::string detail;
+  };
+  // Pulls `ids` (kept in the guide's order) on the original setup; the batch is halved
+  // `halvings` times with accumulation doubled each time (same effective batch).
+  auto realize = [&](const std::vector<LeverId>& ids, int halvings, std::vector<Step>* steps,
+                     TrainPlan* out) -> Status {
+    Setup s = original;
+    TrainPlan cur = plan;
+    if (steps) steps->clear();
+    for (LeverId id : ids) {
+      std::string detail;
+      if (id == LeverId::HalveBatch) {
+        if (halvings == 0) continue;
+        const int64_t b0 = s.opts.batch, a0 = s.opts.grad_accum;
+        for (int i = 0; i < halvings && s.opts.batch > 1; ++i) {
+          s.opts.batch = (s.opts.batch + 1) / 2;
+          s.opts.grad_accum *= 2;
+        }
+        detail = "--batch " + std::to_string(b0) + " -> " + std::to_string(s.opts.batch) + " with --grad-accum " +
+                 std::to_string(a0) + " -> " + std::to_string(s.opts.grad_accum) + " (same effective batch)";
+      } else if (!apply_lever(id, arch0, cur, &s, &detail)) {
+        continue;
+      }
+      VLAC_ASSIGN_OR_RETURN(cur, planner.run(s));
+      if (steps) steps->push_back({id, detail});
+    }
+    *out = std::move(cur);
+    return Status::ok();
+  };
+  // Fewest halvings that fit with `ids`; max_halvings if none does. Sets *fit.
+  auto best = [&](const std::vector<LeverId>& ids, int* halvings, bool* fit) -> Status {
+    const bool batch = std::find(ids.begin(), ids.end(), LeverId::HalveBatch) != ids.end();
+    TrainPlan p;
+    for (int h = 0; h <= (batch ? max_halvings : 0); ++h) {
+      VLAC_RETURN_IF_ERROR(realize(ids, h, nullptr, &p));
+      *halvings = h;
+      *fit = p.total_bytes <= gpu.bytes;
+      if (*fit) return Status::ok();
+    }
+    return Status::ok();
+  };
+
+  std::vector<LeverId> chosen;
+  bool fit = false;
+  int halvings = 0;
+  for (LeverId id : kOrder) {
+    chosen.push_back(id);
+    VLAC_RETURN_IF_ERROR(best(chosen, &halvings, &fit));
+    if (fit) break;
+  }
+  if (fit) {
+    // Prune: drop any earlier lever the fit does not need (latest first; the last one stays).
+    for (size_t i = chosen.size() - 1; i-- > 0;) {
+      std::vector<LeverId> trial = chosen;
+      trial.erase(trial.begin() + static_cast<std::ptrdiff_t>(i));
+      bool ok = false;
+      int h = 0;
+      VLAC_RETURN_IF_ERROR(best(trial, &h, &ok));
+      if (ok) chosen = trial;
+    }
+    VLAC_RETURN_IF_ERROR(best(chosen, &halvings, &fit));
+    std::vector<Step> steps;
+    TrainPlan final_plan;
+    VLAC_RETURN_IF_ERROR(realize(chosen, halvings, &steps, &final_plan));
+    // Totals after each step, cumulatively in the guide's order.
+    std::vector<LeverId> prefix;
+    for (const Step& st : steps) {
+      prefix.push_back(st.id);
+      TrainPlan p;
+      VLAC_RETURN_IF_ERROR(realize(prefix, halvings, nullptr, &p));
+      plan.levers.push_back({lever_name(st.id), st.detail, lever_changes_policy(st.id), p.total_bytes});
+    }
+    plan.levers_fit = true;
+    return plan;
+  }
+  // Nothing on this card: the guide's last lever, a bigger card for the unchanged recipe, or
+  // sharding across cards of this size.
+  plan.levers_fit = false;
+  if (plan.smallest_gpu_as_is) {
+    plan.levers.push_back({"bigger_card", "--gpu " + plan.smallest_gpu_as_is->name + " (fits the recipe unchanged)",
+                           false, plan.total_bytes});
+  } else {
+    for (int64_t n = 2; n <= 64; n *= 2) {
+      Setup s = original;
+      s.opts.gpus = n;
+      s.opts.shard = ShardKind::Fsdp;
+      VLAC_ASSIGN_OR_RETURN(TrainPlan p, planner.run(s));
+      if (p.total_bytes <= gpu.bytes) {
+        plan.levers.push_back({"shard", "--gpus " + std::to_string(n) + " --shard fsdp (per-GPU total)", false, p.total_bytes});
+        break;
+      }
+    }
+  }
+  return plan;
+}
+
+// ---- output ------------------------------------------------------------------------------
+
+nlohmann::json plan_to_json(const TrainPlan& p) {
+  using nlohmann::json;
+  const TrainOptions& o = p.options;
+  json j;
+  j["policy"] = policy_kind_name(p.kind);
+  j["description"] = p.description;
+  j["inputs"] = {{"cams", p.inputs.cams}, {"image_h", p.inputs.image_h}, {"image_w", p.inputs.image_w},
+                 {"prompt_tokens", p.inputs.prompt_tokens}, {"chunk", p.inputs.chunk},
+                 {"image_tokens_per_cam", p.image_tokens_per_cam}, {"prefix_tokens", p.prefix_tokens}};
+  j["options"] = {{"dtype", to_string(o.dtype)}, {"mixed_precision", to_string(o.mixed)},
+                  {"optimizer", to_string(o.optimizer)}, {"batch", o.batch}, {"grad_accum", o.grad_accum},
+                  {"gradient_checkpointing", o.gradient_checkpointing}, {"freeze_vision", o.freeze_vision},
+                  {"train_expert_only", o.train_expert_only}, {"tune_vision", o.tune_vision},
+                  {"tune_llm", o.tune_llm}, {"lora_r", o.lora_r}, {"ema", o.ema}, {"openpi", o.openpi}, {"gpus", o.gpus},
+                  {"shard", to_string(o.shard)}};
+  json mods = json::array();
+  for (const ModulePlan& m : p.modules)
+    mods.push_back({{"name", m.name}, {"role", m.role}, {"params", m.params},
+                    {"trainable_params", m.trainable_params}, {"lora_params", m.lora_params},
+                    {"weight_bytes", m.weight_bytes}, {"grad_bytes", m.grad_bytes},
+                    {"optimizer_bytes", m.optimizer_bytes}, {"activation_bytes", m.activation_bytes},
+                    {"trainable", m.trainable}, {"in_grad_path", m.in_grad_path}});
+  j["modules"] = mods;
+  j["params"] = p.params;
+  j["trainable_params"] = p.trainable_params;
+  j["weight_bytes"] = p.weight_bytes;
+  j["grad_bytes"] = p.grad_bytes;
+  j["optimizer_bytes"] = p.optimizer_bytes;
+  j["activation_bytes"] = p.activation_bytes;
+  j["working_bytes"] = p.working_bytes;
+  j["input_bytes"] = p.input_bytes;
+  j["ddp_bucket_bytes"] = p.ddp_bucket_bytes;
+  j["gather_bytes"] = p.gather_bytes;
+  j["cuda_context_bytes"] = p.cuda_context_bytes;
+  j["workspace_bytes"] = p.workspace_bytes;
+  j["allocator_bytes"] = p.allocator_bytes;
+  j["total_bytes"] = p.total_bytes;
+  if (p.gpu) {
+    j["gpu"] = {{"name", p.gpu->name}, {"bytes", p.gpu->bytes}};
+    j["fits"] = p.fits;
+    j["headroom_bytes"] = static_cast<int64_t>(p.gpu->bytes) - static_cast<int64_t>(p.total_bytes);
+  }
+  j["smallest_gpu_as_is"] = p.smallest_gpu_as_is ? json(p.smallest_gpu_as_is->name) : json(nullptr);
+  json lev = json::array();
+  for (const Lever& l : p.levers)
+    lev.push_back({{"name", l.name}, {"detail", l.detail}, {"changes_policy", l.changes_policy},
+                   {"total_bytes_after", l.total_after}});
+  j["levers"] = lev;
+  j["levers_fit"] = p.levers_fit;
+  return j;
+}
+
+namespace {
+
+std::string fmt_count(uint64_t n) {
+  char buf[32];
+  if (n >= 1000000000ull) std::snprintf(buf, sizeof buf, "%.2fB", static_cast<double>(n) / 1e9);
+  else if (n >= 1000000ull) std::snprintf(buf, sizeof buf, "%.1fM", static_cast<double>(n) / 1e6);
+  else if (n >= 1000ull) std::snprintf(buf, sizeof buf, "%.1fK", static_cast<double>(n) / 1e3);
+  else std::snprintf(buf, sizeof buf, "%llu", static_cast<unsigned long long>(n));
+  return buf;
+}
+
+std::string pad(const std::string& s, size_t w, bool right = true) {
+  if (s.size() >= w) return s;
+  return right ? std::string(w - s.size(), ' ') + s : s + std::string(w - s.size(), ' ');
+}
+
+}  // namespace
+
+std::string plan_to_text(const TrainPlan& p) {
+  const TrainOptions& o = p.options;
+  std::string out;
+  out += std::string("policy ") + policy_kind_name(p.kind) + ": " + p.description + "\n";
+  out += "inputs: " + std::to_string(p.inputs.cams) + " cam(s) " + std::to_string(p.inputs.image_h) + "x" +
+         std::to_string(p.inputs.image_w) + " (" + std::to_string(p.image_tokens_per_cam) + " tokens each), prompt " +
+         std::to_string(p.inputs.prompt_tokens) + ", chunk " + std::to_string(p.inputs.chunk) + ", prefix " +
+         std::to_string(p.prefix_tokens) + " tokens\n";
+  out += std::string("setup: ") + (o.openpi ? "openpi JAX, " : "") + "dtype " + to_string(o.dtype) + ", mixed precision " + to_string(o.mixed) + ", " +
+         to_string(o.optimizer) + (o.ema ? " + EMA" : "") + ", batch " + std::to_string(o.batch) + " x accum " +
+         std::to_string(o.grad_accum) + (o.gradient_checkpointing ? ", gradient checkpointing" : "") +
+         (o.lora_r > 0 ? ", LoRA r=" + std::to_string(o.lora_r) : std::string()) +
+         (o.gpus > 1 ? ", " + std::to_string(o.gpus) + " GPUs shard " + to_string(o.shard) : std::string()) + "\n\n";
+  const size_t W = 11;
+  out += pad("module", 11, false) + pad("params", 9) + pad("trainable", 10) + pad("weights", W) + pad("grads", W) +
+         pad("optimizer", W) + pad("activations", 12) + "\n";
+  for (const ModulePlan& m : p.modules) {
+    std::string name = m.name + (m.in_grad_path ? "" : "*");
+    out += pad(name, 11, false) + pad(fmt_count(m.params + m.lora_params), 9) + pad(fmt_count(m.trainable_params), 10) +
+           pad(format_bytes(m.weight_bytes), W) + pad(format_bytes(m.grad_bytes), W) +
+           pad(format_bytes(m.optimizer_bytes), W) + pad(format_bytes(m.activation_bytes), 12) + "\n";
+  }
+  out += pad("total", 11, false) + pad(fmt_count(p.params), 9) + pad(fmt_count(p.trainable_params), 10) +
+         pad(format_bytes(p.weight_bytes), W) + pad(format_bytes(p.grad_bytes), W) +
+         pad(format_bytes(p.optimizer_bytes), W) + pad(format_bytes(p.activation_bytes), 12) + "\n";
+  out += "(* = outside the gradient path: no activations kept)\n\n";
+  auto line = [&](const std::string& what, uint64_t b) {
+    if (b > 0) out += "  " + pad(what, 46, false) + pad(format_bytes(b), 12) + "\n";
+  };
+  line("weights, gradients, optimizer state", p.weight_bytes + p.grad_bytes + p.optimizer_bytes);
+  line("activations kept for backward", p.activation_bytes);
+  line("one block live (recompute / backward)", p.working_bytes);
+  line("the batch on the GPU", p.input_bytes);
+  line("DDP gradient buckets", p.ddp_bucket_bytes);
+  line("ZeRO-3/FSDP gathered unit", p.gather_bytes);
+  line("CUDA context", p.cuda_context_bytes);
+  line("cuBLAS workspace", p.workspace_bytes);
+  line("allocator overhead (5% / 15% per-step)", p.allocator_bytes);
+  out += "  " + pad("total", 46, false) + pad(format_bytes(p.total_bytes), 12) + "\n";
+  if (p.gpu) {
+    out += "\n" + p.gpu->name + " (" + format_bytes(p.gpu->bytes) + "): " +
+           (p.fits ? "fits, " + format_bytes(p.gpu->bytes - p.total_bytes) + " free"
+                   : "does NOT fit, " + format_bytes(p.total_bytes - p.gpu->bytes) + " over") + "\n";
+    if (!p.fits) {
+      if (p.levers_fit) out += "cheapest levers that make it fit (guide order):\n";
+      else out += "no lever short of more memory makes it fit on this card:\n";
+      int i = 1;
+      for (const Lever& l : p.levers)
+        out += "  " + std::to_string(i++) + ". " + l.name + ": " + l.detail + " -> " + format_bytes(l.total_after) +
+               (l.changes_policy ? "  [changes the policy]" : "  [same policy]") + "\n";
+      if (p.levers.empty()) out += "  none found (not even sharding over 64 such cards)\n";
+    }
+    if (p.smallest_gpu_as_is) out += "smallest card for this setup unchanged: " + p.smallest_gpu_as_is->name + "\n";
+    else out += "no single card of the table holds this setup unchanged\n";
+  }
+  return out;
+}
+
+}  // namespace vlac::diag
