@@ -72,6 +72,55 @@ bool utf8_to_latin1(const std::string& s, std::string* out) {
   return true;
 }
 
+void append_utf8(uint32_t cp, std::string* out) {
+  if (cp < 0x80) {
+    out->push_back(static_cast<char>(cp));
+  } else if (cp < 0x800) {
+    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
+    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  } else if (cp < 0x10000) {
+    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
+    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  } else {
+    out->push_back(static_cast<char>(0xF0 | ((cp >> 18) & 0x07)));
+    out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  }
+}
+
+// Protocol-0 UNICODE text is raw-unicode-escape: bytes are latin-1 code points, \uXXXX and
+// \UXXXXXXXX are escapes. Returns UTF-8.
+std::string raw_unicode_escape_to_utf8(const std::string& s) {
+  std::string out;
+  auto hex = [&](size_t at, int n, uint32_t* cp) {
+    if (at + n > s.size()) return false;
+    uint32_t v = 0;
+    for (int i = 0; i < n; ++i) {
+      char c = s[at + i];
+      int d = (c >= '0' && c <= '9') ? c - '0' : (c >= 'a' && c <= 'f') ? c - 'a' + 10 : (c >= 'A' && c <= 'F') ? c - 'A' + 10 : -1;
+      if (d < 0) return false;
+      v = v * 16 + static_cast<uint32_t>(d);
+    }
+    *cp = v;
+    return true;
+  };
+  for (size_t i = 0; i < s.size();) {
+    uint32_t cp = 0;
+    if (s[i] == '\\' && i + 1 < s.size() && s[i + 1] == 'u' && hex(i + 2, 4, &cp)) {
+      i += 6;
+    } else if (s[i] == '\\' && i + 1 < s.size() && s[i + 1] == 'U' && hex(i + 2, 8, &cp) && cp <= 0x10FFFF) {
+      i += 10;
+    } else {
+      cp = static_cast<uint8_t>(s[i]);
+      i += 1;
+    }
+    append_utf8(cp, &out);
+  }
+  return out;
+}
+
 }  // namespace
 
 const char* pickle_opcode_name(uint8_t op) {
@@ -214,7 +263,7 @@ class PickleParser {
     if (in_.size() > lim_.max_input_bytes)
       return invalid_format("pickle: " + std::to_string(in_.size()) + " bytes is over the limit of " +
                             std::to_string(lim_.max_input_bytes));
-    if (in_.empty()) return invalid_format("pickle: empty input (no PROTO/STOP opcode)");
+    if (in_.empty()) return invalid_format("pickle: truncated: empty input at offset 0");
     while (true) {
       if (pos_ >= in_.size())
         return fail_at(in_.size(), 0, "truncated: input ends before the STOP opcode");
@@ -416,9 +465,16 @@ class PickleParser {
       std::string bytes;
       if (utf8_to_latin1(node(arg_items[0]).text, &bytes)) return push_text(PickleKind::Bytes, std::move(bytes));
     }
-    if ((name == "builtins.bytearray" || name == "__builtin__.bytearray") && arg_items.size() == 1 &&
-        node(arg_items[0]).kind == PickleKind::Bytes)
+    bool is_bytearray = name == "builtins.bytearray" || name == "__builtin__.bytearray";
+    if (is_bytearray && arg_items.size() == 1 && node(arg_items[0]).kind == PickleKind::Bytes)
       return push_text(PickleKind::Bytes, node(arg_items[0]).text);
+    if (is_bytearray && arg_items.size() == 0) return push_text(PickleKind::Bytes, "");
+    if (is_bytearray && arg_items.size() == 2 && node(arg_items[0]).kind == PickleKind::Str &&
+        node(arg_items[1]).kind == PickleKind::Str &&
+        (node(arg_items[1]).text == "latin1" || node(arg_items[1]).text == "latin-1")) {
+      std::string bytes;
+      if (utf8_to_latin1(node(arg_items[0]).text, &bytes)) return push_text(PickleKind::Bytes, std::move(bytes));
+    }
     VLAC_ASSIGN_OR_RETURN(PickleId none, make(PickleKind::None));
     PickleId id = 0;
     VLAC_RETURN_IF_ERROR(push_new(PickleKind::Object, &id));
@@ -576,9 +632,9 @@ Status PickleParser::step() {
       VLAC_RETURN_IF_ERROR(read_uint(8, &u));
       VLAC_RETURN_IF_ERROR(read_blob(u, &s));
       return push_text(PickleKind::Str, std::move(s));
-    case 'V':  // UNICODE (raw-unicode-escape text; kept as written)
+    case 'V':  // UNICODE (raw-unicode-escape text)
       VLAC_RETURN_IF_ERROR(read_line(&s));
-      return push_text(PickleKind::Str, std::move(s));
+      return push_text(PickleKind::Str, raw_unicode_escape_to_utf8(s));
     case 'B':
       VLAC_RETURN_IF_ERROR(read_uint(4, &u));
       VLAC_RETURN_IF_ERROR(read_blob(u, &s));
@@ -597,17 +653,18 @@ Status PickleParser::step() {
       int32_t n = static_cast<int32_t>(static_cast<uint32_t>(u));
       if (n < 0) return fail("negative BINSTRING length");
       VLAC_RETURN_IF_ERROR(read_blob(static_cast<uint64_t>(n), &s));
-      return push_text(PickleKind::Bytes, std::move(s));
+      return push_text(PickleKind::Str, std::move(s));
     }
+    // Python 2 str opcodes: Python 3 loads them as str by default (encoding="ASCII"), so do we.
     case 'U':
       VLAC_RETURN_IF_ERROR(read_uint(1, &u));
       VLAC_RETURN_IF_ERROR(read_blob(u, &s));
-      return push_text(PickleKind::Bytes, std::move(s));
+      return push_text(PickleKind::Str, std::move(s));
     case 'S': {  // STRING: a quoted repr; the quotes are stripped, escapes kept
       VLAC_RETURN_IF_ERROR(read_line(&s));
       if (s.size() < 2 || (s.front() != '\'' && s.front() != '"') || s.back() != s.front())
         return fail("STRING is not quoted");
-      return push_text(PickleKind::Bytes, s.substr(1, s.size() - 2));
+      return push_text(PickleKind::Str, s.substr(1, s.size() - 2));
     }
 
     // --- containers ---
@@ -755,7 +812,7 @@ Status PickleParser::step() {
     case 0x98:  // READONLY_BUFFER
       return top(&a);
     default:
-      return fail("unknown opcode " + hex_byte(op_));
+      return fail("unknown opcode");
   }
 }
 

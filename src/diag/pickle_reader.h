@@ -19,8 +19,8 @@ enum class PickleKind : uint8_t {
   Bool,
   Int,     // fits int64; larger LONG values are stored as Float with `lossy` set
   Float,
-  Str,     // UTF-8 bytes as written (not validated)
-  Bytes,   // bytes / bytearray / protocol-0 STRING
+  Str,     // UTF-8 bytes as written (not validated); Python 2 STRING opcodes too
+  Bytes,   // bytes / bytearray
   List,
   Tuple,
   Dict,    // items() holds key, value, key, value, ... in insertion order

@@ -23,6 +23,11 @@ namespace {
 
 constexpr int64_t kBefore = -1;  // alloc_ev of allocations made before recording
 
+// The caching allocator hands out blocks rounded up to 512 bytes (kMinBlockSize, round_size()
+// without roundup_power2_divisions); trace entries carry the requested size. Allocated bytes
+// are counted as PyTorch's memory_allocated() counts them: rounded.
+uint64_t block_size(uint64_t requested) { return requested < 512 ? 512 : (requested + 511) / 512 * 512; }
+
 struct Rec {
   uint64_t size = 0;
   int64_t alloc_ev = kBefore;
@@ -66,7 +71,7 @@ struct SiteTable {
   uint32_t of_stack(const SnapshotData& d, int32_t stack, bool before_recording) {
     if (stack < 0 || static_cast<size_t>(stack) >= d.stacks.size() || d.stacks[stack].empty()) {
       SnapshotSite s;
-      s.site = before_recording ? "<allocated before recording: no stack>" : "<no Python stack recorded>";
+      s.site = before_recording ? "<allocated before recording: no stack>" : "<no Python stack: backward pass or C++>";
       return intern(s);
     }
     auto it = by_stack.find(stack);
@@ -140,11 +145,15 @@ std::vector<size_t> steps_from_period(const std::vector<TraceEvent>& ev, const s
   size_t pmax = std::min<size_t>(n / 2, 20000);
   size_t best_p = 0;
   double best = 0.0;
+  // Judge each period on the last 60% only: the first step (model build, lazy optimizer state)
+  // never repeats and would favour short in-step periods (one layer) over the step itself.
+  const size_t start = n * 2 / 5;
   for (size_t p = 2; p <= pmax; ++p) {
-    size_t span = n - p;
+    if (start + p >= n) break;
+    size_t span = n - p - start;
     size_t stride = std::max<size_t>(1, span / 256);
     size_t hit = 0, tot = 0;
-    for (size_t i = 0; i < span; i += stride, ++tot) hit += sig[i] == sig[i + p];
+    for (size_t i = start; i + p < n; i += stride, ++tot) hit += sig[i] == sig[i + p];
     double score = tot ? static_cast<double>(hit) / static_cast<double>(tot) : 0.0;
     if (score > best + 0.02) {
       best = score;
@@ -344,7 +353,7 @@ Result<SnapshotAnalysis> analyze_snapshot(const SnapshotData& d, const SnapshotO
     const TraceEvent& e = ev[i];
     switch (e.action) {
       case TraceAction::Alloc: live.erase(e.addr); break;
-      case TraceAction::FreeCompleted: live[e.addr] = {e.size, -1}; break;
+      case TraceAction::FreeCompleted: live[e.addr] = {block_size(e.size), -1}; break;
       case TraceAction::SegmentAlloc:
       case TraceAction::SegmentMap: seg_delta += static_cast<int64_t>(e.size); break;
       case TraceAction::SegmentFree:
@@ -392,13 +401,13 @@ Result<SnapshotAnalysis> analyze_snapshot(const SnapshotData& d, const SnapshotO
           allocated -= std::min(allocated, recs[it->second].size);
         }
         Rec r;
-        r.size = e.size;
+        r.size = block_size(e.size);
         r.alloc_ev = i;
         r.free_ev = n;
         r.stack = e.stack;
         open[e.addr] = recs.size();
         recs.push_back(r);
-        allocated += e.size;
+        allocated += r.size;
         ++a.n_allocs;
         break;
       }

@@ -115,8 +115,20 @@ class Decoder {
       fr.name = str(f, "name");
       frames.push_back(std::move(fr));
     }
-    int32_t id = static_cast<int32_t>(stacks_.size());
-    stacks_.push_back(std::move(frames));
+    // Torch may emit equal tracebacks as separate lists: intern by content too, so one call
+    // site is one stack (the step detector compares stacks).
+    std::string content;
+    for (const SnapshotFrame& fr : frames)
+      content += fr.filename + '\0' + std::to_string(fr.line) + '\0' + fr.name + '\0';
+    auto same = by_content_.find(content);
+    int32_t id;
+    if (same != by_content_.end()) {
+      id = same->second;
+    } else {
+      id = static_cast<int32_t>(stacks_.size());
+      stacks_.push_back(std::move(frames));
+      by_content_.emplace(std::move(content), id);
+    }
     interned_.emplace(*v, id);
     return id;
   }
@@ -187,6 +199,7 @@ class Decoder {
   const PickleDoc& d_;
   std::vector<std::vector<SnapshotFrame>> stacks_;
   std::unordered_map<PickleId, int32_t> interned_;
+  std::unordered_map<std::string, int32_t> by_content_;
 };
 
 }  // namespace

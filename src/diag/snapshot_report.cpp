@@ -3,6 +3,7 @@
 #include "diag/snapshot_report.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <string>
 
@@ -198,9 +199,16 @@ std::string snapshot_html(const SnapshotAnalysis& a, const std::string& label) {
   static const char* kColors[] = {"#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7"};
   const double W = 1100, H = 420, L = 90, R = 20, T = 20, B = 40;
   const double pw = W - L - R, ph = H - T - B;
-  uint64_t ymax = std::max<uint64_t>({a.peak_allocated, a.peak_reserved, 1});
-  if (a.oom) ymax = std::max(ymax, a.oom->reserved_bytes);
-  ymax = static_cast<uint64_t>(static_cast<double>(ymax) * 1.08);
+  uint64_t top = std::max<uint64_t>({a.peak_allocated, a.peak_reserved, a.dump_reserved, 1});
+  if (a.oom) top = std::max(top, a.oom->reserved_bytes);
+  // Round y ticks: 1/2/2.5/5 x 10^k of KiB, MiB or GiB.
+  const double unit = top >= (1ull << 30) ? double(1ull << 30) : top >= (1ull << 20) ? double(1ull << 20) : top >= 1024 ? 1024.0 : 1.0;
+  const double span = static_cast<double>(top) * 1.04 / unit;
+  const double mag = std::pow(10.0, std::floor(std::log10(std::max(span / 5.0, 1e-9))));
+  const double r = span / 5.0 / mag;
+  const double tick = (r <= 1 ? 1 : r <= 2 ? 2 : r <= 2.5 ? 2.5 : r <= 5 ? 5 : 10) * mag;
+  const int n_ticks = std::max(1, static_cast<int>(std::ceil(span / tick - 1e-9)));
+  const uint64_t ymax = std::max<uint64_t>(1, static_cast<uint64_t>(n_ticks * tick * unit));
   const double xmax = std::max<double>(1.0, static_cast<double>(a.n_events));
   auto X = [&](int64_t ev) { return L + pw * (static_cast<double>(ev + 1) / xmax); };
   auto Y = [&](double bytes) { return T + ph * (1.0 - bytes / static_cast<double>(ymax)); };
@@ -212,8 +220,8 @@ std::string snapshot_html(const SnapshotAnalysis& a, const std::string& label) {
   svg += "<rect x=\"" + num(L) + "\" y=\"" + num(T) + "\" width=\"" + num(pw) + "\" height=\"" + num(ph) +
          "\" fill=\"#fafafa\" stroke=\"#ccc\"/>\n";
   // y ticks
-  for (int t = 0; t <= 5; ++t) {
-    double v = static_cast<double>(ymax) * t / 5.0;
+  for (int t = 0; t <= n_ticks; ++t) {
+    double v = t * tick * unit;
     double y = Y(v);
     svg += "<line x1=\"" + num(L) + "\" x2=\"" + num(L + pw) + "\" y1=\"" + num(y) + "\" y2=\"" + num(y) +
            "\" stroke=\"#e5e5e5\"/>\n";
