@@ -18,6 +18,7 @@
 #include "core/bytes.h"
 #include "io/json_reader.h"
 #include "io/safetensors.h"
+#include "inspect_graph.h"
 
 namespace vlac::cli {
 
@@ -30,6 +31,7 @@ struct InspectFlags {
   CommonOptions common;
   std::string path;
   bool json = false;
+  bool graph = false;  // --graph: the pi0.5 IR graphs (inspect_graph.cpp)
 };
 
 /// What PATH names. New kinds (a .vlac package, a graph view) get a value and a case below.
@@ -387,7 +389,12 @@ void register_inspect(CLI::App& app) {
       ->required();
   sub->add_flag("--json", flags->json, "print one JSON object (exact bytes) instead of tables");
   add_common_options(sub, &flags->common);
-  sub->callback([flags] { run_command("inspect", flags->common, [&](MemMeter& m) { return inspect_path(*flags, m); }); });
+  sub->add_flag("--graph", flags->graph, "print the graphs vlac builds from a pi0.5 policy folder (nodes, shapes, weight bytes)");
+  sub->callback([flags] {
+    run_command("inspect", flags->common, [&](MemMeter& m) {
+      return flags->graph ? inspect_graph(flags->path, m) : inspect_path(*flags, m);
+    });
+  });
 }
 
 }  // namespace vlac::cli

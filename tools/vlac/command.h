@@ -36,5 +36,6 @@ void register_mem(CLI::App& app);
 void register_mem_oom(CLI::App& mem);
 void register_mem_plan(CLI::App& mem);
 void register_mem_snapshot(CLI::App& mem);
+void register_run(CLI::App& app);
 
 }  // namespace vlac::cli

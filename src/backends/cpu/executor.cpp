@@ -1,0 +1,534 @@
+// CPU graph executor: weight binding, one-time buffer planning, and the per-op dispatch.
+// run() must not allocate: every buffer is planned in create().
+#include "backends/cpu/executor.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "backends/cpu/kernels.h"
+#include "ir/walk.h"
+
+namespace vlac::cpu {
+
+using ir::Node;
+using ir::NodeId;
+using ir::OpKind;
+using ir::ValueId;
+using ir::ValueInfo;
+
+namespace {
+
+constexpr uint64_t kAlign = 64;
+uint64_t align_up(uint64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+int64_t last_dim(const ValueInfo& v) { return v.shape.empty() ? 1 : v.shape.back(); }
+
+// b broadcasts over a when b's shape (leading 1s dropped) is a suffix of a's shape.
+bool trailing_broadcast(const ValueInfo& a, const ValueInfo& b) {
+  std::vector<int64_t> bs = b.shape;
+  while (!bs.empty() && bs.front() == 1) bs.erase(bs.begin());
+  if (bs.size() > a.shape.size()) return false;
+  return std::equal(bs.begin(), bs.end(), a.shape.end() - std::ptrdiff_t(bs.size()));
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Weights
+
+Result<CpuWeights> CpuWeights::load(const std::vector<ir::WeightRef>& refs, const std::vector<DType>& run_dtypes,
+                                    const std::vector<WeightFile>& files) {
+  if (run_dtypes.size() != refs.size()) return internal_error("CpuWeights: one run dtype per weight needed");
+  CpuWeights w;
+  for (size_t i = 0; i < refs.size(); ++i) {
+    const ir::WeightRef& r = refs[i];
+    if (w.entries_.count(r.name)) continue;
+    if (r.file_id >= files.size()) return internal_error("weight '" + r.name + "': file id out of range");
+    const WeightFile& f = files[r.file_id];
+    uint64_t end = 0;
+    if (__builtin_add_overflow(r.offset, r.bytes, &end) || end > f.size)
+      return invalid_format(f.path + ": tensor '" + r.name + "' lies outside the file");
+    const DType want = run_dtypes[i];
+    if (want != DType::F32 && want != DType::BF16)
+      return internal_error("weight '" + r.name + "': run dtype must be F32 or BF16");
+    if (r.dtype != DType::F32 && r.dtype != DType::BF16 && r.dtype != DType::F16)
+      return unsupported(f.path + ": tensor '" + r.name + "' has dtype " + dtype_name(r.dtype) +
+                         " (the CPU backend reads F32, BF16 and F16)");
+    ir::ValueInfo vi{r.dtype, r.shape};
+    const uint64_t n = uint64_t(vi.numel());
+    const uint8_t* src = f.data + r.offset;
+    Entry e;
+    e.dtype = want;
+    e.shape = r.shape;
+    const bool aligned = reinterpret_cast<uintptr_t>(src) % dtype_size(want) == 0;
+    if (r.dtype == want && aligned) {
+      e.data = src;
+      w.mapped_bytes_ += r.bytes;
+    } else {
+      const uint64_t bytes = n * dtype_size(want);
+      std::unique_ptr<uint8_t[]> buf(new (std::nothrow) uint8_t[std::max<uint64_t>(bytes, 1)]);
+      if (!buf) return Status(StatusCode::ResourceExhausted, "out of memory converting weight '" + r.name + "'");
+      if (r.dtype == want) {
+        std::memcpy(buf.get(), src, bytes);
+      } else if (want == DType::BF16) {  // F32 -> BF16 (F16 stored runs as F32 below)
+        if (r.dtype != DType::F32) return internal_error("weight '" + r.name + "': no F16 -> BF16 path");
+        uint16_t* dst = reinterpret_cast<uint16_t*>(buf.get());
+        for (uint64_t k = 0; k < n; ++k) {
+          float v;
+          std::memcpy(&v, src + 4 * k, 4);
+          dst[k] = f32_to_bf16(v);
+        }
+      } else {  // BF16/F16 -> F32
+        float* dst = reinterpret_cast<float*>(buf.get());
+        for (uint64_t k = 0; k < n; ++k) {
+          uint16_t h;
+          std::memcpy(&h, src + 2 * k, 2);
+          dst[k] = r.dtype == DType::BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+        }
+      }
+      e.data = buf.get();
+      e.owned = true;
+      w.owned_bytes_ += bytes;
+      w.storage_.push_back(std::move(buf));
+    }
+    w.entries_.emplace(r.name, std::move(e));
+  }
+  return w;
+}
+
+const CpuWeights::Entry* CpuWeights::find(const std::string& name) const {
+  auto it = entries_.find(name);
+  return it == entries_.end() ? nullptr : &it->second;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Planning
+
+Result<Executor> Executor::create(ir::Graph graph, const CpuWeights& weights, ExecutorOptions options) {
+  Executor ex;
+  ex.graph_ = std::move(graph);
+  ex.options_ = options;
+  VLAC_RETURN_IF_ERROR(ex.plan(weights));
+  set_num_threads(options.threads);
+  return ex;
+}
+
+Status Executor::plan(const CpuWeights& weights) {
+  const ir::Graph& g = graph_;
+  VLAC_ASSIGN_OR_RETURN(order_, ir::schedule(g));
+  const size_t nv = g.values().size();
+  root_.resize(nv);
+  for (size_t v = 0; v < nv; ++v) root_[v] = ValueId(v);
+  ptr_.assign(nv, nullptr);
+  weight_dtype_.assign(nv, DType::F32);
+  auto label = [&](const Node& n) { return std::string("cpu executor: node '") + n.name + "' (" + ir::op_name(n.op) + ")"; };
+
+  // Check every op once here so run() needs no checks; collect scratch needs.
+  int64_t scratch = 1;
+  for (NodeId id : order_) {
+    const Node& n = g.node(id);
+    auto in = [&](size_t i) -> const ValueInfo& { return g.info(n.inputs[i]); };
+    auto is_weight = [&](size_t i) { return g.node(g.value(n.inputs[i]).producer).op == OpKind::Weight; };
+    auto need_f32 = [&](size_t i) -> Status {
+      if (in(i).dtype != DType::F32 && !(is_weight(i)))
+        return unsupported(label(n) + ": input " + std::to_string(i) + " is " + ir::to_string(in(i)) + ", needs f32");
+      return Status::ok();
+    };
+    switch (n.op) {
+      case OpKind::Weight: {
+        const ir::WeightRef& r = g.weights()[size_t(n.weight)];
+        const CpuWeights::Entry* e = weights.find(r.name);
+        if (!e) return internal_error("cpu executor: weight '" + r.name + "' was not loaded");
+        if (e->shape != r.shape)
+          return internal_error("cpu executor: weight '" + r.name + "' loaded as " + shape_str(e->shape) +
+                                ", graph wants " + shape_str(r.shape));
+        ptr_[size_t(n.outputs[0])] = const_cast<void*>(e->data);
+        weight_dtype_[size_t(n.outputs[0])] = e->dtype;
+        break;
+      }
+      case OpKind::Input:
+        break;
+      case OpKind::Constant: {
+        const ValueInfo& o = g.info(n.outputs[0]);
+        if (o.dtype != DType::F32) return unsupported(label(n) + ": only f32 constants");
+        break;
+      }
+      case OpKind::Reshape:
+        root_[size_t(n.outputs[0])] = root_[size_t(n.inputs[0])];
+        break;
+      case OpKind::Linear: {
+        VLAC_RETURN_IF_ERROR(need_f32(0));
+        const ValueInfo& w = in(1);
+        if (n.inputs.size() == 3) VLAC_RETURN_IF_ERROR(need_f32(2));
+        if (!is_weight(1) && w.dtype != DType::F32) return unsupported(label(n) + ": activation weight must be f32");
+        scratch = std::max(scratch, linear_bf16_scratch_floats(w.shape[1], w.shape[0]));
+        break;
+      }
+      case OpKind::PatchEmbed: {
+        const auto& img = in(0).shape;
+        const auto& w = in(1).shape;
+        scratch = std::max(scratch, patch_embed_scratch_floats(img[0], img[1], img[2], w[2], w[3]));
+        break;
+      }
+      case OpKind::Attention: {
+        if (n.inputs.size() == 4 && in(3).dtype != DType::BOOL && in(3).dtype != DType::U8 && in(3).dtype != DType::F32)
+          return unsupported(label(n) + ": mask must be bool, u8 or f32");
+        scratch = std::max(scratch, attention_scratch_floats(in(0).shape[0], in(1).shape[0]));
+        break;
+      }
+      case OpKind::Add:
+      case OpKind::Sub:
+      case OpKind::Mul: {
+        const ValueInfo& o = g.info(n.outputs[0]);
+        if (o.dtype != DType::F32) return unsupported(label(n) + ": f32 only");
+        const bool ok = (in(0).numel() == o.numel() && trailing_broadcast(in(0), in(1))) ||
+                        (in(1).numel() == o.numel() && trailing_broadcast(in(1), in(0)));
+        if (!ok) return unsupported(label(n) + ": broadcast of " + ir::to_string(in(0)) + " and " +
+                                    ir::to_string(in(1)) + " (only a trailing-dims operand)");
+        break;
+      }
+      case OpKind::Embedding: {
+        if (in(1).dtype != DType::I64) return unsupported(label(n) + ": ids must be i64");
+        const DType od = g.info(n.outputs[0]).dtype;
+        if (od != DType::F32 && od != DType::BF16) return unsupported(label(n) + ": output must be f32 or bf16");
+        scratch = std::max(scratch, in(0).shape[1]);  // one f32 row for a bf16 output
+        break;
+      }
+      case OpKind::Cast: {
+        const DType a = in(0).dtype, o = g.info(n.outputs[0]).dtype;
+        if ((a != DType::F32 && a != DType::BF16) || (o != DType::F32 && o != DType::BF16))
+          return unsupported(label(n) + ": casts between f32 and bf16 only");
+        break;
+      }
+      case OpKind::RoPE:
+        if (in(1).dtype != DType::I64) return unsupported(label(n) + ": positions must be i64");
+        break;
+      case OpKind::Concat:
+      case OpKind::Slice:
+        if (dtype_size(in(0).dtype) != 4 && dtype_size(in(0).dtype) != 8 && dtype_size(in(0).dtype) != 1 &&
+            dtype_size(in(0).dtype) != 2)
+          return unsupported(label(n) + ": element size");
+        break;
+      case OpKind::Scale:
+      case OpKind::LayerNorm:
+      case OpKind::RMSNorm:
+      case OpKind::AdaRMSNorm:
+      case OpKind::GeluTanh:
+      case OpKind::GeGLU:
+      case OpKind::SiLU:
+      case OpKind::Softmax:
+      case OpKind::TimeEmbedding:
+      case OpKind::EulerStep:
+        for (size_t i = 0; i < n.inputs.size(); ++i) VLAC_RETURN_IF_ERROR(need_f32(i));
+        for (size_t i = 0; i < n.inputs.size(); ++i)
+          if (is_weight(i) && weights.find(g.weights()[size_t(g.node(g.value(n.inputs[i]).producer).weight)].name)->dtype != DType::F32)
+            return unsupported(label(n) + ": weight input " + std::to_string(i) + " must run in f32");
+        break;
+      case OpKind::MatMul:
+      case OpKind::Transpose:
+        return unsupported(label(n) + ": not implemented on the CPU backend");
+    }
+    if (n.op == OpKind::Linear || n.op == OpKind::Embedding) continue;
+    for (size_t i = 0; i < n.inputs.size(); ++i)
+      if (is_weight(i) && n.op != OpKind::Reshape &&
+          weights.find(g.weights()[size_t(g.node(g.value(n.inputs[i]).producer).weight)].name)->dtype != DType::F32)
+        return unsupported(label(n) + ": weight input " + std::to_string(i) + " must run in f32");
+  }
+  scratch_floats_ = scratch;
+  scratch_.reset(new float[size_t(scratch)]);
+
+  // Inputs: owned buffers, one block.
+  std::vector<uint64_t> in_off;
+  for (ValueId v : g.inputs()) {
+    in_off.push_back(input_bytes_);
+    input_bytes_ += align_up(g.info(v).bytes());
+  }
+  inputs_.reset(new uint8_t[std::max<uint64_t>(input_bytes_, kAlign)]);
+  std::memset(inputs_.get(), 0, std::max<uint64_t>(input_bytes_, kAlign));
+  owned_input_ptr_.clear();
+  for (size_t i = 0; i < g.inputs().size(); ++i) {
+    owned_input_ptr_.push_back(inputs_.get() + in_off[i]);
+    ptr_[size_t(g.inputs()[i])] = inputs_.get() + in_off[i];
+  }
+  // Constants: their own storage (filled now).
+  {
+    size_t floats = 0;
+    for (NodeId id : order_)
+      if (g.node(id).op == OpKind::Constant) floats += size_t(align_up(g.info(g.node(id).outputs[0]).bytes()) / 4);
+    const_storage_.assign(std::max<size_t>(floats, 1), 0.0f);
+    size_t at = 0;
+    for (NodeId id : order_) {
+      const Node& n = g.node(id);
+      if (n.op != OpKind::Constant) continue;
+      const ValueInfo& o = g.info(n.outputs[0]);
+      std::fill_n(const_storage_.data() + at, o.numel(), float(n.attrs.get_float("value")));
+      ptr_[size_t(n.outputs[0])] = const_storage_.data() + at;
+      at += size_t(align_up(o.bytes()) / 4);
+    }
+  }
+
+  // Activations: liveness per storage root, then greedy placement (largest first, lowest
+  // offset whose time range does not collide).
+  std::vector<ir::LiveRange> live = ir::liveness(g, order_);
+  std::vector<int64_t> first(nv, -1), lastu(nv, -1);
+  for (size_t v = 0; v < nv; ++v) {
+    if (live[v].def < 0) continue;
+    const size_t r = size_t(root_[v]);
+    if (first[r] < 0 || live[v].def < first[r]) first[r] = live[v].def;
+    lastu[r] = std::max(lastu[r], live[v].last_use);
+  }
+  struct Block { ValueId v; uint64_t bytes; int64_t a, b; uint64_t off; };
+  std::vector<Block> blocks;
+  for (size_t v = 0; v < nv; ++v) {
+    if (root_[v] != ValueId(v) || first[v] < 0) continue;
+    const OpKind op = g.node(g.value(ValueId(v)).producer).op;
+    if (op == OpKind::Weight || op == OpKind::Input || op == OpKind::Constant) continue;
+    blocks.push_back({ValueId(v), align_up(std::max<uint64_t>(g.info(ValueId(v)).bytes(), 1)), first[v], lastu[v], 0});
+  }
+  std::vector<size_t> by_size(blocks.size());
+  for (size_t i = 0; i < by_size.size(); ++i) by_size[i] = i;
+  std::stable_sort(by_size.begin(), by_size.end(), [&](size_t x, size_t y) { return blocks[x].bytes > blocks[y].bytes; });
+  std::vector<size_t> placed;
+  std::vector<std::pair<uint64_t, uint64_t>> busy;
+  for (size_t bi : by_size) {
+    Block& b = blocks[bi];
+    busy.clear();
+    for (size_t pi : placed) {
+      const Block& p = blocks[pi];
+      if (p.a <= b.b && b.a <= p.b) busy.emplace_back(p.off, p.off + p.bytes);
+    }
+    std::sort(busy.begin(), busy.end());
+    uint64_t off = 0;
+    for (const auto& [s, e] : busy) {
+      if (off + b.bytes <= s) break;
+      off = std::max(off, e);
+    }
+    b.off = off;
+    arena_bytes_ = std::max(arena_bytes_, off + b.bytes);
+    placed.push_back(bi);
+  }
+  arena_.reset(new uint8_t[std::max<uint64_t>(arena_bytes_, kAlign)]);
+  for (const Block& b : blocks) ptr_[size_t(b.v)] = arena_.get() + b.off;
+  return Status::ok();
+}
+
+int Executor::input_index(std::string_view name) const {
+  for (size_t i = 0; i < graph_.inputs().size(); ++i)
+    if (graph_.node(graph_.value(graph_.inputs()[i]).producer).name == name) return int(i);
+  return -1;
+}
+
+void* Executor::input_data(int i) { return owned_input_ptr_[size_t(i)]; }
+
+void Executor::bind_input(int i, const void* external) {
+  ptr_[size_t(graph_.inputs()[size_t(i)])] = external ? const_cast<void*>(external) : owned_input_ptr_[size_t(i)];
+}
+
+const void* Executor::data(ValueId v) const { return ptr(v); }
+
+Status Executor::run() {
+  for (NodeId id : order_) VLAC_RETURN_IF_ERROR(run_node(graph_.node(id)));
+  return Status::ok();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dispatch
+
+Status Executor::run_node(const Node& n) {
+  const ir::Graph& g = graph_;
+  auto info = [&](ValueId v) -> const ValueInfo& { return g.info(v); };
+  auto f = [&](size_t i) { return static_cast<float*>(ptr(n.inputs[i])); };
+  float* out = n.outputs.empty() ? nullptr : static_cast<float*>(ptr(n.outputs[0]));
+  const ValueInfo& x = info(n.inputs.empty() ? n.outputs[0] : n.inputs[0]);
+  switch (n.op) {
+    case OpKind::Input:
+    case OpKind::Weight:
+    case OpKind::Constant:
+    case OpKind::Reshape:
+      return Status::ok();
+    case OpKind::Linear: {
+      const ValueInfo& w = info(n.inputs[1]);
+      const int64_t k = w.shape[1], nn = w.shape[0], m = x.numel() / k;
+      const float* b = n.inputs.size() == 3 ? f(2) : nullptr;
+      if (weight_dtype_[size_t(root_[size_t(n.inputs[1])])] == DType::BF16)
+        linear_bf16(f(0), static_cast<const uint16_t*>(ptr(n.inputs[1])), b, out, m, k, nn, scratch_.get(),
+                    scratch_floats_);
+      else
+        linear_f32(f(0), f(1), b, out, m, k, nn);
+      return Status::ok();
+    }
+    case OpKind::Add:
+    case OpKind::Sub:
+    case OpKind::Mul: {
+      const int64_t na = info(n.inputs[0]).numel(), nb = info(n.inputs[1]).numel();
+      const int64_t no = info(n.outputs[0]).numel();
+      const float* a = f(0);
+      const float* b = f(1);
+      for (int64_t i = 0; i < no; ++i) {
+        const float av = a[na == no ? i : i % na], bv = b[nb == no ? i : i % nb];
+        out[i] = n.op == OpKind::Add ? av + bv : n.op == OpKind::Sub ? av - bv : av * bv;
+      }
+      return Status::ok();
+    }
+    case OpKind::Scale: {
+      const float s = float(n.attrs.get_float("scale", 1.0));
+      const float* a = f(0);
+      for (int64_t i = 0; i < x.numel(); ++i) out[i] = a[i] * s;
+      return Status::ok();
+    }
+    case OpKind::LayerNorm: {
+      const int64_t d = last_dim(x);
+      layer_norm(f(0), f(1), f(2), out, x.numel() / d, d, float(n.attrs.get_float("eps", 1e-6)));
+      return Status::ok();
+    }
+    case OpKind::RMSNorm: {
+      const int64_t d = last_dim(x);
+      rms_norm(f(0), f(1), out, x.numel() / d, d, float(n.attrs.get_float("eps", 1e-6)));
+      return Status::ok();
+    }
+    case OpKind::AdaRMSNorm: {
+      const int64_t d = last_dim(x);
+      ada_rms_norm(f(0), f(1), out, static_cast<float*>(ptr(n.outputs[1])), x.numel() / d, d,
+                   float(n.attrs.get_float("eps", 1e-6)));
+      return Status::ok();
+    }
+    case OpKind::GeluTanh:
+      gelu_tanh(f(0), out, x.numel());
+      return Status::ok();
+    case OpKind::SiLU:
+      silu(f(0), out, x.numel());
+      return Status::ok();
+    case OpKind::GeGLU:
+      geglu(f(0), f(1), out, x.numel());
+      return Status::ok();
+    case OpKind::RoPE: {
+      std::memcpy(out, f(0), size_t(x.bytes()));
+      rope(out, static_cast<const int64_t*>(ptr(n.inputs[1])), x.shape[0], x.shape[1], x.shape[2],
+           float(n.attrs.get_float("base", 10000.0)));
+      return Status::ok();
+    }
+    case OpKind::Softmax: {
+      std::memcpy(out, f(0), size_t(x.bytes()));
+      const int64_t d = last_dim(x);
+      softmax(out, x.numel() / d, d);
+      return Status::ok();
+    }
+    case OpKind::Attention: {
+      const auto& q = x.shape;
+      const auto& k = info(n.inputs[1]).shape;
+      const auto& v = info(n.inputs[2]).shape;
+      AttentionMask mask;
+      if (n.inputs.size() == 4) {
+        if (info(n.inputs[3]).dtype == DType::F32) mask.add = f(3);
+        else mask.allow = static_cast<const uint8_t*>(ptr(n.inputs[3]));
+      }
+      const double def_scale = 1.0 / std::sqrt(double(q[2]));
+      attention(f(0), f(1), f(2), mask, out, q[0], q[1], k[1], k[0], q[2], v[2],
+                float(n.attrs.get_float("scale", def_scale)), scratch_.get(), scratch_floats_);
+      return Status::ok();
+    }
+    case OpKind::PatchEmbed: {
+      const auto& w = info(n.inputs[1]).shape;
+      patch_embed(f(0), f(1), n.inputs.size() == 3 ? f(2) : nullptr, out, x.shape[0], x.shape[1], x.shape[2], w[0],
+                  w[2], w[3], scratch_.get(), scratch_floats_);
+      return Status::ok();
+    }
+    case OpKind::Embedding: {
+      const ValueInfo& ids = info(n.inputs[1]);
+      const bool bf16 = weight_dtype_[size_t(root_[size_t(n.inputs[0])])] == DType::BF16;
+      float scale = float(n.attrs.get_float("scale", 1.0));
+      if (bf16 && n.attrs.get_int("round_scale_to_table", 0)) scale = bf16_to_f32(f32_to_bf16(scale));
+      const int64_t* id = static_cast<const int64_t*>(ptr(n.inputs[1]));
+      if (info(n.outputs[0]).dtype == DType::BF16) {
+        // Rows in the table's dtype (a bf16 checkpoint): the product rounds to bf16, as in torch.
+        // Computed into the f32 scratch of the row count first, then narrowed in place.
+        uint16_t* o16 = reinterpret_cast<uint16_t*>(out);
+        const int64_t d = x.shape[1];
+        for (int64_t t0 = 0; t0 < ids.shape[0]; ++t0) {
+          Status st = bf16 ? embedding_bf16(static_cast<const uint16_t*>(ptr(n.inputs[0])), x.shape[0], d, id + t0, 1,
+                                            scale, scratch_.get())
+                           : embedding_f32(f(0), x.shape[0], d, id + t0, 1, scale, scratch_.get());
+          if (!st.is_ok()) return st;
+          for (int64_t j = 0; j < d; ++j) o16[t0 * d + j] = f32_to_bf16(scratch_[size_t(j)]);
+        }
+        return Status::ok();
+      }
+      if (bf16)
+        return embedding_bf16(static_cast<const uint16_t*>(ptr(n.inputs[0])), x.shape[0], x.shape[1], id,
+                              ids.shape[0], scale, out);
+      return embedding_f32(f(0), x.shape[0], x.shape[1], id, ids.shape[0], scale, out);
+    }
+    case OpKind::Cast: {
+      const DType a = x.dtype, o = info(n.outputs[0]).dtype;
+      const int64_t cnt = x.numel();
+      if (a == o) {
+        std::memcpy(out, ptr(n.inputs[0]), size_t(x.bytes()));
+      } else if (a == DType::BF16) {
+        const uint16_t* s16 = static_cast<const uint16_t*>(ptr(n.inputs[0]));
+        for (int64_t i = 0; i < cnt; ++i) out[i] = bf16_to_f32(s16[i]);
+      } else {
+        uint16_t* o16 = reinterpret_cast<uint16_t*>(out);
+        const float* s32 = f(0);
+        for (int64_t i = 0; i < cnt; ++i) o16[i] = f32_to_bf16(s32[i]);
+      }
+      return Status::ok();
+    }
+    case OpKind::Concat: {
+      const ValueInfo& o = info(n.outputs[0]);
+      int64_t axis = n.attrs.get_int("axis", 0);
+      if (axis < 0) axis += int64_t(o.shape.size());
+      int64_t outer = 1;
+      for (int64_t d = 0; d < axis; ++d) outer *= o.shape[size_t(d)];
+      const uint64_t es = dtype_size(o.dtype);
+      const uint64_t out_row = uint64_t(o.numel() / std::max<int64_t>(outer, 1)) * es;
+      uint8_t* dst = reinterpret_cast<uint8_t*>(out);
+      uint64_t col = 0;
+      for (ValueId in : n.inputs) {
+        const uint64_t row = uint64_t(info(in).numel() / std::max<int64_t>(outer, 1)) * es;
+        const uint8_t* src = static_cast<const uint8_t*>(ptr(in));
+        for (int64_t r = 0; r < outer; ++r) std::memcpy(dst + uint64_t(r) * out_row + col, src + uint64_t(r) * row, row);
+        col += row;
+      }
+      return Status::ok();
+    }
+    case OpKind::Slice: {
+      int64_t axis = n.attrs.get_int("axis", 0);
+      if (axis < 0) axis += int64_t(x.shape.size());
+      int64_t outer = 1, inner = 1;
+      for (int64_t d = 0; d < axis; ++d) outer *= x.shape[size_t(d)];
+      for (size_t d = size_t(axis) + 1; d < x.shape.size(); ++d) inner *= x.shape[d];
+      const int64_t dim = x.shape[size_t(axis)];
+      const int64_t start = n.attrs.get_int("start", 0), end = n.attrs.get_int("end", dim);
+      const uint64_t es = dtype_size(x.dtype);
+      const uint8_t* src = static_cast<const uint8_t*>(ptr(n.inputs[0]));
+      uint8_t* dst = reinterpret_cast<uint8_t*>(out);
+      const uint64_t len = uint64_t((end - start) * inner) * es;
+      for (int64_t r = 0; r < outer; ++r)
+        std::memcpy(dst + uint64_t(r) * len, src + (uint64_t(r * dim + start) * uint64_t(inner)) * es, len);
+      return Status::ok();
+    }
+    case OpKind::TimeEmbedding: {
+      const ValueInfo& o = info(n.outputs[0]);
+      time_embedding(double(f(0)[0]), out, o.shape[0], n.attrs.get_float("min_period", 4e-3),
+                     n.attrs.get_float("max_period", 4.0));
+      return Status::ok();
+    }
+    case OpKind::EulerStep:
+      std::memcpy(out, f(0), size_t(x.bytes()));
+      euler_step(out, f(1), float(n.attrs.get_float("dt", 0.0)), x.numel());
+      return Status::ok();
+    case OpKind::MatMul:
+    case OpKind::Transpose:
+      break;
+  }
+  return internal_error(std::string("cpu executor: op ") + ir::op_name(n.op) + " not planned");
+}
+
+}  // namespace vlac::cpu

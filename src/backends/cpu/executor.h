@@ -1,0 +1,110 @@
+// CPU graph executor: runs an ir::Graph with the CPU kernels. Weights are bound once (mapped
+// fp32 bytes used in place, conversions into owned buffers at load); every activation buffer is
+// planned once from liveness into one arena; run() does no heap allocation.
+// Must not depend on models/ or any frontend: a runtime links it without the compiler side.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/status.h"
+#include "ir/graph.h"
+
+namespace vlac::cpu {
+
+/// Bytes of one weight file (e.g. a mapped safetensors shard); borrowed, must outlive the
+/// CpuWeights built over it. WeightRef::offset is absolute in the file.
+struct WeightFile {
+  const uint8_t* data = nullptr;
+  uint64_t size = 0;
+  std::string path;  // for error messages
+};
+
+/// Weights in the form the kernels read, by name: fp32 or bf16 (matmul weights and embedding
+/// tables may stay bf16; everything else is fp32). Built once, shared by every executor.
+class CpuWeights {
+ public:
+  struct Entry {
+    const void* data = nullptr;  // into a mapped file (used in place) or owned storage
+    DType dtype = DType::F32;    // F32 or BF16
+    std::vector<int64_t> shape;
+    bool owned = false;
+  };
+  /// Binds `refs` (duplicates by name allowed, bound once). `run_dtypes[i]` is the dtype ref i
+  /// runs in: F32 or BF16 (the executor accepts BF16 only for matmul weights and embedding
+  /// tables). Conversions (F32->BF16, BF16/F16->F32, unaligned copies) go to owned buffers;
+  /// `files[ref.file_id]` holds the bytes at ref.offset (bounds-checked).
+  static Result<CpuWeights> load(const std::vector<ir::WeightRef>& refs, const std::vector<DType>& run_dtypes,
+                                 const std::vector<WeightFile>& files);
+  const Entry* find(const std::string& name) const;
+  /// Bytes held in owned (converted) buffers.
+  uint64_t owned_bytes() const { return owned_bytes_; }
+  /// Bytes used in place from the files.
+  uint64_t mapped_bytes() const { return mapped_bytes_; }
+
+ private:
+  std::map<std::string, Entry> entries_;
+  std::vector<std::unique_ptr<uint8_t[]>> storage_;
+  uint64_t owned_bytes_ = 0, mapped_bytes_ = 0;
+};
+
+struct ExecutorOptions {
+  int threads = 2;  // BLAS threads
+};
+
+class Executor {
+ public:
+  /// Plans `graph` (kept by value): schedule, buffer offsets from liveness, scratch; binds every
+  /// Weight node to `weights` by name (borrowed: must outlive the executor). Errors: an op or
+  /// dtype the CPU kernels cannot run, a weight absent from `weights` or of another shape.
+  static Result<Executor> create(ir::Graph graph, const CpuWeights& weights, ExecutorOptions options = {});
+
+  Executor(Executor&&) noexcept = default;
+  Executor& operator=(Executor&&) noexcept = default;
+
+  const ir::Graph& graph() const { return graph_; }
+  /// Index into graph().inputs() of the Input node named `name`; -1 if none.
+  int input_index(std::string_view name) const;
+  /// The executor's own buffer for input i (bytes = graph().info(inputs()[i]).bytes()).
+  void* input_data(int i);
+  /// Reads input i from caller memory instead (borrowed until the next bind or destruction);
+  /// nullptr returns to the owned buffer.
+  void bind_input(int i, const void* external);
+  /// Data of any value after run(); graph outputs stay valid until the next run().
+  const void* data(ir::ValueId v) const;
+  const float* data_f32(ir::ValueId v) const { return static_cast<const float*>(data(v)); }
+  /// Runs every scheduled node. No heap allocation. Errors only for data-dependent problems
+  /// (a token id outside the vocabulary).
+  Status run();
+
+  uint64_t arena_bytes() const { return arena_bytes_; }
+  uint64_t input_bytes() const { return input_bytes_; }
+  uint64_t scratch_bytes() const { return uint64_t(scratch_floats_) * 4; }
+
+ private:
+  Executor() = default;
+  Status plan(const CpuWeights& weights);
+  Status run_node(const ir::Node& node);
+  void* ptr(ir::ValueId v) const { return ptr_[size_t(root_[size_t(v)])]; }
+
+  ir::Graph graph_;
+  ExecutorOptions options_;
+  std::vector<ir::NodeId> order_;
+  std::vector<ir::ValueId> root_;  // storage root (reshape outputs alias their input)
+  std::vector<void*> ptr_;         // by root value id
+  std::vector<void*> owned_input_ptr_;
+  std::vector<DType> weight_dtype_;  // by value id (weights only)
+  std::vector<float> const_storage_;
+  std::unique_ptr<uint8_t[]> arena_;
+  std::unique_ptr<uint8_t[]> inputs_;
+  std::unique_ptr<float[]> scratch_;
+  uint64_t arena_bytes_ = 0, input_bytes_ = 0;
+  int64_t scratch_floats_ = 0;
+};
+
+}  // namespace vlac::cpu

@@ -1,0 +1,579 @@
+// pi0.5 model builder (spec: ../shared/spec/pi05.md sections 1-4, fixtures README for the
+// settled points). Builds graphs on meta only: weight references, never weight bytes.
+#include "models/pi05_builder.h"
+
+#include <cmath>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "core/mapped_file.h"
+#include "io/json_reader.h"
+
+namespace vlac {
+
+using ir::Attrs;
+using ir::OpKind;
+using ir::ValueId;
+using ir::ValueInfo;
+
+namespace {
+
+constexpr double kNormEps = 1e-6;
+constexpr double kRopeBase = 10000.0;
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+const std::string kPwe = "paligemma_with_expert.";
+const std::string kPg = "paligemma_with_expert.paligemma.model.";
+const std::string kLm = "paligemma_with_expert.paligemma.model.language_model.";
+const std::string kEx = "paligemma_with_expert.gemma_expert.model.";
+
+}  // namespace
+
+std::string pi05_image_input(const std::string& camera_key) { return "image." + camera_key; }
+
+ir::ValueId Pi05Graph::output(const std::string& name) const {
+  for (const auto& [n, v] : outputs)
+    if (n == name) return v;
+  return ir::kNone;
+}
+
+float Pi05EulerSpec::time(int64_t k) const {
+  const double dt_double = -1.0 / double(steps);
+  return float(1.0 + double(k) * dt_double);
+}
+
+// ---------------------------------------------------------------------------------------------
+// config.json
+
+Result<Pi05Config> parse_pi05_config(const std::string& path) {
+  VLAC_ASSIGN_OR_RETURN(nlohmann::json c, read_json_file(path));
+  if (!c.is_object()) return invalid_format(path + ": config is not a JSON object");
+  Pi05Config cfg;
+  if (auto it = c.find("type"); it != c.end() && it->is_string() && it->get<std::string>() != "pi05")
+    return unsupported(path + ": policy type '" + it->get<std::string>() + "' is not pi05");
+  auto integer = [&](const char* key, int64_t* out, int64_t min) -> Status {
+    auto it = c.find(key);
+    if (it == c.end() || it->is_null()) return Status::ok();
+    if (!it->is_number_integer() || it->get<int64_t>() < min)
+      return invalid_format(path + ": '" + key + "' must be an integer >= " + std::to_string(min));
+    *out = it->get<int64_t>();
+    return Status::ok();
+  };
+  auto real = [&](const char* key, double* out) -> Status {
+    auto it = c.find(key);
+    if (it == c.end() || it->is_null()) return Status::ok();
+    if (!it->is_number() || !(it->get<double>() > 0))
+      return invalid_format(path + ": '" + key + "' must be a positive number");
+    *out = it->get<double>();
+    return Status::ok();
+  };
+  VLAC_RETURN_IF_ERROR(integer("chunk_size", &cfg.chunk_size, 1));
+  VLAC_RETURN_IF_ERROR(integer("n_action_steps", &cfg.n_action_steps, 1));
+  VLAC_RETURN_IF_ERROR(integer("num_inference_steps", &cfg.num_inference_steps, 1));
+  VLAC_RETURN_IF_ERROR(integer("max_state_dim", &cfg.max_state_dim, 1));
+  VLAC_RETURN_IF_ERROR(integer("max_action_dim", &cfg.max_action_dim, 1));
+  VLAC_RETURN_IF_ERROR(integer("tokenizer_max_length", &cfg.tokenizer_max_length, 1));
+  VLAC_RETURN_IF_ERROR(integer("empty_cameras", &cfg.empty_cameras, 0));
+  VLAC_RETURN_IF_ERROR(integer("vision_num_attention_heads", &cfg.vision_heads, 1));
+  VLAC_RETURN_IF_ERROR(real("min_period", &cfg.min_period));
+  VLAC_RETURN_IF_ERROR(real("max_period", &cfg.max_period));
+  if (cfg.n_action_steps > cfg.chunk_size)
+    return invalid_format(path + ": n_action_steps " + std::to_string(cfg.n_action_steps) +
+                          " is larger than chunk_size " + std::to_string(cfg.chunk_size));
+  if (auto it = c.find("dtype"); it != c.end() && !it->is_null()) {
+    if (!it->is_string() || (it->get<std::string>() != "float32" && it->get<std::string>() != "bfloat16"))
+      return invalid_format(path + ": 'dtype' must be \"float32\" or \"bfloat16\"");
+    cfg.dtype = it->get<std::string>();
+  }
+  if (auto it = c.find("image_resolution"); it != c.end() && !it->is_null()) {
+    if (!it->is_array() || it->size() != 2 || !(*it)[0].is_number_integer() ||
+        !(*it)[1].is_number_integer() || (*it)[0].get<int64_t>() <= 0)
+      return invalid_format(path + ": 'image_resolution' must be a list of two positive integers");
+    if ((*it)[0] != (*it)[1]) return unsupported(path + ": 'image_resolution' must be square for pi0.5");
+    cfg.image_resolution = (*it)[0].get<int64_t>();
+  }
+  for (const char* key : {"use_visual_memory", "use_proprioceptive_memory"}) {
+    auto it = c.find(key);
+    if (it != c.end() && it->is_boolean() && it->get<bool>())
+      return unsupported(path + ": '" + key + "' is true; vlac does not implement pi0.5's MEM history features");
+  }
+  if (auto it = c.find("rtc_config"); it != c.end() && !it->is_null())
+    return unsupported(path + ": 'rtc_config' is set; vlac does not implement real-time chunking");
+  if (auto it = c.find("output_features"); it != c.end() && it->is_object()) {
+    auto a = it->find("action");
+    if (a != it->end() && a->is_object()) {
+      auto s = a->find("shape");
+      if (s != a->end() && s->is_array() && s->size() == 1 && (*s)[0].is_number_integer())
+        cfg.action_dim = (*s)[0].get<int64_t>();
+    }
+  }
+  if (cfg.action_dim > cfg.max_action_dim)
+    return invalid_format(path + ": action dim " + std::to_string(cfg.action_dim) +
+                          " is larger than max_action_dim " + std::to_string(cfg.max_action_dim));
+  // Camera order is the order of input_features in the file: parse it again keeping order.
+  {
+    VLAC_ASSIGN_OR_RETURN(MappedFile map, MappedFile::open(path));
+    auto oj = nlohmann::ordered_json::parse(map.data(), map.data() + map.size(), nullptr, false);
+    if (oj.is_discarded() || !oj.is_object()) return invalid_format(path + ": invalid JSON");
+    auto it = oj.find("input_features");
+    if (it != oj.end() && !it->is_null()) {
+      if (!it->is_object()) return invalid_format(path + ": 'input_features' must be an object");
+      for (auto f = it->begin(); f != it->end(); ++f) {
+        if (!f.value().is_object()) return invalid_format(path + ": input feature '" + f.key() + "' must be an object");
+        auto t = f.value().find("type");
+        if (t != f.value().end() && t->is_string() && t->get<std::string>() == "VISUAL")
+          cfg.cameras.push_back(f.key());
+      }
+    }
+  }
+  for (int64_t i = 0; i < cfg.empty_cameras; ++i)
+    cfg.cameras.push_back("observation.images.empty_camera_" + std::to_string(i));
+  if (cfg.cameras.empty())
+    return invalid_format(path + ": no VISUAL input feature (pi0.5 needs at least one camera)");
+  return cfg;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Weight binding
+
+// Binds lerobot names to weight nodes of one graph (one node per tensor, shared by all users).
+class Pi05Model::Binder {
+ public:
+  Binder(const Pi05Model& m, ir::Graph* g) : m_(m), g_(g) {}
+
+  /// The full key of a bare name (optional "model." prefix), or "" if absent.
+  static std::string resolve(const TensorSet& ts, const std::string& bare) {
+    for (const std::string& name : {"model." + bare, bare})
+      if (ts.find(name)) return name;
+    return {};
+  }
+
+  Result<ValueId> get(const std::string& bare, const std::vector<int64_t>& shape) {
+    auto cached = cache_.find(bare);
+    if (cached != cache_.end()) return cached->second;
+    const std::string name = resolve(*m_.tensors_, bare);
+    if (name.empty())
+      return not_found(m_.weights_path_ + ": missing tensor '" + m_.root_ + bare + "'");
+    const TensorSet::Entry* e = m_.tensors_->find(name);
+    if (e->info->shape != shape)
+      return shape_mismatch(m_.weights_path_ + ": tensor '" + name + "' has shape " +
+                            shape_str(e->info->shape) + ", expected " + shape_str(shape));
+    if (!dtype_is_float(e->info->dtype) || e->info->dtype == DType::F64 ||
+        e->info->dtype == DType::F8_E4M3 || e->info->dtype == DType::F8_E5M2)
+      return unsupported(m_.weights_path_ + ": tensor '" + name + "' has dtype " +
+                         dtype_name(e->info->dtype) + " (vlac reads F32, BF16 and F16 weights)");
+    ir::WeightRef ref;
+    ref.name = name;
+    ref.file_id = 0;
+    for (size_t i = 0; i < m_.tensors_->files().size(); ++i)
+      if (m_.tensors_->files()[i].get() == e->file) ref.file_id = uint32_t(i);
+    ref.offset = e->file->data_offset() + e->info->data_begin;
+    ref.dtype = e->info->dtype;
+    ref.shape = e->info->shape;
+    ref.bytes = e->info->nbytes();
+    ValueId v = g_->weight(std::move(ref));
+    cache_.emplace(bare, v);
+    return v;
+  }
+
+ private:
+  const Pi05Model& m_;
+  ir::Graph* g_;
+  std::map<std::string, ValueId> cache_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Sizes from shapes
+
+Status Pi05Model::derive_dims() {
+  const TensorSet& ts = *tensors_;
+  auto shape_of = [&](const std::string& bare) -> const std::vector<int64_t>* {
+    std::string n = Binder::resolve(ts, bare);
+    return n.empty() ? nullptr : &ts.find(n)->info->shape;
+  };
+  auto need = [&](const std::string& bare, size_t rank) -> Result<std::vector<int64_t>> {
+    const auto* s = shape_of(bare);
+    if (!s) return not_found(weights_path_ + ": missing tensor '" + root_ + bare + "'");
+    if (s->size() != rank)
+      return shape_mismatch(weights_path_ + ": tensor '" + Binder::resolve(ts, bare) + "' has shape " +
+                            shape_str(*s) + ", expected rank " + std::to_string(rank));
+    for (int64_t d : *s)
+      if (d <= 0)
+        return shape_mismatch(weights_path_ + ": tensor '" + Binder::resolve(ts, bare) +
+                              "' has an empty dimension " + shape_str(*s));
+    return *s;
+  };
+  root_ = ts.find("model.action_in_proj.weight") || ts.find("model." + kPg + "multi_modal_projector.linear.weight")
+              ? "model." : "";
+  // Vision keys with or without "vision_model." (transformers >= 5.6 flattened SiglipVisionModel).
+  vision_root_ = kPg + "vision_tower.vision_model.";
+  if (!shape_of(vision_root_ + "embeddings.patch_embedding.weight") &&
+      shape_of(kPg + "vision_tower.embeddings.patch_embedding.weight"))
+    vision_root_ = kPg + "vision_tower.";
+  legacy_time_names_ = !shape_of("time_mlp_in.weight") && shape_of("action_time_mlp_in.weight");
+  embed_name_ = shape_of(kLm + "embed_tokens.weight") ? kLm + "embed_tokens.weight"
+                                                       : kPwe + "paligemma.lm_head.weight";
+
+  Pi05Dims& d = dims_;
+  VLAC_ASSIGN_OR_RETURN(auto patch, need(vision_root_ + "embeddings.patch_embedding.weight", 4));
+  d.vision_width = patch[0];
+  d.channels = patch[1];
+  if (patch[2] != patch[3])
+    return unsupported(weights_path_ + ": patch_embedding " + shape_str(patch) + " is not square");
+  d.patch_size = patch[2];
+  d.image_size = config_.image_resolution;
+  d.vision_heads = config_.vision_heads;
+  VLAC_ASSIGN_OR_RETURN(auto pos, need(vision_root_ + "embeddings.position_embedding.weight", 2));
+  n_img_ = pos[0];
+  if (d.image_size % d.patch_size != 0 || d.patches_per_image() != n_img_)
+    return shape_mismatch(weights_path_ + ": position_embedding has " + std::to_string(n_img_) +
+                          " rows but image_resolution " + std::to_string(d.image_size) + " with patch " +
+                          std::to_string(d.patch_size) + " gives " +
+                          std::to_string(d.patches_per_image()) + " patches");
+  d.vision_depth = 0;
+  while (shape_of(vision_root_ + "encoder.layers." + std::to_string(d.vision_depth) + ".layer_norm1.weight"))
+    ++d.vision_depth;
+  if (d.vision_depth > 0) {
+    VLAC_ASSIGN_OR_RETURN(auto fc1, need(vision_root_ + "encoder.layers.0.mlp.fc1.weight", 2));
+    d.vision_mlp = fc1[0];
+  }
+  if (d.vision_width % d.vision_heads != 0)
+    return invalid_format(config_path() + ": SigLIP width " + std::to_string(d.vision_width) +
+                          " is not divisible by vision_num_attention_heads " + std::to_string(d.vision_heads));
+
+  VLAC_ASSIGN_OR_RETURN(auto emb, need(embed_name_, 2));
+  d.vocab = emb[0];
+  d.lm_width = emb[1];
+  d.lm_depth = 0;
+  while (shape_of(kLm + "layers." + std::to_string(d.lm_depth) + ".input_layernorm.weight")) ++d.lm_depth;
+  if (d.lm_depth == 0) return not_found(weights_path_ + ": missing tensor '" + root_ + kLm + "layers.0.input_layernorm.weight'");
+  VLAC_ASSIGN_OR_RETURN(auto k0, need(kLm + "layers.0.self_attn.k_proj.weight", 2));
+  d.kv_heads = 1;  // pi0.5's Gemmas have one KV head: head_dim = k_proj rows
+  d.head_dim = k0[0];
+  if (d.head_dim % 2 != 0)
+    return shape_mismatch(weights_path_ + ": k_proj rows " + std::to_string(d.head_dim) + " (head_dim) must be even for RoPE");
+
+  VLAC_ASSIGN_OR_RETURN(auto ada, need(kEx + "layers.0.input_layernorm.dense.weight", 2));
+  d.expert_width = ada[1];
+  VLAC_ASSIGN_OR_RETURN(auto eq, need(kEx + "layers.0.self_attn.q_proj.weight", 2));
+  if (eq[0] % d.head_dim != 0)
+    return shape_mismatch(weights_path_ + ": expert q_proj rows " + std::to_string(eq[0]) +
+                          " are not a multiple of head_dim " + std::to_string(d.head_dim));
+  d.expert_heads = eq[0] / d.head_dim;
+  VLAC_ASSIGN_OR_RETURN(auto eg, need(kEx + "layers.0.mlp.gate_proj.weight", 2));
+  d.expert_mlp = eg[0];
+  int64_t ex_depth = 0;
+  while (shape_of(kEx + "layers." + std::to_string(ex_depth) + ".input_layernorm.dense.weight")) ++ex_depth;
+  if (ex_depth != d.lm_depth)
+    return shape_mismatch(weights_path_ + ": the action expert has " + std::to_string(ex_depth) +
+                          " layers, the VLM " + std::to_string(d.lm_depth) + " (pi0.5 needs equal depth)");
+  // Query heads and MLP of the VLM: from layer 0 unless it is the (K/V-only) last layer.
+  if (d.lm_depth > 1) {
+    VLAC_ASSIGN_OR_RETURN(auto q0, need(kLm + "layers.0.self_attn.q_proj.weight", 2));
+    if (q0[0] % d.head_dim != 0)
+      return shape_mismatch(weights_path_ + ": q_proj rows " + std::to_string(q0[0]) +
+                            " are not a multiple of head_dim " + std::to_string(d.head_dim));
+    d.lm_heads = q0[0] / d.head_dim;
+    VLAC_ASSIGN_OR_RETURN(auto g0, need(kLm + "layers.0.mlp.gate_proj.weight", 2));
+    d.lm_mlp = g0[0];
+  } else {
+    d.lm_heads = d.expert_heads;
+    d.lm_mlp = 1;
+  }
+  VLAC_ASSIGN_OR_RETURN(auto ain, need("action_in_proj.weight", 2));
+  d.max_action_dim = ain[1];
+  if (ain[1] != config_.max_action_dim)
+    return shape_mismatch(weights_path_ + ": tensor '" + Binder::resolve(ts, "action_in_proj.weight") +
+                          "' has " + std::to_string(ain[1]) + " input columns but config.json max_action_dim is " +
+                          std::to_string(config_.max_action_dim));
+  return Status::ok();
+}
+
+std::string Pi05Model::config_path() const { return dir_ + "/config.json"; }
+
+Result<Pi05Model> Pi05Model::load(const std::string& policy_dir) {
+  Pi05Model m;
+  m.dir_ = policy_dir;
+  VLAC_ASSIGN_OR_RETURN(m.config_, parse_pi05_config(m.config_path()));
+  VLAC_ASSIGN_OR_RETURN(TensorSet ts, TensorSet::open(policy_dir));
+  m.weights_path_ = ts.source();
+  m.tensors_ = std::make_unique<TensorSet>(std::move(ts));
+  VLAC_RETURN_IF_ERROR(m.derive_dims());
+  // Bind and check every weight inference reads: build both graphs once.
+  VLAC_ASSIGN_OR_RETURN(Pi05Graph pg, m.build_prefix(m.nominal_prefix()));
+  VLAC_ASSIGN_OR_RETURN(Pi05Graph sg, m.build_step(int64_t(m.config_.cameras.size()) * m.n_img_ +
+                                                   m.config_.tokenizer_max_length));
+  (void)pg;
+  (void)sg;
+  return m;
+}
+
+Pi05EulerSpec Pi05Model::euler() const {
+  Pi05EulerSpec e;
+  e.steps = config_.num_inference_steps;
+  e.dt = float(-1.0 / double(e.steps));
+  return e;
+}
+
+Pi05PrefixShape Pi05Model::nominal_prefix() const {
+  return Pi05PrefixShape{config_.cameras, config_.tokenizer_max_length};
+}
+
+bool Pi05Model::lerobot_bf16_weight(const std::string& name) {
+  if (name.find("paligemma_with_expert") == std::string::npos) return false;
+  for (const char* keep : {"vision_tower", "multi_modal_projector", "input_layernorm",
+                           "post_attention_layernorm", "model.norm"})
+    if (name.find(keep) != std::string::npos) return false;
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Graphs
+
+namespace {
+
+// Small helpers over Graph::add that keep the builder readable.
+struct G {
+  ir::Graph& g;
+  Result<ValueId> op(OpKind k, std::vector<ValueId> in, Attrs a, std::string name) {
+    return g.add(k, std::move(in), std::move(a), std::move(name));
+  }
+  Result<ValueId> reshape(ValueId x, std::vector<int64_t> s, std::string name) {
+    return g.add(OpKind::Reshape, {x}, Attrs{{"shape", std::move(s)}}, std::move(name));
+  }
+};
+
+}  // namespace
+
+Result<Pi05Graph> Pi05Model::build_prefix(const Pi05PrefixShape& shape, bool debug) const {
+  const Pi05Dims& d = dims_;
+  Pi05Graph out;
+  ir::Graph& g = out.graph;
+  Binder w(*this, &g);
+  G b{g};
+  if (shape.cameras.empty()) return invalid_argument("pi0.5 prefix: at least one camera must be present");
+  if (shape.n_text < 0) return invalid_argument("pi0.5 prefix: negative token count");
+  const int64_t V = d.vision_width, W = d.lm_width, hd = d.head_dim;
+  const int64_t P = int64_t(shape.cameras.size()) * n_img_ + shape.n_text;
+  auto vm = [&](const std::string& s) { return vision_root_ + s; };
+
+  ValueId pos = g.add_input(kPi05InPrefixPos, ValueInfo{DType::I64, {P}});
+  std::vector<ValueId> pieces;
+  for (const std::string& cam : shape.cameras) {
+    ValueId img = g.add_input(pi05_image_input(cam), ValueInfo{DType::F32, {d.channels, d.image_size, d.image_size}});
+    const std::string tag = "vision[" + cam + "]";
+    VLAC_ASSIGN_OR_RETURN(ValueId pw, w.get(vm("embeddings.patch_embedding.weight"), {V, d.channels, d.patch_size, d.patch_size}));
+    VLAC_ASSIGN_OR_RETURN(ValueId pb, w.get(vm("embeddings.patch_embedding.bias"), {V}));
+    VLAC_ASSIGN_OR_RETURN(ValueId pe, w.get(vm("embeddings.position_embedding.weight"), {n_img_, V}));
+    VLAC_ASSIGN_OR_RETURN(ValueId h, b.op(OpKind::PatchEmbed, {img, pw, pb}, {}, tag + ".patch_embed"));
+    VLAC_ASSIGN_OR_RETURN(h, b.op(OpKind::Add, {h, pe}, {}, tag + ".pos_embed"));
+    const int64_t vh = d.vision_heads, vhd = V / vh;
+    for (int64_t l = 0; l < d.vision_depth; ++l) {
+      const std::string p = "encoder.layers." + std::to_string(l) + ".";
+      const std::string t = tag + "." + std::to_string(l) + ".";
+      VLAC_ASSIGN_OR_RETURN(ValueId n1w, w.get(vm(p + "layer_norm1.weight"), {V}));
+      VLAC_ASSIGN_OR_RETURN(ValueId n1b, w.get(vm(p + "layer_norm1.bias"), {V}));
+      VLAC_ASSIGN_OR_RETURN(ValueId u, b.op(OpKind::LayerNorm, {h, n1w, n1b}, Attrs{{"eps", kNormEps}}, t + "ln1"));
+      ValueId qkv[3];
+      const char* names[3] = {"q_proj", "k_proj", "v_proj"};
+      for (int i = 0; i < 3; ++i) {
+        VLAC_ASSIGN_OR_RETURN(ValueId pw2, w.get(vm(p + "self_attn." + names[i] + ".weight"), {V, V}));
+        VLAC_ASSIGN_OR_RETURN(ValueId pb2, w.get(vm(p + "self_attn." + names[i] + ".bias"), {V}));
+        VLAC_ASSIGN_OR_RETURN(ValueId y, b.op(OpKind::Linear, {u, pw2, pb2}, {}, t + names[i]));
+        VLAC_ASSIGN_OR_RETURN(qkv[i], b.reshape(y, {n_img_, vh, vhd}, t + names[i] + ".heads"));
+      }
+      VLAC_ASSIGN_OR_RETURN(ValueId a, b.op(OpKind::Attention, {qkv[0], qkv[1], qkv[2]},
+                                            Attrs{{"scale", 1.0 / std::sqrt(double(vhd))}}, t + "attention"));
+      VLAC_ASSIGN_OR_RETURN(a, b.reshape(a, {n_img_, V}, t + "attention.merge"));
+      VLAC_ASSIGN_OR_RETURN(ValueId ow, w.get(vm(p + "self_attn.out_proj.weight"), {V, V}));
+      VLAC_ASSIGN_OR_RETURN(ValueId ob, w.get(vm(p + "self_attn.out_proj.bias"), {V}));
+      VLAC_ASSIGN_OR_RETURN(a, b.op(OpKind::Linear, {a, ow, ob}, {}, t + "out_proj"));
+      VLAC_ASSIGN_OR_RETURN(h, b.op(OpKind::Add, {h, a}, {}, t + "residual1"));
+      VLAC_ASSIGN_OR_RETURN(ValueId n2w, w.get(vm(p + "layer_norm2.weight"), {V}));
+      VLAC_ASSIGN_OR_RETURN(ValueId n2b, w.get(vm(p + "layer_norm2.bias"), {V}));
+      VLAC_ASSIGN_OR_RETURN(u, b.op(OpKind::LayerNorm, {h, n2w, n2b}, Attrs{{"eps", kNormEps}}, t + "ln2"));
+      VLAC_ASSIGN_OR_RETURN(ValueId f1w, w.get(vm(p + "mlp.fc1.weight"), {d.vision_mlp, V}));
+      VLAC_ASSIGN_OR_RETURN(ValueId f1b, w.get(vm(p + "mlp.fc1.bias"), {d.vision_mlp}));
+      VLAC_ASSIGN_OR_RETURN(ValueId f2w, w.get(vm(p + "mlp.fc2.weight"), {V, d.vision_mlp}));
+      VLAC_ASSIGN_OR_RETURN(ValueId f2b, w.get(vm(p + "mlp.fc2.bias"), {V}));
+      VLAC_ASSIGN_OR_RETURN(ValueId f, b.op(OpKind::Linear, {u, f1w, f1b}, {}, t + "fc1"));
+      VLAC_ASSIGN_OR_RETURN(f, b.op(OpKind::GeluTanh, {f}, {}, t + "gelu"));
+      VLAC_ASSIGN_OR_RETURN(f, b.op(OpKind::Linear, {f, f2w, f2b}, {}, t + "fc2"));
+      VLAC_ASSIGN_OR_RETURN(h, b.op(OpKind::Add, {h, f}, {}, t + "residual2"));
+    }
+    VLAC_ASSIGN_OR_RETURN(ValueId plw, w.get(vm("post_layernorm.weight"), {V}));
+    VLAC_ASSIGN_OR_RETURN(ValueId plb, w.get(vm("post_layernorm.bias"), {V}));
+    VLAC_ASSIGN_OR_RETURN(h, b.op(OpKind::LayerNorm, {h, plw, plb}, Attrs{{"eps", kNormEps}}, tag + ".post_layernorm"));
+    if (debug) out.outputs.emplace_back("vision_out." + cam, h);
+    VLAC_ASSIGN_OR_RETURN(ValueId jw, w.get(kPg + "multi_modal_projector.linear.weight", {W, V}));
+    VLAC_ASSIGN_OR_RETURN(ValueId jb, w.get(kPg + "multi_modal_projector.linear.bias", {W}));
+    VLAC_ASSIGN_OR_RETURN(ValueId tok, b.op(OpKind::Linear, {h, jw, jb}, {}, "projector[" + cam + "]"));
+    if (debug) out.outputs.emplace_back("image_tokens." + cam, tok);
+    pieces.push_back(tok);
+  }
+  if (shape.n_text > 0) {
+    ValueId ids = g.add_input(kPi05InTokens, ValueInfo{DType::I64, {shape.n_text}});
+    VLAC_ASSIGN_OR_RETURN(ValueId table, w.get(embed_name_, {d.vocab, W}));
+    // transformers' GemmaTextScaledWordEmbedding: sqrt(W) held as a float32 tensor, cast to the
+    // table's dtype (attr round_scale_to_table: the executor rounds it to the run dtype).
+    const double scale = double(float(std::sqrt(double(W))));
+    VLAC_ASSIGN_OR_RETURN(ValueId te, b.op(OpKind::Embedding, {table, ids},
+                                           Attrs{{"scale", scale}, {"round_scale_to_table", int64_t{1}}},
+                                           "text_embed"));
+    if (g.info(te).dtype != DType::F32) {  // a bf16/f16 table gives rows in its dtype
+      VLAC_ASSIGN_OR_RETURN(te, b.op(OpKind::Cast, {te}, Attrs{{"dtype", std::string("F32")}}, "text_embed.f32"));
+    }
+    pieces.push_back(te);
+  }
+  ValueId h = pieces[0];
+  if (pieces.size() > 1) {
+    VLAC_ASSIGN_OR_RETURN(h, b.op(OpKind::Concat, pieces, Attrs{{"axis", int64_t{0}}}, "prefix.embeddings"));
+  }
+  if (debug) out.outputs.emplace_back("prefix.embeddings", h);
+
+  const int64_t nh = d.lm_heads, attn = nh * hd;
+  for (int64_t l = 0; l < d.lm_depth; ++l) {
+    const std::string p = kLm + "layers." + std::to_string(l) + ".";
+    const std::string t = "lm." + std::to_string(l) + ".";
+    const bool last = l + 1 == d.lm_depth;
+    VLAC_ASSIGN_OR_RETURN(ValueId inw, w.get(p + "input_layernorm.weight", {W}));
+    VLAC_ASSIGN_OR_RETURN(ValueId u, b.op(OpKind::RMSNorm, {h, inw}, Attrs{{"eps", kNormEps}}, t + "input_layernorm"));
+    VLAC_ASSIGN_OR_RETURN(ValueId kw, w.get(p + "self_attn.k_proj.weight", {hd, W}));
+    VLAC_ASSIGN_OR_RETURN(ValueId vw, w.get(p + "self_attn.v_proj.weight", {hd, W}));
+    VLAC_ASSIGN_OR_RETURN(ValueId k, b.op(OpKind::Linear, {u, kw}, {}, t + "k_proj"));
+    VLAC_ASSIGN_OR_RETURN(k, b.reshape(k, {P, 1, hd}, t + "k.heads"));
+    VLAC_ASSIGN_OR_RETURN(k, b.op(OpKind::RoPE, {k, pos}, Attrs{{"base", kRopeBase}}, t + "k.rope"));
+    VLAC_ASSIGN_OR_RETURN(ValueId v, b.op(OpKind::Linear, {u, vw}, {}, t + "v_proj"));
+    VLAC_ASSIGN_OR_RETURN(v, b.reshape(v, {P, 1, hd}, t + "v.heads"));
+    out.outputs.emplace_back("prefix.k." + std::to_string(l), k);
+    out.outputs.emplace_back("prefix.v." + std::to_string(l), v);
+    if (last) break;  // the last layer's hidden state is never read
+    VLAC_ASSIGN_OR_RETURN(ValueId qw, w.get(p + "self_attn.q_proj.weight", {attn, W}));
+    VLAC_ASSIGN_OR_RETURN(ValueId ow, w.get(p + "self_attn.o_proj.weight", {W, attn}));
+    VLAC_ASSIGN_OR_RETURN(ValueId q, b.op(OpKind::Linear, {u, qw}, {}, t + "q_proj"));
+    VLAC_ASSIGN_OR_RETURN(q, b.reshape(q, {P, nh, hd}, t + "q.heads"));
+    VLAC_ASSIGN_OR_RETURN(q, b.op(OpKind::RoPE, {q, pos}, Attrs{{"base", kRopeBase}}, t + "q.rope"));
+    VLAC_ASSIGN_OR_RETURN(ValueId a, b.op(OpKind::Attention, {q, k, v},
+                                          Attrs{{"scale", 1.0 / std::sqrt(double(hd))}}, t + "attention"));
+    VLAC_ASSIGN_OR_RETURN(a, b.reshape(a, {P, attn}, t + "attention.merge"));
+    VLAC_ASSIGN_OR_RETURN(a, b.op(OpKind::Linear, {a, ow}, {}, t + "o_proj"));
+    VLAC_ASSIGN_OR_RETURN(h, b.op(OpKind::Add, {h, a}, {}, t + "residual1"));
+    VLAC_ASSIGN_OR_RETURN(ValueId pw, w.get(p + "post_attention_layernorm.weight", {W}));
+    VLAC_ASSIGN_OR_RETURN(u, b.op(OpKind::RMSNorm, {h, pw}, Attrs{{"eps", kNormEps}}, t + "post_attention_layernorm"));
+    VLAC_ASSIGN_OR_RETURN(ValueId gw, w.get(p + "mlp.gate_proj.weight", {d.lm_mlp, W}));
+    VLAC_ASSIGN_OR_RETURN(ValueId uw, w.get(p + "mlp.up_proj.weight", {d.lm_mlp, W}));
+    VLAC_ASSIGN_OR_RETURN(ValueId dw, w.get(p + "mlp.down_proj.weight", {W, d.lm_mlp}));
+    VLAC_ASSIGN_OR_RETURN(ValueId gt, b.op(OpKind::Linear, {u, gw}, {}, t + "gate_proj"));
+    VLAC_ASSIGN_OR_RETURN(ValueId up, b.op(OpKind::Linear, {u, uw}, {}, t + "up_proj"));
+    VLAC_ASSIGN_OR_RETURN(ValueId m, b.op(OpKind::GeGLU, {gt, up}, {}, t + "geglu"));
+    VLAC_ASSIGN_OR_RETURN(m, b.op(OpKind::Linear, {m, dw}, {}, t + "down_proj"));
+    VLAC_ASSIGN_OR_RETURN(h, b.op(OpKind::Add, {h, m}, {}, t + "residual2"));
+    if (debug) out.outputs.emplace_back("prefix_hidden." + std::to_string(l), h);
+  }
+  for (const auto& [name, v] : out.outputs) g.mark_output(v);
+  VLAC_RETURN_IF_ERROR(ir::verify(g));
+  return out;
+}
+
+Result<Pi05Graph> Pi05Model::build_step(int64_t prefix_len, bool debug) const {
+  const Pi05Dims& d = dims_;
+  Pi05Graph out;
+  ir::Graph& g = out.graph;
+  Binder w(*this, &g);
+  G b{g};
+  const int64_t H = config_.chunk_size, A = d.max_action_dim, E = d.expert_width, hd = d.head_dim;
+  const int64_t nh = d.expert_heads, attn = nh * hd, P = prefix_len;
+  const std::string tin = legacy_time_names_ ? "action_time_mlp_in." : "time_mlp_in.";
+  const std::string tout = legacy_time_names_ ? "action_time_mlp_out." : "time_mlp_out.";
+
+  ValueId x = g.add_input(kPi05InX, ValueInfo{DType::F32, {H, A}});
+  ValueId t = g.add_input(kPi05InTime, ValueInfo{DType::F32, {1}});
+  ValueId pos = g.add_input(kPi05InSuffixPos, ValueInfo{DType::I64, {H}});
+  std::vector<ValueId> pk, pv;
+  for (int64_t l = 0; l < d.lm_depth; ++l) {
+    pk.push_back(g.add_input("prefix.k." + std::to_string(l), ValueInfo{DType::F32, {P, 1, hd}}));
+    pv.push_back(g.add_input("prefix.v." + std::to_string(l), ValueInfo{DType::F32, {P, 1, hd}}));
+  }
+  // cond = SiLU(time_mlp_out(SiLU(time_mlp_in(sincos(t)))))
+  VLAC_ASSIGN_OR_RETURN(ValueId te, b.op(OpKind::TimeEmbedding, {t},
+                                         Attrs{{"dim", E}, {"min_period", config_.min_period},
+                                               {"max_period", config_.max_period}}, "time_embedding"));
+  VLAC_ASSIGN_OR_RETURN(ValueId t1w, w.get(tin + "weight", {E, E}));
+  VLAC_ASSIGN_OR_RETURN(ValueId t1b, w.get(tin + "bias", {E}));
+  VLAC_ASSIGN_OR_RETURN(ValueId t2w, w.get(tout + "weight", {E, E}));
+  VLAC_ASSIGN_OR_RETURN(ValueId t2b, w.get(tout + "bias", {E}));
+  VLAC_ASSIGN_OR_RETURN(ValueId c, b.op(OpKind::Linear, {te, t1w, t1b}, {}, "time_mlp_in"));
+  VLAC_ASSIGN_OR_RETURN(c, b.op(OpKind::SiLU, {c}, {}, "time_mlp_in.silu"));
+  VLAC_ASSIGN_OR_RETURN(c, b.op(OpKind::Linear, {c, t2w, t2b}, {}, "time_mlp_out"));
+  VLAC_ASSIGN_OR_RETURN(ValueId cond, b.op(OpKind::SiLU, {c}, {}, "cond"));
+  if (debug) out.outputs.emplace_back("cond", cond);
+
+  VLAC_ASSIGN_OR_RETURN(ValueId aiw, w.get("action_in_proj.weight", {E, A}));
+  VLAC_ASSIGN_OR_RETURN(ValueId aib, w.get("action_in_proj.bias", {E}));
+  VLAC_ASSIGN_OR_RETURN(ValueId h, b.op(OpKind::Linear, {x, aiw, aib}, {}, "action_in_proj"));
+  if (debug) out.outputs.emplace_back("action_tokens", h);
+
+  auto ada = [&](const std::string& dense, ValueId hx, const std::string& name) -> Result<ir::NodeId> {
+    VLAC_ASSIGN_OR_RETURN(ValueId dw, w.get(dense + ".dense.weight", {3 * E, E}));
+    VLAC_ASSIGN_OR_RETURN(ValueId db, w.get(dense + ".dense.bias", {3 * E}));
+    VLAC_ASSIGN_OR_RETURN(ValueId mod, b.op(OpKind::Linear, {cond, dw, db}, {}, name + ".dense"));
+    return g.add_node(OpKind::AdaRMSNorm, {hx, mod}, Attrs{{"eps", kNormEps}}, name);
+  };
+  for (int64_t l = 0; l < d.lm_depth; ++l) {
+    const std::string p = kEx + "layers." + std::to_string(l) + ".";
+    const std::string tg = "expert." + std::to_string(l) + ".";
+    VLAC_ASSIGN_OR_RETURN(ir::NodeId n1, ada(p + "input_layernorm", h, tg + "input_layernorm"));
+    const ValueId u = g.node(n1).outputs[0], g1 = g.node(n1).outputs[1];
+    VLAC_ASSIGN_OR_RETURN(ValueId qw, w.get(p + "self_attn.q_proj.weight", {attn, E}));
+    VLAC_ASSIGN_OR_RETURN(ValueId kw, w.get(p + "self_attn.k_proj.weight", {hd, E}));
+    VLAC_ASSIGN_OR_RETURN(ValueId vw, w.get(p + "self_attn.v_proj.weight", {hd, E}));
+    VLAC_ASSIGN_OR_RETURN(ValueId ow, w.get(p + "self_attn.o_proj.weight", {E, attn}));
+    VLAC_ASSIGN_OR_RETURN(ValueId q, b.op(OpKind::Linear, {u, qw}, {}, tg + "q_proj"));
+    VLAC_ASSIGN_OR_RETURN(q, b.reshape(q, {H, nh, hd}, tg + "q.heads"));
+    VLAC_ASSIGN_OR_RETURN(q, b.op(OpKind::RoPE, {q, pos}, Attrs{{"base", kRopeBase}}, tg + "q.rope"));
+    VLAC_ASSIGN_OR_RETURN(ValueId k, b.op(OpKind::Linear, {u, kw}, {}, tg + "k_proj"));
+    VLAC_ASSIGN_OR_RETURN(k, b.reshape(k, {H, 1, hd}, tg + "k.heads"));
+    VLAC_ASSIGN_OR_RETURN(k, b.op(OpKind::RoPE, {k, pos}, Attrs{{"base", kRopeBase}}, tg + "k.rope"));
+    VLAC_ASSIGN_OR_RETURN(ValueId v, b.op(OpKind::Linear, {u, vw}, {}, tg + "v_proj"));
+    VLAC_ASSIGN_OR_RETURN(v, b.reshape(v, {H, 1, hd}, tg + "v.heads"));
+    // Keys/values: [prefix cache | own suffix]; no mask (the compact prefix holds only valid
+    // tokens and the suffix is bidirectional).
+    VLAC_ASSIGN_OR_RETURN(ValueId K, b.op(OpKind::Concat, {pk[size_t(l)], k}, Attrs{{"axis", int64_t{0}}}, tg + "keys"));
+    VLAC_ASSIGN_OR_RETURN(ValueId Vv, b.op(OpKind::Concat, {pv[size_t(l)], v}, Attrs{{"axis", int64_t{0}}}, tg + "values"));
+    VLAC_ASSIGN_OR_RETURN(ValueId a, b.op(OpKind::Attention, {q, K, Vv},
+                                          Attrs{{"scale", 1.0 / std::sqrt(double(hd))}}, tg + "attention"));
+    VLAC_ASSIGN_OR_RETURN(a, b.reshape(a, {H, attn}, tg + "attention.merge"));
+    VLAC_ASSIGN_OR_RETURN(a, b.op(OpKind::Linear, {a, ow}, {}, tg + "o_proj"));
+    VLAC_ASSIGN_OR_RETURN(a, b.op(OpKind::Mul, {a, g1}, {}, tg + "gate1"));
+    VLAC_ASSIGN_OR_RETURN(h, b.op(OpKind::Add, {h, a}, {}, tg + "residual1"));
+    VLAC_ASSIGN_OR_RETURN(ir::NodeId n2, ada(p + "post_attention_layernorm", h, tg + "post_attention_layernorm"));
+    const ValueId u2 = g.node(n2).outputs[0], g2 = g.node(n2).outputs[1];
+    VLAC_ASSIGN_OR_RETURN(ValueId gw, w.get(p + "mlp.gate_proj.weight", {d.expert_mlp, E}));
+    VLAC_ASSIGN_OR_RETURN(ValueId uw, w.get(p + "mlp.up_proj.weight", {d.expert_mlp, E}));
+    VLAC_ASSIGN_OR_RETURN(ValueId dw, w.get(p + "mlp.down_proj.weight", {E, d.expert_mlp}));
+    VLAC_ASSIGN_OR_RETURN(ValueId gt, b.op(OpKind::Linear, {u2, gw}, {}, tg + "gate_proj"));
+    VLAC_ASSIGN_OR_RETURN(ValueId up, b.op(OpKind::Linear, {u2, uw}, {}, tg + "up_proj"));
+    VLAC_ASSIGN_OR_RETURN(ValueId m, b.op(OpKind::GeGLU, {gt, up}, {}, tg + "geglu"));
+    VLAC_ASSIGN_OR_RETURN(m, b.op(OpKind::Linear, {m, dw}, {}, tg + "down_proj"));
+    VLAC_ASSIGN_OR_RETURN(m, b.op(OpKind::Mul, {m, g2}, {}, tg + "gate2"));
+    VLAC_ASSIGN_OR_RETURN(h, b.op(OpKind::Add, {h, m}, {}, tg + "residual2"));
+    if (debug) out.outputs.emplace_back("expert_hidden." + std::to_string(l), h);
+  }
+  VLAC_ASSIGN_OR_RETURN(ir::NodeId nf, ada(kEx + "norm", h, "expert.norm"));
+  VLAC_ASSIGN_OR_RETURN(ValueId aow, w.get("action_out_proj.weight", {A, E}));
+  VLAC_ASSIGN_OR_RETURN(ValueId aob, w.get("action_out_proj.bias", {A}));
+  VLAC_ASSIGN_OR_RETURN(ValueId vel, b.op(OpKind::Linear, {g.node(nf).outputs[0], aow, aob}, {}, "action_out_proj"));
+  VLAC_ASSIGN_OR_RETURN(ValueId xn, b.op(OpKind::EulerStep, {x, vel}, Attrs{{"dt", double(euler().dt)}}, "euler_step"));
+  out.outputs.emplace_back("velocity", vel);
+  out.outputs.emplace_back("x_next", xn);
+  for (const auto& [name, v] : out.outputs) g.mark_output(v);
+  VLAC_RETURN_IF_ERROR(ir::verify(g));
+  return out;
+}
+
+}  // namespace vlac

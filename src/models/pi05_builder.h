@@ -1,0 +1,128 @@
+// pi0.5 model builder: reads a lerobot policy folder (config.json + safetensors), binds the
+// weights by lerobot's names, takes every size from the tensor shapes and builds the IR graphs
+// (prefix pass, one denoising step) on meta. Never reads weight bytes; never runs anything.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/status.h"
+#include "io/safetensors.h"
+#include "ir/graph.h"
+#include "models/pi05_arch.h"
+
+namespace vlac {
+
+/// What config.json says (lerobot's PI05Config; missing keys take lerobot's defaults).
+struct Pi05Config {
+  int64_t chunk_size = 50;
+  int64_t n_action_steps = 50;
+  int64_t num_inference_steps = 10;
+  int64_t max_state_dim = 32;
+  int64_t max_action_dim = 32;
+  int64_t tokenizer_max_length = 200;
+  int64_t empty_cameras = 0;
+  int64_t image_resolution = 224;
+  int64_t action_dim = 0;          // output_features.action.shape[0]; 0 when absent
+  int64_t vision_heads = 16;       // optional key vision_num_attention_heads (So400m: 16)
+  double min_period = 4e-3;
+  double max_period = 4.0;
+  std::string dtype = "float32";   // "float32" or "bfloat16"
+  /// Camera observation keys ("observation.images.<cam>"): the VISUAL input features in
+  /// config order, then lerobot's "observation.images.empty_camera_<i>" (always absent).
+  std::vector<std::string> cameras;
+};
+
+/// Parses config.json (`path` names it in errors). Unknown keys are ignored; features vlac
+/// cannot honour (use_visual_memory, use_proprioceptive_memory, rtc_config) are Unsupported.
+Result<Pi05Config> parse_pi05_config(const std::string& path);
+
+/// The shape of one observation's compact prefix: the cameras present (config order) and the
+/// number of valid (unpadded) prompt tokens. Masked cameras and padding are dropped.
+struct Pi05PrefixShape {
+  std::vector<std::string> cameras;  // observation keys, a subset of config().cameras in order
+  int64_t n_text = 0;
+};
+
+/// A graph plus names for its outputs (prefix.k.<l>, velocity, ...).
+struct Pi05Graph {
+  ir::Graph graph;
+  std::vector<std::pair<std::string, ir::ValueId>> outputs;  // graph outputs, by name
+  ir::ValueId output(const std::string& name) const;         // ir::kNone if absent
+};
+
+/// The Euler flow-matching loop around the step graph: x ← x + dt·v for k = 0..steps-1 with
+/// t_k = float32(1 + k·dt_double) and dt = float32(-1/steps) (lerobot, bit for bit).
+struct Pi05EulerSpec {
+  int64_t steps = 10;
+  float dt = -0.1f;
+  /// t of step k.
+  float time(int64_t k) const;
+};
+
+/// Graph input names.
+inline constexpr const char* kPi05InTokens = "tokens";                 // i64[n_text]
+inline constexpr const char* kPi05InPrefixPos = "prefix.positions";    // i64[P]
+inline constexpr const char* kPi05InX = "x";                           // f32[H, A]
+inline constexpr const char* kPi05InTime = "t";                        // f32[1]
+inline constexpr const char* kPi05InSuffixPos = "suffix.positions";    // i64[H]
+/// "image.<observation key>": f32[C, R, R] in [-1, 1].
+std::string pi05_image_input(const std::string& camera_key);
+
+class Pi05Model {
+ public:
+  /// Opens POLICY_DIR (config.json + model.safetensors[.index.json]), binds and checks every
+  /// weight inference reads (builds both graphs once). Errors name the file and the tensor.
+  static Result<Pi05Model> load(const std::string& policy_dir);
+
+  Pi05Model(Pi05Model&&) noexcept = default;
+  Pi05Model& operator=(Pi05Model&&) noexcept = default;
+
+  const Pi05Config& config() const { return config_; }
+  /// Sizes read from the tensors (image_size from the config; vision_heads from the config).
+  const Pi05Dims& dims() const { return dims_; }
+  int64_t image_tokens() const { return n_img_; }
+  const TensorSet& tensors() const { return *tensors_; }
+  const std::string& policy_dir() const { return dir_; }
+  Pi05EulerSpec euler() const;
+
+  /// Prefix pass: per camera SigLIP + projector, text embedding × sqrt(W), Gemma layers
+  /// (the last one only norm + K + V). Outputs prefix.k.<l> / prefix.v.<l> [P, 1, head_dim]
+  /// (post-RoPE). With `debug`, also vision_out.<cam>, image_tokens.<cam>, prefix.embeddings
+  /// and prefix_hidden.<l> (all but the last layer).
+  Result<Pi05Graph> build_prefix(const Pi05PrefixShape& shape, bool debug = false) const;
+  /// One denoising step over a prefix of `prefix_len` tokens: inputs x, t, suffix.positions,
+  /// prefix.k.<l>, prefix.v.<l>; outputs velocity [H, A] and x_next = x + dt·velocity. With
+  /// `debug`, also cond, action_tokens and expert_hidden.<l>.
+  Result<Pi05Graph> build_step(int64_t prefix_len, bool debug = false) const;
+  /// The prefix shape with every configured camera and all tokenizer_max_length tokens
+  /// (what `vlac inspect --graph` shows).
+  Pi05PrefixShape nominal_prefix() const;
+
+  /// True when lerobot's dtype=bfloat16 mode holds this weight in bf16 (everything under
+  /// paligemma_with_expert except the vision tower, the projector and the norm weights /
+  /// adaRMS denses); the flow-matching heads stay fp32.
+  static bool lerobot_bf16_weight(const std::string& name);
+
+ private:
+  Pi05Model() = default;
+  class Binder;
+  Status derive_dims();
+  std::string config_path() const;
+
+  std::string dir_;
+  std::string weights_path_;
+  Pi05Config config_;
+  Pi05Dims dims_;
+  int64_t n_img_ = 0;
+  std::string vision_root_;  // "...vision_tower.vision_model." or "...vision_tower."
+  std::string embed_name_;   // embed_tokens or paligemma.lm_head
+  std::string root_;         // "model." or ""
+  bool legacy_time_names_ = false;
+  std::unique_ptr<TensorSet> tensors_;
+};
+
+}  // namespace vlac

@@ -1,0 +1,289 @@
+// pi0.5 policy on the CPU: observation reading, weight binding per precision, prefix once,
+// Euler loop over planned executors. The denoise loop allocates nothing unless recording.
+#include "policy/pi05_policy.h"
+
+#include <cmath>
+#include <cstring>
+#include <map>
+
+#include "io/safetensors.h"
+#include "io/safetensors_writer.h"
+
+namespace vlac {
+
+namespace {
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+// The shape without a leading batch dim of 1 when the tensor has one more dim than expected.
+std::vector<int64_t> unbatched(const std::vector<int64_t>& s, size_t rank) {
+  if (s.size() == rank + 1 && s[0] == 1) return {s.begin() + 1, s.end()};
+  return s;
+}
+
+uint64_t splitmix64(uint64_t* state) {
+  uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Observation and noise
+
+Result<Pi05Observation> read_pi05_observation(const std::string& path, const Pi05Model& model) {
+  VLAC_ASSIGN_OR_RETURN(SafetensorsFile f, SafetensorsFile::open(path));
+  const Pi05Dims& d = model.dims();
+  Pi05Observation obs;
+  const std::vector<int64_t> img_shape{d.channels, d.image_size, d.image_size};
+  for (const std::string& cam : model.config().cameras) {
+    const TensorInfo* t = f.find(cam);
+    if (!t) continue;  // absent camera: masked, as lerobot does
+    if (t->dtype != DType::F32)
+      return shape_mismatch(path + ": '" + cam + "' has dtype " + dtype_name(t->dtype) + ", expected F32 (CHW in [0, 1])");
+    if (unbatched(t->shape, 3) != img_shape)
+      return shape_mismatch(path + ": '" + cam + "' has shape " + shape_str(t->shape) + ", expected " +
+                            shape_str(img_shape) + " (optionally with a leading batch dim of 1)");
+    std::vector<float> img(size_t(t->numel()));
+    std::memcpy(img.data(), f.data(*t), t->nbytes());
+    for (size_t i = 0; i < img.size(); ++i)
+      if (!std::isfinite(img[i]))
+        return invalid_argument(path + ": '" + cam + "' holds a non-finite value at element " + std::to_string(i));
+    obs.cameras.push_back(cam);
+    obs.images.push_back(std::move(img));
+  }
+  if (obs.cameras.empty()) {
+    std::string list;
+    for (const auto& c : model.config().cameras) list += (list.empty() ? "" : ", ") + c;
+    return not_found(path + ": no camera of the policy is present (expected at least one of " + list + ")");
+  }
+  const char* kTok = "observation.language.tokens";
+  const char* kMask = "observation.language.attention_mask";
+  const TensorInfo* tok = f.find(kTok);
+  if (!tok) return not_found(path + ": missing key '" + std::string(kTok) + "' (int64 [L], pre-tokenized prompt)");
+  const TensorInfo* mask = f.find(kMask);
+  if (!mask) return not_found(path + ": missing key '" + std::string(kMask) + "' (bool [L])");
+  const std::vector<int64_t> ts = unbatched(tok->shape, 1);
+  if (ts.size() != 1 || (tok->dtype != DType::I64 && tok->dtype != DType::I32))
+    return shape_mismatch(path + ": '" + kTok + "' is " + dtype_name(tok->dtype) + shape_str(tok->shape) +
+                          ", expected I64 [L] (optionally [1, L])");
+  const int64_t L = ts[0];
+  if (unbatched(mask->shape, 1) != ts)
+    return shape_mismatch(path + ": '" + kMask + "' has shape " + shape_str(mask->shape) + ", expected " + shape_str(ts) +
+                          " like the tokens");
+  if (mask->dtype != DType::BOOL && mask->dtype != DType::U8 && mask->dtype != DType::I64 && mask->dtype != DType::I32)
+    return shape_mismatch(path + ": '" + kMask + "' has dtype " + dtype_name(mask->dtype) + ", expected BOOL or an integer type");
+  const uint8_t* tp = f.data(*tok);
+  const uint8_t* mp = f.data(*mask);
+  const uint32_t ms = dtype_size(mask->dtype);
+  for (int64_t i = 0; i < L; ++i) {
+    bool on = false;
+    for (uint32_t b = 0; b < ms; ++b) on = on || mp[uint64_t(i) * ms + b] != 0;
+    if (!on) continue;
+    int64_t id;
+    if (tok->dtype == DType::I64) {
+      std::memcpy(&id, tp + 8 * i, 8);
+    } else {
+      int32_t v;
+      std::memcpy(&v, tp + 4 * i, 4);
+      id = v;
+    }
+    if (id < 0 || id >= d.vocab)
+      return invalid_argument(path + ": '" + kTok + "' holds id " + std::to_string(id) + " at position " +
+                              std::to_string(i) + ", outside the vocabulary [0, " + std::to_string(d.vocab) + ")");
+    obs.tokens.push_back(id);
+  }
+  if (const TensorInfo* st = f.find("observation.state")) {
+    if (st->dtype != DType::F32 || unbatched(st->shape, 1).size() != 1)
+      return shape_mismatch(path + ": 'observation.state' is " + std::string(dtype_name(st->dtype)) + shape_str(st->shape) +
+                            ", expected F32 [S] (optionally [1, S])");
+  }
+  return obs;
+}
+
+Result<std::vector<float>> read_pi05_noise(const std::string& path, const Pi05Model& model) {
+  VLAC_ASSIGN_OR_RETURN(SafetensorsFile f, SafetensorsFile::open(path));
+  const TensorInfo* t = f.find("noise");
+  if (!t) return not_found(path + ": missing key 'noise'");
+  const std::vector<int64_t> want{model.config().chunk_size, model.dims().max_action_dim};
+  if (t->dtype != DType::F32 || unbatched(t->shape, 2) != want)
+    return shape_mismatch(path + ": 'noise' is " + std::string(dtype_name(t->dtype)) + shape_str(t->shape) + ", expected F32 " +
+                          shape_str(want) + " [chunk_size, max_action_dim]");
+  std::vector<float> v(size_t(t->numel()));
+  std::memcpy(v.data(), f.data(*t), t->nbytes());
+  return v;
+}
+
+std::vector<float> pi05_gaussian_noise(uint64_t seed, int64_t n) {
+  constexpr double kTwoPi = 6.283185307179586476925286766559;
+  std::vector<float> out(size_t(std::max<int64_t>(n, 0)));
+  uint64_t state = seed;
+  for (size_t i = 0; i < out.size(); i += 2) {
+    const double u1 = double((splitmix64(&state) >> 11) + 1) * 0x1.0p-53;  // (0, 1]
+    const double u2 = double(splitmix64(&state) >> 11) * 0x1.0p-53;        // [0, 1)
+    const double r = std::sqrt(-2.0 * std::log(u1));
+    out[i] = float(r * std::cos(kTwoPi * u2));
+    if (i + 1 < out.size()) out[i + 1] = float(r * std::sin(kTwoPi * u2));
+  }
+  return out;
+}
+
+void Pi05Intermediates::add_f32(const std::string& name, std::vector<int64_t> shape, const float* data) {
+  Tensor t;
+  t.name = name;
+  t.shape = std::move(shape);
+  int64_t n = 1;
+  for (int64_t s : t.shape) n *= s;
+  t.bytes.resize(size_t(n) * 4);
+  std::memcpy(t.bytes.data(), data, t.bytes.size());
+  for (auto& e : tensors)
+    if (e.name == name) {
+      e = std::move(t);
+      return;
+    }
+  tensors.push_back(std::move(t));
+}
+
+Status Pi05Intermediates::write(const std::string& path) const {
+  std::vector<TensorSpec> specs;
+  for (const auto& t : tensors) specs.push_back({t.name, t.dtype, t.shape});
+  VLAC_ASSIGN_OR_RETURN(SafetensorsWriter w, SafetensorsWriter::create(path, specs, {{"producer", "vlac run"}}));
+  for (const auto& t : tensors) VLAC_RETURN_IF_ERROR(w.write(t.bytes.data(), t.bytes.size()));
+  return w.finish();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Policy
+
+Result<Pi05Policy> Pi05Policy::load(const std::string& policy_dir, Pi05PolicyOptions options) {
+  Pi05Policy p;
+  p.options_ = options;
+  VLAC_ASSIGN_OR_RETURN(Pi05Model m, Pi05Model::load(policy_dir));
+  p.model_ = std::make_unique<Pi05Model>(std::move(m));
+  const Pi05Model& model = *p.model_;
+  p.bf16_ = options.precision == Pi05Precision::Bf16 ||
+            (options.precision == Pi05Precision::FromConfig && model.config().dtype == "bfloat16");
+  // Every weight either graph reads, bound once by name.
+  VLAC_ASSIGN_OR_RETURN(Pi05Graph pg, model.build_prefix(model.nominal_prefix()));
+  VLAC_ASSIGN_OR_RETURN(Pi05Graph sg, model.build_step(1));
+  std::vector<ir::WeightRef> refs = pg.graph.weights();
+  refs.insert(refs.end(), sg.graph.weights().begin(), sg.graph.weights().end());
+  std::vector<DType> run;
+  for (const auto& r : refs)
+    run.push_back(p.bf16_ && Pi05Model::lerobot_bf16_weight(r.name) && r.shape.size() == 2 ? DType::BF16 : DType::F32);
+  std::vector<cpu::WeightFile> files;
+  for (const auto& f : model.tensors().files()) files.push_back({f->map().data(), f->map().size(), f->path()});
+  VLAC_ASSIGN_OR_RETURN(cpu::CpuWeights w, cpu::CpuWeights::load(refs, run, files));
+  p.weights_ = std::make_unique<cpu::CpuWeights>(std::move(w));
+  return p;
+}
+
+uint64_t Pi05Policy::activation_bytes() const {
+  uint64_t b = 0;
+  for (const auto* e : {prefix_.get(), step_.get()})
+    if (e) b += e->arena_bytes() + e->input_bytes() + e->scratch_bytes();
+  return b;
+}
+
+Status Pi05Policy::plan_for(const Pi05PrefixShape& shape) {
+  if (planned_ && planned_->cameras == shape.cameras && planned_->n_text == shape.n_text) return Status::ok();
+  const Pi05Model& m = *model_;
+  const bool debug = options_.record_intermediates;
+  step_.reset();
+  prefix_.reset();
+  planned_.reset();
+  cpu::ExecutorOptions eo;
+  eo.threads = options_.threads;
+  VLAC_ASSIGN_OR_RETURN(Pi05Graph pg, m.build_prefix(shape, debug));
+  prefix_outputs_ = pg.outputs;
+  VLAC_ASSIGN_OR_RETURN(cpu::Executor pe, cpu::Executor::create(std::move(pg.graph), *weights_, eo));
+  prefix_ = std::make_unique<cpu::Executor>(std::move(pe));
+  const int64_t P = int64_t(shape.cameras.size()) * m.image_tokens() + shape.n_text;
+  VLAC_ASSIGN_OR_RETURN(Pi05Graph sg, m.build_step(P, debug));
+  step_outputs_ = sg.outputs;
+  step_velocity_ = sg.output("velocity");
+  step_x_next_ = sg.output("x_next");
+  VLAC_ASSIGN_OR_RETURN(cpu::Executor se, cpu::Executor::create(std::move(sg.graph), *weights_, eo));
+  step_ = std::make_unique<cpu::Executor>(std::move(se));
+  step_x_ = step_->input_index(kPi05InX);
+  step_t_ = step_->input_index(kPi05InTime);
+  // Positions: prefix 0..P-1, suffix P..P+H-1 (compact prefix: every token valid).
+  int64_t* pp = static_cast<int64_t*>(prefix_->input_data(prefix_->input_index(kPi05InPrefixPos)));
+  for (int64_t i = 0; i < P; ++i) pp[i] = i;
+  int64_t* sp = static_cast<int64_t*>(step_->input_data(step_->input_index(kPi05InSuffixPos)));
+  for (int64_t i = 0; i < m.config().chunk_size; ++i) sp[i] = P + i;
+  // The step reads the prefix K/V where the prefix executor left them (graph outputs).
+  step_prefix_inputs_.clear();
+  for (int64_t l = 0; l < m.dims().lm_depth; ++l)
+    for (const char* kv : {"prefix.k.", "prefix.v."}) {
+      const std::string name = kv + std::to_string(l);
+      const int in = step_->input_index(name);
+      ir::ValueId out = ir::kNone;
+      for (const auto& [n, v] : prefix_outputs_)
+        if (n == name) out = v;
+      if (in < 0 || out == ir::kNone) return internal_error("pi0.5: graphs disagree on '" + name + "'");
+      step_->bind_input(in, prefix_->data(out));
+    }
+  planned_ = shape;
+  return Status::ok();
+}
+
+Status Pi05Policy::run_prefix(const Pi05Observation& obs) {
+  const Pi05Model& m = *model_;
+  VLAC_RETURN_IF_ERROR(plan_for(Pi05PrefixShape{obs.cameras, int64_t(obs.tokens.size())}));
+  for (size_t c = 0; c < obs.cameras.size(); ++c) {
+    float* dst = static_cast<float*>(prefix_->input_data(prefix_->input_index(pi05_image_input(obs.cameras[c]))));
+    const std::vector<float>& src = obs.images[c];
+    for (size_t i = 0; i < src.size(); ++i) dst[i] = src[i] * 2.0f - 1.0f;  // SigLIP range [-1, 1]
+  }
+  if (!obs.tokens.empty())
+    std::memcpy(prefix_->input_data(prefix_->input_index(kPi05InTokens)), obs.tokens.data(), obs.tokens.size() * 8);
+  VLAC_RETURN_IF_ERROR(prefix_->run());
+  if (options_.record_intermediates) {
+    const int64_t hd = m.dims().head_dim;
+    for (const auto& [name, v] : prefix_outputs_) {
+      std::vector<int64_t> shape = prefix_->graph().info(v).shape;
+      if (name.rfind("prefix.k.", 0) == 0 || name.rfind("prefix.v.", 0) == 0) shape = {shape[0], shape[1] * hd};
+      dump_.add_f32(name, shape, prefix_->data_f32(v));
+    }
+  }
+  return Status::ok();
+}
+
+Status Pi05Policy::denoise(const float* noise, float* action_normalized) {
+  if (!step_) return internal_error("pi0.5: denoise before run_prefix");
+  const Pi05Model& m = *model_;
+  const Pi05EulerSpec e = m.euler();
+  const int64_t H = m.config().chunk_size, A = m.dims().max_action_dim;
+  const size_t bytes = size_t(H * A) * 4;
+  float* x = static_cast<float*>(step_->input_data(step_x_));
+  float* t = static_cast<float*>(step_->input_data(step_t_));
+  std::memcpy(x, noise, bytes);
+  for (int64_t k = 0; k < e.steps; ++k) {
+    t[0] = e.time(k);
+    const std::string sk = "step." + std::to_string(k) + ".";
+    if (options_.record_intermediates) {
+      dump_.add_f32(sk + "time", {1}, t);
+      dump_.add_f32(sk + "x_in", {H, A}, x);
+    }
+    VLAC_RETURN_IF_ERROR(step_->run());
+    std::memcpy(x, step_->data(step_x_next_), bytes);
+    if (options_.record_intermediates) {
+      for (const auto& [name, v] : step_outputs_) {
+        const std::string n = name == "x_next" ? "x" : name;
+        dump_.add_f32(sk + n, step_->graph().info(v).shape, step_->data_f32(v));
+      }
+    }
+  }
+  std::memcpy(action_normalized, x, bytes);
+  if (options_.record_intermediates) dump_.add_f32("action_normalized", {H, A}, x);
+  return Status::ok();
+}
+
+}  // namespace vlac

@@ -1,0 +1,109 @@
+// pi0.5 as a runnable policy on the CPU: observation file in, normalized action chunk out.
+// Glues the model builder (graphs on meta) to the CPU executor: prefix once per observation,
+// then the Euler loop over the step graph with no allocation inside the loop.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "backends/cpu/executor.h"
+#include "core/status.h"
+#include "models/pi05_builder.h"
+
+namespace vlac {
+
+/// Weight precision at run time. Bf16 mirrors lerobot's dtype=bfloat16 split: the Gemma
+/// projections and the embedding run in bf16 (fp32 accumulation); SigLIP, the projector, norm
+/// weights, adaRMS denses and the flow-matching heads stay fp32. Activations stay fp32.
+enum class Pi05Precision { FromConfig, Fp32, Bf16 };
+
+struct Pi05PolicyOptions {
+  Pi05Precision precision = Pi05Precision::FromConfig;
+  int threads = 2;
+  bool record_intermediates = false;  // keep every intermediate for --dump-intermediates
+};
+
+/// One observation, checked against the model. Images are float32 CHW in [0, 1] at the
+/// configured resolution; only present cameras (config order) and valid prompt tokens remain.
+struct Pi05Observation {
+  std::vector<std::string> cameras;        // present camera keys, config order
+  std::vector<std::vector<float>> images;  // [C, R, R] per present camera, values in [0, 1]
+  std::vector<int64_t> tokens;             // tokens whose attention mask is true, in order
+};
+
+/// Reads lerobot's observation keys from a safetensors file (tensors with or without a leading
+/// batch dim of 1): observation.images.<cam> (F32 [C,R,R]), observation.language.tokens (I64
+/// [L]), observation.language.attention_mask (BOOL or integer [L]), observation.state
+/// (optional, F32 [S]; unused by the network). A configured camera absent from the file is
+/// masked (dropped). Errors name the file and the key.
+Result<Pi05Observation> read_pi05_observation(const std::string& path, const Pi05Model& model);
+
+/// Reads `noise` [chunk_size, max_action_dim] (or [1, H, A]) float32 from a safetensors file.
+Result<std::vector<float>> read_pi05_noise(const std::string& path, const Pi05Model& model);
+
+/// Standard normal noise from a seed: splitmix64 stream -> two uniforms u1 in (0,1], u2 in
+/// [0,1) (53-bit) -> Box-Muller pair sqrt(-2 ln u1)·(cos 2πu2, sin 2πu2), computed in double,
+/// rounded to float32. Deterministic on every platform.
+std::vector<float> pi05_gaussian_noise(uint64_t seed, int64_t n);
+
+/// Named tensors recorded during a run (names as the lerobot fixtures' expected.safetensors).
+struct Pi05Intermediates {
+  struct Tensor {
+    std::string name;
+    DType dtype = DType::F32;
+    std::vector<int64_t> shape;
+    std::vector<uint8_t> bytes;
+  };
+  std::vector<Tensor> tensors;
+  void add_f32(const std::string& name, std::vector<int64_t> shape, const float* data);
+  /// Writes every tensor to one safetensors file (atomically).
+  Status write(const std::string& path) const;
+};
+
+class Pi05Policy {
+ public:
+  /// Loads the policy folder: builds and checks the graphs, binds (and, for bf16, converts)
+  /// the weights. Nothing is planned for activations until the first observation.
+  static Result<Pi05Policy> load(const std::string& policy_dir, Pi05PolicyOptions options = {});
+
+  Pi05Policy(Pi05Policy&&) noexcept = default;
+  Pi05Policy& operator=(Pi05Policy&&) noexcept = default;
+
+  const Pi05Model& model() const { return *model_; }
+  bool bf16() const { return bf16_; }
+  const cpu::CpuWeights& weights() const { return *weights_; }
+
+  /// Runs the prefix (vision, projector, Gemma K/V cache) for one observation. Plans new
+  /// executors only when the prefix shape (present cameras, valid tokens) changes.
+  Status run_prefix(const Pi05Observation& obs);
+  /// The flow-matching loop from `noise` [H·A] to `action_normalized` [H·A] over the cached
+  /// prefix. No heap allocation (unless recording intermediates).
+  Status denoise(const float* noise, float* action_normalized);
+
+  /// Bytes of activation arenas + input buffers of the current executors.
+  uint64_t activation_bytes() const;
+  const Pi05Intermediates& intermediates() const { return dump_; }
+
+ private:
+  Pi05Policy() = default;
+  Status plan_for(const Pi05PrefixShape& shape);
+
+  Pi05PolicyOptions options_;
+  bool bf16_ = false;
+  std::unique_ptr<Pi05Model> model_;
+  std::unique_ptr<cpu::CpuWeights> weights_;
+  std::optional<Pi05PrefixShape> planned_;
+  std::unique_ptr<cpu::Executor> prefix_;
+  std::unique_ptr<cpu::Executor> step_;
+  std::vector<std::pair<std::string, ir::ValueId>> prefix_outputs_;  // of the planned graphs
+  std::vector<std::pair<std::string, ir::ValueId>> step_outputs_;
+  std::vector<int> step_prefix_inputs_;  // step input index of prefix.k.0, prefix.v.0, k.1, ...
+  int step_x_ = -1, step_t_ = -1;
+  ir::ValueId step_x_next_ = ir::kNone, step_velocity_ = ir::kNone;
+  Pi05Intermediates dump_;
+};
+
+}  // namespace vlac

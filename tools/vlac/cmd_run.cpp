@@ -1,0 +1,105 @@
+// `vlac run POLICY_DIR --obs OBS.safetensors --out OUT.safetensors`: runs a pi0.5 policy folder
+// on the CPU for one observation and writes the normalized action chunk (atomically).
+// Phases metered: load, prefix, denoise (and write). No model logic here: see src/policy/.
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <memory>
+
+#include "command.h"
+#include "core/bytes.h"
+#include "io/safetensors_writer.h"
+#include "policy/pi05_policy.h"
+
+namespace vlac::cli {
+
+namespace {
+
+struct RunFlags {
+  CommonOptions common;
+  std::string policy;
+  std::string obs;
+  std::string out;
+  std::string noise;
+  uint64_t seed = 0;
+  std::string dtype;  // "", "fp32", "bf16"
+  std::string dump_dir;
+  int threads = 2;
+};
+
+Status run_policy(const RunFlags& f, MemMeter& meter) {
+  Pi05PolicyOptions opts;
+  if (f.dtype == "fp32") opts.precision = Pi05Precision::Fp32;
+  else if (f.dtype == "bf16") opts.precision = Pi05Precision::Bf16;
+  else if (!f.dtype.empty()) return invalid_argument("--dtype must be fp32 or bf16, got '" + f.dtype + "'");
+  if (f.threads < 1) return invalid_argument("--threads must be at least 1");
+  opts.threads = f.threads;
+  opts.record_intermediates = !f.dump_dir.empty();
+
+  meter.begin_phase("load");
+  VLAC_ASSIGN_OR_RETURN(Pi05Policy policy, Pi05Policy::load(f.policy, opts));
+  const Pi05Model& model = policy.model();
+  VLAC_ASSIGN_OR_RETURN(Pi05Observation obs, read_pi05_observation(f.obs, model));
+  const int64_t H = model.config().chunk_size, A = model.dims().max_action_dim;
+  std::vector<float> noise;
+  if (!f.noise.empty()) {
+    VLAC_ASSIGN_OR_RETURN(noise, read_pi05_noise(f.noise, model));
+  } else {
+    noise = pi05_gaussian_noise(f.seed, H * A);
+  }
+  std::vector<float> action(size_t(H * A));
+
+  meter.begin_phase("prefix");
+  VLAC_RETURN_IF_ERROR(policy.run_prefix(obs));
+  meter.begin_phase("denoise");
+  VLAC_RETURN_IF_ERROR(policy.denoise(noise.data(), action.data()));
+  meter.begin_phase("write");
+  {
+    VLAC_ASSIGN_OR_RETURN(SafetensorsWriter w, SafetensorsWriter::create(
+                                                   f.out, {{"action_normalized", DType::F32, {H, A}}},
+                                                   {{"producer", "vlac run"}, {"dtype", policy.bf16() ? "bf16" : "fp32"}}));
+    VLAC_RETURN_IF_ERROR(w.write(action.data(), action.size() * 4));
+    VLAC_RETURN_IF_ERROR(w.finish());
+  }
+  if (!f.dump_dir.empty()) {
+    if (::mkdir(f.dump_dir.c_str(), 0755) != 0 && errno != EEXIST) return errno_error("mkdir " + f.dump_dir, errno);
+    VLAC_RETURN_IF_ERROR(policy.intermediates().write(f.dump_dir + "/intermediates.safetensors"));
+  }
+  meter.end_phase();
+
+  const int64_t P = int64_t(obs.cameras.size()) * model.image_tokens() + int64_t(obs.tokens.size());
+  meter.add_extra("dtype", policy.bf16() ? "\"bf16\"" : "\"fp32\"");
+  meter.add_extra("prefix_tokens", std::to_string(P));
+  meter.add_extra("cameras_present", std::to_string(obs.cameras.size()));
+  meter.add_extra("weights_mapped_bytes", std::to_string(policy.weights().mapped_bytes()));
+  meter.add_extra("weights_owned_bytes", std::to_string(policy.weights().owned_bytes()));
+  meter.add_extra("activation_bytes", std::to_string(policy.activation_bytes()));
+  std::printf("vlac run: %s -> %s: action_normalized [%lld, %lld] (%s, %zu of %zu cameras, prefix %lld tokens)\n",
+              f.policy.c_str(), f.out.c_str(), (long long)H, (long long)A, policy.bf16() ? "bf16" : "fp32",
+              obs.cameras.size(), model.config().cameras.size(), (long long)P);
+  std::printf("  weights: %s mapped in place, %s converted; activations %s\n",
+              format_bytes(policy.weights().mapped_bytes()).c_str(), format_bytes(policy.weights().owned_bytes()).c_str(),
+              format_bytes(policy.activation_bytes()).c_str());
+  return Status::ok();
+}
+
+}  // namespace
+
+void register_run(CLI::App& app) {
+  auto flags = std::make_shared<RunFlags>();
+  auto* sub = app.add_subcommand("run", "run a pi0.5 policy folder on one observation (CPU) and write its action chunk");
+  sub->add_option("policy", flags->policy, "policy folder (config.json + model.safetensors)")->required();
+  sub->add_option("--obs", flags->obs, "observation safetensors (lerobot keys)")->required();
+  sub->add_option("--out", flags->out, "output safetensors: action_normalized [chunk_size, max_action_dim]")->required();
+  sub->add_option("--noise", flags->noise, "safetensors with 'noise' [chunk_size, max_action_dim] float32");
+  sub->add_option("--seed", flags->seed, "seed of the Gaussian noise when --noise is not given (default 0)");
+  sub->add_option("--dtype", flags->dtype, "weight precision: fp32 or bf16 (default: the config's dtype)");
+  sub->add_option("--dump-intermediates", flags->dump_dir,
+                  "write DIR/intermediates.safetensors (names as lerobot's fixtures)");
+  sub->add_option("--threads", flags->threads, "BLAS threads (default 2)");
+  add_common_options(sub, &flags->common);
+  sub->callback([flags] { run_command("run", flags->common, [&](MemMeter& m) { return run_policy(*flags, m); }); });
+}
+
+}  // namespace vlac::cli
