@@ -136,6 +136,11 @@ Status SafetensorsWriter::finish() {
   if (written_ != expected_)
     return internal_error(file_.final_path() + ": " + std::to_string(written_) + " of " +
                           std::to_string(expected_) + " tensor bytes written; not committed");
+  // Flush the tail and drop the file's pages (clean now), so the page cache holds none of it.
+  if (written_ >= kWritebackWindow) {
+    sync_file_range(file_.fd(), 0, 0, SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
+    posix_fadvise(file_.fd(), 0, 0, POSIX_FADV_DONTNEED);
+  }
   VLAC_RETURN_IF_ERROR(file_.commit());
   return Status::ok();
 }
