@@ -175,10 +175,16 @@ Result<Pi05Policy> Pi05Policy::load(const std::string& policy_dir, Pi05PolicyOpt
   std::vector<ir::WeightRef> refs = pg.graph.weights();
   refs.insert(refs.end(), sg.graph.weights().begin(), sg.graph.weights().end());
   std::vector<DType> run;
-  for (const auto& r : refs)
-    run.push_back(p.bf16_ && Pi05Model::lerobot_bf16_weight(r.name) && r.shape.size() == 2 ? DType::BF16 : DType::F32);
+  for (const auto& r : refs) {
+    // The embedding table stays as stored and mapped (only looked-up rows are paged in), in
+    // both modes: converting it would touch all of it for a few hundred rows.
+    const bool table = r.name.find("embed_tokens") != std::string::npos || r.name.find("lm_head") != std::string::npos;
+    if (table && (r.dtype == DType::F32 || r.dtype == DType::BF16)) run.push_back(r.dtype);
+    else run.push_back(p.bf16_ && Pi05Model::lerobot_bf16_weight(r.name) && r.shape.size() == 2 ? DType::BF16 : DType::F32);
+  }
   std::vector<cpu::WeightFile> files;
-  for (const auto& f : model.tensors().files()) files.push_back({f->map().data(), f->map().size(), f->path()});
+  for (const auto& f : model.tensors().files())
+    files.push_back({f->map().data(), f->map().size(), f->path(), &f->map()});
   VLAC_ASSIGN_OR_RETURN(cpu::CpuWeights w, cpu::CpuWeights::load(refs, run, files));
   p.weights_ = std::make_unique<cpu::CpuWeights>(std::move(w));
   return p;
@@ -267,14 +273,15 @@ Status Pi05Policy::denoise(const float* noise, float* action_normalized) {
   std::memcpy(x, noise, bytes);
   for (int64_t k = 0; k < e.steps; ++k) {
     t[0] = e.time(k);
-    const std::string sk = "step." + std::to_string(k) + ".";
     if (options_.record_intermediates) {
+      const std::string sk = "step." + std::to_string(k) + ".";
       dump_.add_f32(sk + "time", {1}, t);
       dump_.add_f32(sk + "x_in", {H, A}, x);
     }
     VLAC_RETURN_IF_ERROR(step_->run());
     std::memcpy(x, step_->data(step_x_next_), bytes);
     if (options_.record_intermediates) {
+      const std::string sk = "step." + std::to_string(k) + ".";
       for (const auto& [name, v] : step_outputs_) {
         const std::string n = name == "x_next" ? "x" : name;
         dump_.add_f32(sk + n, step_->graph().info(v).shape, step_->data_f32(v));

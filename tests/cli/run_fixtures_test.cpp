@@ -5,8 +5,11 @@
 #include <stdlib.h>
 #include <sys/wait.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <new>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -18,6 +21,19 @@
 
 namespace fs = std::filesystem;
 using namespace vlac;
+
+// Counts every operator new in this test binary (the denoise loop must make none).
+static std::atomic<int64_t> g_news{0};
+void* operator new(std::size_t n) {
+  g_news.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void* operator new[](std::size_t n) { return operator new(n); }
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
 
 namespace {
 
@@ -122,6 +138,28 @@ TEST(RunFixtures, Fp32WeightsRunInBf16) {
   EXPECT_LE(vs_fp32, 2e-2);
   EXPECT_LE(vs_bf16, 2e-2);
   std::printf("[ fixture  ] tiny_a --dtype bf16: vs lerobot fp32 %.3g, vs lerobot bf16 %.3g\n", vs_fp32, vs_bf16);
+}
+
+TEST(RunFixtures, DenoiseLoopDoesNotAllocate) {
+  const std::string dir = kFixtures + "/tiny_b";
+  for (Pi05Precision p : {Pi05Precision::Fp32, Pi05Precision::Bf16}) {
+    Pi05PolicyOptions o;
+    o.precision = p;
+    auto pol = Pi05Policy::load(dir + "/policy", o);
+    ASSERT_TRUE(pol.is_ok()) << pol.status().message();
+    auto obs = read_pi05_observation(dir + "/obs.safetensors", pol->model());
+    auto noise = read_pi05_noise(dir + "/noise.safetensors", pol->model());
+    ASSERT_TRUE(obs.is_ok() && noise.is_ok());
+    std::vector<float> a(noise->size()), b(noise->size());
+    ASSERT_TRUE(pol->run_prefix(*obs).is_ok());
+    const int64_t before = g_news.load();
+    ASSERT_TRUE(pol->denoise(noise->data(), a.data()).is_ok());
+    EXPECT_EQ(g_news.load() - before, 0);
+    // The same observation again reuses the plan and gives the same chunk.
+    ASSERT_TRUE(pol->run_prefix(*obs).is_ok());
+    ASSERT_TRUE(pol->denoise(noise->data(), b.data()).is_ok());
+    EXPECT_EQ(max_abs_diff(a, b), 0.0);
+  }
 }
 
 TEST(RunFixtures, CliRunWritesActionsAndIntermediates) {

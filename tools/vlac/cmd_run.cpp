@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <memory>
 
@@ -37,6 +38,9 @@ Status run_policy(const RunFlags& f, MemMeter& meter) {
   opts.threads = f.threads;
   opts.record_intermediates = !f.dump_dir.empty();
 
+  using Clock = std::chrono::steady_clock;
+  auto ms = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
+  const Clock::time_point t0 = Clock::now();
   meter.begin_phase("load");
   VLAC_ASSIGN_OR_RETURN(Pi05Policy policy, Pi05Policy::load(f.policy, opts));
   const Pi05Model& model = policy.model();
@@ -50,10 +54,13 @@ Status run_policy(const RunFlags& f, MemMeter& meter) {
   }
   std::vector<float> action(size_t(H * A));
 
+  const Clock::time_point t1 = Clock::now();
   meter.begin_phase("prefix");
   VLAC_RETURN_IF_ERROR(policy.run_prefix(obs));
+  const Clock::time_point t2 = Clock::now();
   meter.begin_phase("denoise");
   VLAC_RETURN_IF_ERROR(policy.denoise(noise.data(), action.data()));
+  const Clock::time_point t3 = Clock::now();
   meter.begin_phase("write");
   {
     VLAC_ASSIGN_OR_RETURN(SafetensorsWriter w, SafetensorsWriter::create(
@@ -81,6 +88,8 @@ Status run_policy(const RunFlags& f, MemMeter& meter) {
   std::printf("  weights: %s mapped in place, %s converted; activations %s\n",
               format_bytes(policy.weights().mapped_bytes()).c_str(), format_bytes(policy.weights().owned_bytes()).c_str(),
               format_bytes(policy.activation_bytes()).c_str());
+  std::printf("  latency: load %.1f ms, prefix %.1f ms, denoise %.1f ms (%lld steps, %.1f ms each)\n", ms(t0, t1),
+              ms(t1, t2), ms(t2, t3), (long long)model.euler().steps, ms(t2, t3) / double(model.euler().steps));
   return Status::ok();
 }
 

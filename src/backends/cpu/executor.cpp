@@ -93,6 +93,8 @@ Result<CpuWeights> CpuWeights::load(const std::vector<ir::WeightRef>& refs, cons
           dst[k] = r.dtype == DType::BF16 ? bf16_to_f32(h) : f16_to_f32(h);
         }
       }
+      // The source bytes are not read again: give their pages back (memory rule 1).
+      if (f.map) f.map->drop(r.offset, r.bytes);
       e.data = buf.get();
       e.owned = true;
       w.owned_bytes_ += bytes;

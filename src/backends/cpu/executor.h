@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/mapped_file.h"
 #include "core/status.h"
 #include "ir/graph.h"
 
@@ -22,7 +23,8 @@ namespace vlac::cpu {
 struct WeightFile {
   const uint8_t* data = nullptr;
   uint64_t size = 0;
-  std::string path;  // for error messages
+  std::string path;                 // for error messages
+  const MappedFile* map = nullptr;  // optional: pages of converted weights are dropped from it
 };
 
 /// Weights in the form the kernels read, by name: fp32 or bf16 (matmul weights and embedding
