@@ -62,6 +62,7 @@ Status run_convert(const ConvertFlags& f, MemMeter& meter) {
               dtype_name(opt.target), format_bytes(stats.input_bytes).c_str(),
               format_bytes(stats.output_bytes).c_str(), format_duration(stats.seconds).c_str(),
               format_bytes(static_cast<uint64_t>(rate)).c_str(), where.c_str());
+  std::fflush(stdout);  // before the meter's summary line on stderr
   return Status::ok();
 }
 

@@ -143,6 +143,7 @@ Status run_demo(const DemoFlags& f, MemMeter& meter) {
   meter.add_extra("model_fp32_bytes", std::to_string(stats.input_bytes));
   meter.add_extra("model_bf16_bytes", std::to_string(stats.output_bytes));
   meter.add_extra("tensors", std::to_string(stats.n_tensors));
+  std::fflush(stdout);  // before the meter's summary line on stderr
   return Status::ok();
 }
 
