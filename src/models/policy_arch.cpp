@@ -103,7 +103,11 @@ Status apply_lerobot_inputs(const nlohmann::json& c, const std::string& path, Po
       if (t != f->end() && t->is_string() && t->get<std::string>() == "VISUAL") ++cams;
     }
     int64_t empty = 0;
-    VLAC_RETURN_IF_ERROR(num("empty_cameras", &empty));
+    if (auto e = c.find("empty_cameras"); e != c.end() && !e->is_null()) {
+      if (!e->is_number_integer() || e->get<int64_t>() < 0 || e->get<int64_t>() > 64)
+        return invalid_format(path + ": 'empty_cameras' must be an integer between 0 and 64");
+      empty = e->get<int64_t>();
+    }
     if (cams + empty > 0) in->cams = cams + empty;
   }
   return Status::ok();
