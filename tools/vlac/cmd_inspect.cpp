@@ -18,6 +18,8 @@
 #include "core/bytes.h"
 #include "io/json_reader.h"
 #include "io/safetensors.h"
+#include "inspect_package.h"
+#include "package/package.h"
 #include "inspect_graph.h"
 
 namespace vlac::cli {
@@ -32,6 +34,7 @@ struct InspectFlags {
   std::string path;
   bool json = false;
   bool graph = false;  // --graph: the pi0.5 IR graphs (inspect_graph.cpp)
+  bool verify = false;  // --verify: packages only (inspect_package.cpp)
 };
 
 /// What PATH names. New kinds (a .vlac package, a graph view) get a value and a case below.
@@ -59,7 +62,7 @@ bool is_file(const std::string& p) {
 }
 
 InspectKind classify(const std::string& path) {
-  if (ends_with(path, ".vlac")) return InspectKind::Package;
+  if (ends_with(path, ".vlac") || (is_file(path) && has_package_magic(path))) return InspectKind::Package;
   if (is_dir(path) && is_file(join_path(path, "config.json"))) return InspectKind::PolicyFolder;
   return InspectKind::Checkpoint;
 }
@@ -371,7 +374,7 @@ Status inspect_path(const InspectFlags& f, MemMeter& meter) {
   InspectKind kind = classify(f.path);
   switch (kind) {
     case InspectKind::Package:
-      return unsupported(f.path + ": inspecting .vlac packages is not implemented yet");
+      return inspect_package(f.path, f.verify, f.json, meter);
     case InspectKind::Checkpoint:
     case InspectKind::PolicyFolder:
       return inspect_checkpoint(f, kind, meter);
@@ -388,6 +391,7 @@ void register_inspect(CLI::App& app) {
   sub->add_option("path", flags->path, "a .safetensors file, a model.safetensors.index.json, or a folder")
       ->required();
   sub->add_flag("--json", flags->json, "print one JSON object (exact bytes) instead of tables");
+  sub->add_flag("--verify", flags->verify, "packages: check every segment checksum (exit 2 on a mismatch)");
   add_common_options(sub, &flags->common);
   sub->add_flag("--graph", flags->graph, "print the graphs vlac builds from a pi0.5 policy folder (nodes, shapes, weight bytes)");
   sub->callback([flags] {
