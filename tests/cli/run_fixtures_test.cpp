@@ -117,6 +117,50 @@ TEST(RunFixtures, Fp32CasesMatchLerobot) {
   }
 }
 
+// Layer by layer (llm.c style): every intermediate vlac records that the fixture also holds.
+// Prefix tensors are compared on the rows lerobot marks valid (vlac's prefix is compact).
+TEST(RunFixtures, IntermediatesMatchLayerByLayer) {
+  for (const char* c : {"tiny_a", "tiny_b", "tiny_b_absent_cam"}) {
+    const std::string dir = kFixtures + "/" + c;
+    Pi05PolicyOptions o;
+    o.precision = Pi05Precision::Fp32;
+    o.record_intermediates = true;
+    auto pol = Pi05Policy::load(dir + "/policy", o);
+    ASSERT_TRUE(pol.is_ok()) << pol.status().message();
+    auto obs = read_pi05_observation(dir + "/obs.safetensors", pol->model());
+    auto noise = read_pi05_noise(dir + "/noise.safetensors", pol->model());
+    ASSERT_TRUE(obs.is_ok() && noise.is_ok());
+    std::vector<float> action(noise->size());
+    ASSERT_TRUE(pol->run_prefix(*obs).is_ok());
+    ASSERT_TRUE(pol->denoise(noise->data(), action.data()).is_ok());
+    auto exp = SafetensorsFile::open(dir + "/expected.safetensors");
+    ASSERT_TRUE(exp.is_ok());
+    const TensorInfo* pm = exp->find("prefix.pad_mask");
+    ASSERT_NE(pm, nullptr);
+    std::vector<int64_t> valid_rows;
+    for (int64_t i = 0; i < pm->shape[0]; ++i)
+      if (exp->data(*pm)[i]) valid_rows.push_back(i);
+    int compared = 0;
+    for (const auto& t : pol->intermediates().tensors) {
+      const TensorInfo* e = exp->find(t.name);
+      if (!e || e->dtype != DType::F32) continue;
+      std::vector<float> want(size_t(e->numel()));
+      std::memcpy(want.data(), exp->data(*e), e->nbytes());
+      if (t.name.rfind("prefix", 0) == 0 && e->shape[0] == pm->shape[0]) {
+        const size_t cols = want.size() / size_t(e->shape[0]);
+        std::vector<float> rows;
+        for (int64_t r : valid_rows) rows.insert(rows.end(), want.begin() + r * cols, want.begin() + (r + 1) * cols);
+        want = rows;
+      }
+      std::vector<float> got(t.bytes.size() / 4);
+      std::memcpy(got.data(), t.bytes.data(), t.bytes.size());
+      EXPECT_LE(max_abs_diff(got, want), 1e-4) << c << ": " << t.name;
+      ++compared;
+    }
+    EXPECT_GE(compared, 30) << c;
+  }
+}
+
 TEST(RunFixtures, Bf16CaseMatchesLerobotBf16) {
   const std::string dir = kFixtures + "/tiny_a_bf16";
   std::vector<float> got = run_case(dir + "/policy", dir, Pi05Precision::Bf16);

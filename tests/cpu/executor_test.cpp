@@ -1,0 +1,183 @@
+// CPU graph executor: results against direct kernel calls, buffer reuse from liveness, reshape
+// aliasing, external input binding, bf16 weights, and clear errors for what it cannot run.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "backends/cpu/executor.h"
+#include "backends/cpu/kernels.h"
+
+using namespace vlac;
+using namespace vlac::cpu;
+using ir::Attrs;
+using ir::OpKind;
+using ir::ValueId;
+using ir::ValueInfo;
+
+namespace {
+
+// An in-memory "weight file": tensors appended (64-byte aligned) with their references.
+struct FakeFile {
+  std::vector<uint8_t> bytes;
+  std::vector<ir::WeightRef> refs;
+  ir::WeightRef add(const std::string& name, std::vector<int64_t> shape, const std::vector<float>& v) {
+    ir::WeightRef r;
+    r.name = name;
+    r.offset = (bytes.size() + 63) / 64 * 64;
+    r.dtype = DType::F32;
+    r.shape = std::move(shape);
+    r.bytes = v.size() * 4;
+    bytes.resize(r.offset + r.bytes);
+    std::memcpy(bytes.data() + r.offset, v.data(), r.bytes);
+    refs.push_back(r);
+    return r;
+  }
+  std::vector<WeightFile> files() const { return {WeightFile{bytes.data(), bytes.size(), "fake", nullptr}}; }
+};
+
+ValueId V(Result<ValueId> r) {
+  EXPECT_TRUE(r.is_ok()) << r.status().message();
+  return r.is_ok() ? r.value() : 0;
+}
+
+std::vector<float> randv(size_t n, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
+}  // namespace
+
+TEST(CpuExecutor, MlpChainMatchesKernelsAndReusesBuffers) {
+  const int64_t T = 5, D = 16, F = 64;
+  FakeFile file;
+  auto w1 = randv(size_t(F * D), 1), b1 = randv(size_t(F), 2), w2 = randv(size_t(D * F), 3), nw = randv(size_t(D), 4);
+  ir::Graph g;
+  ValueId x = g.add_input("x", ValueInfo{DType::F32, {T, D}});
+  ValueId h = x;
+  // Four identical residual MLP blocks: the arena must reuse the dead blocks' buffers.
+  ValueId vw1 = g.weight(file.add("w1", {F, D}, w1));
+  ValueId vb1 = g.weight(file.add("b1", {F}, b1));
+  ValueId vw2 = g.weight(file.add("w2", {D, F}, w2));
+  ValueId vnw = g.weight(file.add("nw", {D}, nw));
+  for (int i = 0; i < 4; ++i) {
+    ValueId u = V(g.add(OpKind::RMSNorm, {h, vnw}, Attrs{{"eps", 1e-6}}));
+    ValueId f = V(g.add(OpKind::Linear, {u, vw1, vb1}));
+    f = V(g.add(OpKind::GeluTanh, {f}));
+    f = V(g.add(OpKind::Linear, {f, vw2}));
+    h = V(g.add(OpKind::Add, {h, f}));
+  }
+  ValueId r = V(g.add(OpKind::Reshape, {h}, Attrs{{"shape", std::vector<int64_t>{T * D}}}));
+  g.mark_output(r);
+  ASSERT_TRUE(ir::verify(g).is_ok());
+
+  std::vector<DType> run(file.refs.size(), DType::F32);
+  auto weights = CpuWeights::load(file.refs, run, file.files());
+  ASSERT_TRUE(weights.is_ok()) << weights.status().message();
+  EXPECT_EQ(weights->owned_bytes(), 0u);  // aligned fp32: used in place
+  auto ex = Executor::create(g, *weights);
+  ASSERT_TRUE(ex.is_ok()) << ex.status().message();
+  const auto xin = randv(size_t(T * D), 5);
+  std::memcpy(ex->input_data(ex->input_index("x")), xin.data(), xin.size() * 4);
+  ASSERT_TRUE(ex->run().is_ok());
+
+  // Reference with the kernels directly.
+  std::vector<float> ref = xin, u(size_t(T * D)), f(size_t(T * F)), y(size_t(T * D));
+  for (int i = 0; i < 4; ++i) {
+    rms_norm(ref.data(), nw.data(), u.data(), T, D, 1e-6f);
+    linear_f32(u.data(), w1.data(), b1.data(), f.data(), T, D, F);
+    gelu_tanh(f.data(), f.data(), T * F);
+    linear_f32(f.data(), w2.data(), nullptr, y.data(), T, F, D);
+    for (size_t k = 0; k < ref.size(); ++k) ref[k] += y[k];
+  }
+  const float* out = ex->data_f32(r);
+  for (size_t k = 0; k < ref.size(); ++k) EXPECT_EQ(out[k], ref[k]) << k;
+  // 20 intermediate values of up to T·F floats each; live at once: a handful.
+  const uint64_t all = 4 * (2 * T * D + 2 * T * F + T * D) * 4;
+  EXPECT_LT(ex->arena_bytes(), all / 3);
+  // Running twice gives the same result (no state leaks between runs).
+  std::vector<float> first(out, out + ref.size());
+  ASSERT_TRUE(ex->run().is_ok());
+  EXPECT_EQ(std::memcmp(first.data(), ex->data_f32(r), first.size() * 4), 0);
+}
+
+TEST(CpuExecutor, BindInputConcatAttentionAndBf16Weights) {
+  const int64_t S0 = 7, T = 3, H = 2, Dh = 8, D = 12;
+  FakeFile file;
+  auto wq = randv(size_t(H * Dh * D), 11), wk = randv(size_t(Dh * D), 12);
+  ir::Graph g;
+  ValueId x = g.add_input("x", ValueInfo{DType::F32, {T, D}});
+  ValueId cache = g.add_input("cache", ValueInfo{DType::F32, {S0, 1, Dh}});
+  ValueId q = V(g.add(OpKind::Linear, {x, g.weight(file.add("wq", {H * Dh, D}, wq))}));
+  q = V(g.add(OpKind::Reshape, {q}, Attrs{{"shape", std::vector<int64_t>{T, H, Dh}}}));
+  ValueId k = V(g.add(OpKind::Linear, {x, g.weight(file.add("wk", {Dh, D}, wk))}));
+  k = V(g.add(OpKind::Reshape, {k}, Attrs{{"shape", std::vector<int64_t>{T, 1, Dh}}}));
+  ValueId kk = V(g.add(OpKind::Concat, {cache, k}, Attrs{{"axis", int64_t{0}}}));
+  ValueId a = V(g.add(OpKind::Attention, {q, kk, kk}, Attrs{{"scale", 0.25}}));
+  g.mark_output(a);
+  g.mark_output(kk);
+
+  // wq runs in bf16 (converted at load), wk in fp32.
+  auto weights = CpuWeights::load(file.refs, {DType::BF16, DType::F32}, file.files());
+  ASSERT_TRUE(weights.is_ok()) << weights.status().message();
+  EXPECT_EQ(weights->owned_bytes(), uint64_t(H * Dh * D * 2));
+  auto ex = Executor::create(g, *weights);
+  ASSERT_TRUE(ex.is_ok()) << ex.status().message();
+  const auto xin = randv(size_t(T * D), 13), cin = randv(size_t(S0 * Dh), 14);
+  std::memcpy(ex->input_data(ex->input_index("x")), xin.data(), xin.size() * 4);
+  ex->bind_input(ex->input_index("cache"), cin.data());  // read in place, no copy
+  ASSERT_TRUE(ex->run().is_ok());
+
+  std::vector<float> wq16(wq.size());
+  for (size_t i = 0; i < wq.size(); ++i) wq16[i] = bf16_to_f32(f32_to_bf16(wq[i]));
+  std::vector<float> rq(size_t(T * H * Dh)), rk(size_t((S0 + T) * Dh)), ra(size_t(T * H * Dh));
+  linear_f32(xin.data(), wq16.data(), nullptr, rq.data(), T, D, H * Dh);
+  std::memcpy(rk.data(), cin.data(), cin.size() * 4);
+  linear_f32(xin.data(), wk.data(), nullptr, rk.data() + S0 * Dh, T, D, Dh);
+  std::vector<float> scratch(size_t(attention_scratch_floats(T, S0 + T)));
+  attention(rq.data(), rk.data(), rk.data(), {}, ra.data(), T, H, 1, S0 + T, Dh, Dh, 0.25f, scratch.data(),
+            int64_t(scratch.size()));
+  for (size_t i = 0; i < rk.size(); ++i) EXPECT_EQ(ex->data_f32(kk)[i], rk[i]) << i;
+  for (size_t i = 0; i < ra.size(); ++i) EXPECT_NEAR(ex->data_f32(a)[i], ra[i], 1e-5f) << i;
+}
+
+TEST(CpuExecutor, ErrorsAreClear) {
+  FakeFile file;
+  ir::Graph g;
+  ValueId x = g.add_input("x", ValueInfo{DType::F32, {2, 2}});
+  ValueId m = V(g.add(OpKind::MatMul, {x, x}, {}, "mm"));
+  g.mark_output(m);
+  auto weights = CpuWeights::load({}, {}, file.files());
+  ASSERT_TRUE(weights.is_ok());
+  auto ex = Executor::create(g, *weights);
+  ASSERT_FALSE(ex.is_ok());
+  EXPECT_EQ(ex.status().code(), StatusCode::Unsupported);
+  EXPECT_NE(ex.status().message().find("'mm'"), std::string::npos) << ex.status().message();
+
+  // A weight reference past the end of its file.
+  ir::WeightRef r{"w", 0, 1000, DType::F32, {4}, 16};
+  auto bad = CpuWeights::load({r}, {DType::F32}, file.files());
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("'w'"), std::string::npos);
+
+  // A token id outside the table is a data error at run time, naming the position.
+  FakeFile f2;
+  ir::Graph g2;
+  ValueId ids = g2.add_input("ids", ValueInfo{DType::I64, {2}});
+  ValueId e = V(g2.add(OpKind::Embedding, {g2.weight(f2.add("table", {3, 4}, randv(12, 1))), ids}, Attrs{{"scale", 1.0}}));
+  g2.mark_output(e);
+  auto w2 = CpuWeights::load(f2.refs, {DType::F32}, f2.files());
+  ASSERT_TRUE(w2.is_ok());
+  auto ex2 = Executor::create(g2, *w2);
+  ASSERT_TRUE(ex2.is_ok()) << ex2.status().message();
+  int64_t* p = static_cast<int64_t*>(ex2->input_data(0));
+  p[0] = 1;
+  p[1] = 3;
+  Status st = ex2->run();
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("position 1"), std::string::npos) << st.message();
+}
