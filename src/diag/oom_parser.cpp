@@ -661,7 +661,7 @@ Result<OomMessage> parse_oom(std::string_view text, const std::string& source) {
     from = a->tried + 1;
   }
   size_t end = starts.size() > 1 ? starts[1] : s.size();
-  end = std::min(end, first->start + kWindowChars);
+  end = std::max(std::min(end, first->start + kWindowChars), first->start);
 
   OomMessage m;
   m.kind = first->kind;

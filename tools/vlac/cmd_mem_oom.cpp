@@ -11,7 +11,7 @@
 namespace vlac::cli {
 namespace {
 
-constexpr size_t kMaxInputBytes = 256ull << 20;  // a log, not a dataset
+constexpr size_t kMaxInputBytes = 64ull << 20;  // a log, not a dataset (the reader keeps ~3 copies)
 
 struct OomOptions {
   std::string input = "-";
@@ -24,7 +24,7 @@ Status read_all(std::FILE* f, const std::string& name, std::string* out) {
     size_t n = std::fread(buf, 1, sizeof buf, f);
     out->append(buf, n);
     if (out->size() > kMaxInputBytes)
-      return invalid_argument(name + ": more than 256 MiB; pass the part of the log with the error");
+      return invalid_argument(name + ": more than 64 MiB; pass the part of the log with the error");
     if (n < sizeof buf) {
       if (std::ferror(f)) return errno_error("read " + name, errno);
       return Status::ok();
