@@ -256,6 +256,11 @@ Status convert_checkpoint(const ConvertOptions& opt, ConvertStats* stats_out, co
 
   // Plan the output files.
   const std::string out_dir = parent_dir(opt.output);
+  {
+    std::error_code ec;
+    if (!fs::is_directory(out_dir, ec))
+      return invalid_argument("convert: output folder '" + out_dir + "' does not exist");
+  }
   std::vector<Shard> shards;
   if (opt.max_shard_size == 0) {
     shards.push_back({0, items.size(), 0, opt.output});

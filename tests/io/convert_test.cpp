@@ -482,6 +482,7 @@ TEST(ConvertCli, BadInputExitsTwoAndLeavesNothing) {
                       "--prefix", "nothing."}, &out), 2);
   EXPECT_NE(out.find("nothing."), std::string::npos) << out;
   EXPECT_EQ(run_vlac({"convert", dir + "/good.safetensors", dir + "/good.safetensors", "--dtype", "bf16"}), 2);
+  EXPECT_EQ(run_vlac({"convert", dir + "/good.safetensors", dir + "/no/such/dir/o.safetensors", "--dtype", "bf16"}), 2);
   EXPECT_TRUE(fs::is_empty(dir + "/out")) << "something was left in the output folder";
   // And a good run prints one line with tensors, bytes and rate, and writes the report extras.
   EXPECT_EQ(run_vlac({"convert", dir + "/good.safetensors", dir + "/out/o.safetensors", "--dtype", "bf16",
