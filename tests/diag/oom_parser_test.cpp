@@ -496,6 +496,17 @@ TEST(OomParser, ImpossibleRequestIsFlagged) {
   EXPECT_NE(r.value().warnings[0].find("shape bug"), std::string::npos);
 }
 
+TEST(OomParser, DeviceGenericHeaderIsReadAsCuda) {
+  auto r = parse_oom("torch.OutOfMemoryError: Out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+                     "10.00 GiB of which 1.00 GiB is free. Of the allocated memory 8.00 GiB is allocated by PyTorch, and "
+                     "512.00 MiB is reserved by PyTorch but unallocated.", "x");
+  ASSERT_TRUE(r.is_ok());
+  EXPECT_EQ(r.value().kind, OomKind::Cuda);
+  EXPECT_TRUE(r.value().kind_assumed);
+  ASSERT_EQ(r.value().warnings.size(), 1u);
+  EXPECT_NE(r.value().warnings[0].find("names no device type"), std::string::npos);
+}
+
 TEST(OomParser, NotAnOomMessage) {
   struct C { std::string text; std::string has; };
   const std::vector<C> cases = {
