@@ -509,10 +509,12 @@ Result<TrainPlan> plan_training(const PolicyArch& arch, const TrainOptions& o) {
   }
   if (o.gpus > 1 && o.shard == ShardKind::None) plan.ddp_bucket_bytes = plan.grad_bytes;
 
-  // Fixed costs. CUDA context: with lazy module loading (CUDA_MODULE_LOADING=LAZY, the default
-  // since CUDA 11.7 / PyTorch 1.13) a PyTorch process holds a few hundred MiB before its first
-  // tensor (Hugging Face's anatomy page measured ~1.3 GB with eager loading); we charge 512 MiB.
-  // cuBLAS workspace: PyTorch's default CUBLAS_WORKSPACE_CONFIG on Hopper is ":4096:8" = 32 MiB.
+  // Fixed costs. CUDA context: with lazy module loading (the default since CUDA 11.7 / PyTorch
+  // 1.13) a few hundred MiB (Hugging Face's anatomy page measured ~1.3 GB with eager loading).
+  // Measured for this project on an H200 with torch 2.11.0+cu130: NVML's figure for the process
+  // minus torch's reserved bytes was 610 MiB after the first tensor and 684 MiB after the first
+  // bf16 cuBLAS matmul and cuDNN conv. We charge 640 MiB of context + 32 MiB cuBLAS workspace
+  // (PyTorch's CUBLAS_WORKSPACE_CONFIG default on Hopper, ":4096:8").
   // Allocator: the caching allocator rounds blocks (2 MiB / 20 MiB buffers) and fragments most
   // where activations come and go each step; torchtune measured 16.39 -> 10.83 GiB peak reserved
   // just from expandable segments (meta-pytorch/torchtune#1185). We charge 5% on persistent

@@ -55,7 +55,7 @@ struct TrainOptions {
   int64_t gpus = 1;
   ShardKind shard = ShardKind::None;
   // Overheads (see train_plan.cpp for the sources).
-  uint64_t cuda_context_bytes = 512ull << 20;
+  uint64_t cuda_context_bytes = 640ull << 20;
   uint64_t workspace_bytes = 32ull << 20;
   double allocator_persistent_fraction = 0.05;
   double allocator_activation_fraction = 0.15;

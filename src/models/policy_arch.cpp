@@ -87,8 +87,8 @@ Status apply_lerobot_inputs(const nlohmann::json& c, const std::string& path, Po
   auto num = [&](const char* key, int64_t* out) -> Status {
     auto it = c.find(key);
     if (it == c.end() || it->is_null()) return Status::ok();
-    if (!it->is_number_integer() || it->get<int64_t>() <= 0 || it->get<int64_t>() > (1 << 20))
-      return invalid_format(path + ": '" + key + "' must be a positive integer");
+    if (!it->is_number_integer() || it->get<int64_t>() <= 0 || it->get<int64_t>() > 8192)
+      return invalid_format(path + ": '" + key + "' must be an integer between 1 and 8192");
     *out = it->get<int64_t>();
     return Status::ok();
   };
@@ -108,6 +108,7 @@ Status apply_lerobot_inputs(const nlohmann::json& c, const std::string& path, Po
         return invalid_format(path + ": 'empty_cameras' must be an integer between 0 and 64");
       empty = e->get<int64_t>();
     }
+    if (cams + empty > 16) return invalid_format(path + ": more than 16 cameras in input_features");
     if (cams + empty > 0) in->cams = cams + empty;
   }
   return Status::ok();

@@ -64,9 +64,9 @@ Status run_plan(const PlanFlags& f) {
   if (!f.mixed.empty()) { VLAC_ASSIGN_OR_RETURN(opts.mixed, diag::parse_mixed_precision(f.mixed)); }
   if (!f.optimizer.empty()) { VLAC_ASSIGN_OR_RETURN(opts.optimizer, diag::parse_optimizer(f.optimizer)); }
   if (!f.shard.empty()) { VLAC_ASSIGN_OR_RETURN(opts.shard, diag::parse_shard(f.shard)); }
-  if (!f.batch.empty()) { VLAC_ASSIGN_OR_RETURN(opts.batch, parse_count("--batch", f.batch, 1, 1 << 20)); }
-  if (!f.grad_accum.empty()) { VLAC_ASSIGN_OR_RETURN(opts.grad_accum, parse_count("--grad-accum", f.grad_accum, 1, 1 << 20)); }
-  if (!f.gpus.empty()) { VLAC_ASSIGN_OR_RETURN(opts.gpus, parse_count("--gpus", f.gpus, 1, 100000)); }
+  if (!f.batch.empty()) { VLAC_ASSIGN_OR_RETURN(opts.batch, parse_count("--batch", f.batch, 1, 4096)); }
+  if (!f.grad_accum.empty()) { VLAC_ASSIGN_OR_RETURN(opts.grad_accum, parse_count("--grad-accum", f.grad_accum, 1, 65536)); }
+  if (!f.gpus.empty()) { VLAC_ASSIGN_OR_RETURN(opts.gpus, parse_count("--gpus", f.gpus, 1, 4096)); }
   if (!f.lora_r.empty()) { VLAC_ASSIGN_OR_RETURN(opts.lora_r, parse_count("--lora-r", f.lora_r, 1, 65536)); }
   if (!f.lora_targets.empty()) {
     if (opts.lora_r == 0) return invalid_argument("--lora-targets needs --lora-r");
@@ -85,11 +85,11 @@ Status run_plan(const PlanFlags& f) {
   opts.ema = opts.ema || f.ema;
 
   PolicyInputs in;
-  if (!f.seq.empty()) { VLAC_ASSIGN_OR_RETURN(in.prompt_tokens, parse_count("--seq", f.seq, 1, 1 << 16)); }
-  if (!f.cams.empty()) { VLAC_ASSIGN_OR_RETURN(in.cams, parse_count("--cams", f.cams, 1, 64)); }
-  if (!f.chunk.empty()) { VLAC_ASSIGN_OR_RETURN(in.chunk, parse_count("--chunk", f.chunk, 1, 1 << 16)); }
+  if (!f.seq.empty()) { VLAC_ASSIGN_OR_RETURN(in.prompt_tokens, parse_count("--seq", f.seq, 1, 8192)); }
+  if (!f.cams.empty()) { VLAC_ASSIGN_OR_RETURN(in.cams, parse_count("--cams", f.cams, 1, 16)); }
+  if (!f.chunk.empty()) { VLAC_ASSIGN_OR_RETURN(in.chunk, parse_count("--chunk", f.chunk, 1, 4096)); }
   if (!f.image_size.empty()) {
-    VLAC_ASSIGN_OR_RETURN(in.image_h, parse_count("--image-size", f.image_size, 16, 8192));
+    VLAC_ASSIGN_OR_RETURN(in.image_h, parse_count("--image-size", f.image_size, 32, 2048));
     in.image_w = in.image_h;
   }
 
