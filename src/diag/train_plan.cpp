@@ -600,7 +600,8 @@ bool apply_lever(LeverId id, const PolicyArch& arch0, const TrainPlan& base, Set
       if (!any) return false;
       s->opts.freeze_vision = true;
       s->opts.tune_vision = false;
-      *detail = "--freeze-vision (lerobot: --policy.freeze_vision_encoder=true)";
+      *detail = arch0.kind == PolicyKind::GrootN17 ? "--freeze-vision (Isaac-GR00T: drop --tune-visual)"
+                                                   : "--freeze-vision (lerobot: --policy.freeze_vision_encoder=true)";
       return true;
     }
     case LeverId::ExpertOnly: {
@@ -612,13 +613,17 @@ bool apply_lever(LeverId id, const PolicyArch& arch0, const TrainPlan& base, Set
       if (!any || !has_expert) return false;
       s->opts.train_expert_only = true;
       s->opts.tune_llm = false;
-      *detail = "--train-expert-only (lerobot: --policy.train_expert_only=true)";
+      *detail = arch0.kind == PolicyKind::GrootN17
+                    ? "--train-expert-only (Isaac-GR00T defaults: no --tune-llm, no --tune-visual)"
+                    : "--train-expert-only (lerobot: --policy.train_expert_only=true)";
       return true;
     }
     case LeverId::Lora:
       if (s->opts.lora_r > 0) return false;
       s->opts.lora_r = 16;  // lerobot PeftConfig default r=16; openpi gemma_2b_lora rank 16
-      *detail = "--lora-r 16 (lerobot: --peft.method_type=LORA --peft.r=16)";
+      *detail = arch0.kind == PolicyKind::GrootN17
+                    ? "--lora-r 16 (Isaac-GR00T N1.5's --lora-rank; N1.7's FinetuneConfig has no LoRA fields)"
+                    : "--lora-r 16 (lerobot: --peft.method_type=LORA --peft.r=16)";
       return true;
     case LeverId::Shrink: {
       // Fewer cameras first (activations scale with image tokens), then a shorter chunk.
