@@ -68,6 +68,36 @@ std::string trace_line(const SnapshotAnalysis& a) {
   return s;
 }
 
+// Strings from the snapshot may be any bytes; JSON needs UTF-8. Invalid sequences -> U+FFFD.
+std::string utf8(const std::string& s) {
+  std::string out;
+  out.reserve(s.size());
+  size_t i = 0;
+  while (i < s.size()) {
+    unsigned char c = static_cast<unsigned char>(s[i]);
+    size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    bool ok = n > 0 && i + n <= s.size();
+    uint32_t cp = n == 1 ? c : n == 2 ? (c & 0x1Fu) : n == 3 ? (c & 0x0Fu) : (c & 0x07u);
+    for (size_t k = 1; ok && k < n; ++k) {
+      unsigned char cc = static_cast<unsigned char>(s[i + k]);
+      ok = (cc >> 6) == 0x2;
+      cp = (cp << 6) | (cc & 0x3Fu);
+    }
+    // reject overlong forms, surrogates and values past U+10FFFF
+    if (ok && ((n == 2 && cp < 0x80) || (n == 3 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) ||
+               (n == 4 && (cp < 0x10000 || cp > 0x10FFFF))))
+      ok = false;
+    if (ok) {
+      out.append(s, i, n);
+      i += n;
+    } else {
+      out += "\xEF\xBF\xBD";
+      i += 1;
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string snapshot_text(const SnapshotAnalysis& a, const std::string& label) {
@@ -121,7 +151,7 @@ std::string snapshot_text(const SnapshotAnalysis& a, const std::string& label) {
 nlohmann::json snapshot_json(const SnapshotAnalysis& a, const std::string& label) {
   using nlohmann::json;
   json j;
-  j["file"] = label;
+  j["file"] = utf8(label);
   j["device"] = a.device;
   j["has_trace"] = a.has_trace;
   j["shape"] = a.shape;
@@ -134,14 +164,14 @@ nlohmann::json snapshot_json(const SnapshotAnalysis& a, const std::string& label
   j["leak"] = {{"bytes_at_end", a.leak_bytes_end},
                {"steps", a.leak_steps},
                {"bytes_per_step", a.leak_bytes_per_step},
-               {"site", a.leak_site}};
+               {"site", utf8(a.leak_site)}};
   json sites = json::array();
   for (const SnapshotSite& s : a.top_sites) {
-    sites.push_back({{"site", s.site},
-                     {"filename", s.filename},
+    sites.push_back({{"site", utf8(s.site)},
+                     {"filename", utf8(s.filename)},
                      {"line", s.line},
-                     {"function", s.function},
-                     {"call_chain", s.call_chain},
+                     {"function", utf8(s.function)},
+                     {"call_chain", utf8(s.call_chain)},
                      {"bytes", s.bytes},
                      {"count", s.count},
                      {"part", to_string(s.dominant)},
@@ -152,7 +182,7 @@ nlohmann::json snapshot_json(const SnapshotAnalysis& a, const std::string& label
   j["top_sites"] = sites;
   json levers = json::array();
   for (const SnapshotLever& l : a.levers)
-    levers.push_back({{"part", l.part}, {"name", l.name}, {"why", l.why}, {"changes_policy", l.changes_policy}});
+    levers.push_back({{"part", l.part}, {"name", utf8(l.name)}, {"why", utf8(l.why)}, {"changes_policy", l.changes_policy}});
   j["levers"] = levers;
   if (a.oom) {
     const SnapshotOom& m = *a.oom;
@@ -163,7 +193,7 @@ nlohmann::json snapshot_json(const SnapshotAnalysis& a, const std::string& label
                 {"device_free_bytes", m.device_free_bytes},
                 {"allocated_bytes", m.allocated_bytes},
                 {"reserved_bytes", m.reserved_bytes},
-                {"site", m.site}};
+                {"site", utf8(m.site)}};
   } else {
     j["oom"] = nullptr;
   }
@@ -191,7 +221,9 @@ nlohmann::json snapshot_json(const SnapshotAnalysis& a, const std::string& label
                      {"peak_bytes", s.peak_bytes}});
   }
   j["steps"] = steps;
-  j["notes"] = a.notes;
+  json notes = json::array();
+  for (const std::string& n : a.notes) notes.push_back(utf8(n));
+  j["notes"] = notes;
   return j;
 }
 

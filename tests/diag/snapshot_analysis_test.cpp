@@ -332,6 +332,29 @@ TEST(SnapshotSynthetic, InternalFramesAreSkipped) {
   EXPECT_FALSE(is_internal_frame({"/home/me/train.py", 12, "train_step"}));
 }
 
+TEST(SnapshotSynthetic, JsonSurvivesInvalidUtf8) {
+  // Found by fuzz_pickle: a frame name that is not UTF-8 made nlohmann::json::dump throw.
+  const int64_t MiB = 1 << 20;
+  json trace = json::array({{{"action", "alloc"}, {"addr", 0}, {"size", MiB}, {"frames", frames("/x/a.py", 1, "PLACEHOLDER")}}});
+  json seg = {{"device", 0}, {"address", 0}, {"total_size", 2 * MiB},
+              {"blocks", json::array({{{"address", 0}, {"size", MiB}, {"state", "active_allocated"}}})}};
+  std::string p = "\x80\x02";
+  put({{"segments", json::array({seg})}, {"device_traces", json::array({trace})}}, &p);
+  p.push_back('.');
+  size_t at = p.find("PLACEHOLDER");
+  ASSERT_NE(at, std::string::npos);
+  p.replace(at, 11, "bad\xff\xc0namexx");  // same length, invalid UTF-8
+  std::vector<uint8_t> b(p.begin(), p.end());
+  auto doc = read_pickle(b);
+  ASSERT_TRUE(doc.is_ok()) << doc.status().message();
+  auto data = decode_snapshot(doc.value());
+  ASSERT_TRUE(data.is_ok());
+  auto a = analyze_snapshot(data.value());
+  ASSERT_TRUE(a.is_ok());
+  std::string out = snapshot_json(a.value(), "x").dump();
+  EXPECT_NE(out.find("bad\xef\xbf\xbd"), std::string::npos) << out;
+}
+
 TEST(SnapshotSynthetic, HtmlEscapesSnapshotStrings) {
   const int64_t MiB = 1 << 20;
   json trace = json::array({{{"action", "alloc"}, {"addr", 0}, {"size", MiB},

@@ -52,7 +52,7 @@ Status run_snapshot(const SnapshotFlags& f, MemMeter& meter) {
   if (f.json) {
     nlohmann::json j = snapshot_json(a, f.file);
     if (!f.html.empty()) j["html"] = f.html;
-    std::printf("%s\n", j.dump(1).c_str());
+    std::printf("%s\n", j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   } else {
     std::fputs(snapshot_text(a, f.file).c_str(), stdout);
     if (!f.html.empty()) std::printf("html: %s\n", f.html.c_str());
