@@ -251,7 +251,13 @@ const PackageSegment* Package::find(std::string_view name) const {
   return it == by_name_.end() ? nullptr : &layout_.segments[it->second];
 }
 
+bool Package::in_map(const PackageSegment& s) const {
+  uint64_t end = 0;
+  return !add_overflow(s.offset, s.size, &end) && end <= map_.size();
+}
+
 std::span<const uint8_t> Package::data(const PackageSegment& s) const {
+  if (!in_map(s) || s.size == 0) return {};  // a segment from another package: nothing
   return {map_.data() + s.offset, static_cast<size_t>(s.size)};
 }
 
@@ -261,7 +267,9 @@ Result<std::span<const uint8_t>> Package::data(std::string_view name) const {
   return data(*s);
 }
 
-void Package::drop(const PackageSegment& s) const { map_.drop(s.offset, s.size); }
+void Package::drop(const PackageSegment& s) const {
+  if (in_map(s)) map_.drop(s.offset, s.size);
+}
 
 Status Package::verify() const {
   map_.advise_sequential(layout_.manifest_end, map_.size() - layout_.manifest_end);
@@ -270,6 +278,7 @@ Status Package::verify() const {
 }
 
 Status Package::verify(const PackageSegment& s) const {
+  if (!in_map(s)) return invalid_argument(path() + ": segment '" + printable_name(s.name) + "' is not in this package");
   PackageLayout one;
   one.header = layout_.header;
   one.segments.push_back(s);

@@ -83,7 +83,8 @@ class Package {
 
   /// nullptr if there is no segment of that name.
   const PackageSegment* find(std::string_view name) const;
-  /// The segment's bytes inside the map, used in place (pages load on first touch).
+  /// The segment's bytes inside the map, used in place (pages load on first touch). `s` comes
+  /// from segments()/find() of this package (anything outside the map gives an empty span).
   std::span<const uint8_t> data(const PackageSegment& s) const;
   /// Same by name; NotFound "<path>: no segment 'NAME'" when absent.
   Result<std::span<const uint8_t>> data(std::string_view name) const;
@@ -106,6 +107,7 @@ class Package {
 
  private:
   Package(MappedFile map, PackageLayout layout);
+  bool in_map(const PackageSegment& s) const;
   MappedFile map_;
   PackageLayout layout_;
   std::unordered_map<std::string, size_t> by_name_;
