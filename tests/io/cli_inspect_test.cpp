@@ -44,8 +44,9 @@ CliRun run_vlac(const TempDir& dir, const std::string& args) {
 TEST(CliInspect, JsonOfSmallFile) {
   TempDir dir;
   std::string path = dir.file("m.safetensors");
-  write_bytes(path, good_st({{"enc.w", "F32", {2, 3}, 4}, {"enc.b", "BF16", {3}, 2}, {"dec.w", "U8", {0}, 1}},
-                            "{\"format\":\"pt\"}"));
+  const std::string bytes = good_st({{"enc.w", "F32", {2, 3}, 4}, {"enc.b", "BF16", {3}, 2}, {"dec.w", "U8", {0}, 1}},
+                                    "{\"format\":\"pt\"}");
+  write_bytes(path, bytes);
   CliRun r = run_vlac(dir, "inspect --json --quiet '" + path + "'");
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_EQ(r.err, "");
@@ -67,6 +68,9 @@ TEST(CliInspect, JsonOfSmallFile) {
   EXPECT_EQ(j["metadata"]["format"], "pt");
   ASSERT_EQ(j["files"].size(), 1u);
   EXPECT_EQ(j["files"][0]["kind"], "weights");
+  EXPECT_EQ(j["files"][0]["name"], "m.safetensors");
+  EXPECT_EQ(j["files"][0]["path"], path);
+  EXPECT_EQ(j["files"][0]["bytes"], bytes.size());
   EXPECT_TRUE(j["config"].is_null());
 }
 

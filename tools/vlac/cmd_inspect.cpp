@@ -86,6 +86,7 @@ struct Totals {
 
 struct SideFile {
   std::string name;  // relative to the folder; folders end in '/'
+  std::string path;  // as opened (relative to the current directory or absolute)
   std::string kind;  // config, weights, processor, stats, tokenizer, other
   uint64_t bytes = 0;
   uint64_t n_files = 1;     // for folders: files inside (recursive)
@@ -155,6 +156,7 @@ Status list_folder(const std::string& dir, const TensorSet& set, std::vector<Sid
     std::string name = it->path().filename().string();
     bool d = it->is_directory(ec);
     f.name = d ? name + "/" : name;
+    f.path = it->path().string();
     f.kind = file_kind(name, d, weight_files);
     if (d) folder_size(it->path().string(), &f);
     else f.bytes = it->file_size(ec);
@@ -198,7 +200,8 @@ Status build(Inspection* in, const TensorSet& set) {
   } else {
     for (const auto& f : set.files()) {
       SideFile s;
-      s.name = f->path();
+      s.name = basename_of(f->path());
+      s.path = f->path();
       s.kind = "weights";
       s.bytes = f->file_size();
       s.n_tensors = static_cast<int64_t>(f->tensors().size());
@@ -236,7 +239,7 @@ json to_json(const Inspection& in) {
   j["total_bytes"] = in.total.bytes;
   json files = json::array();
   for (const auto& f : in.files) {
-    json o = {{"name", f.name}, {"kind", f.kind}, {"bytes", f.bytes}};
+    json o = {{"name", f.name}, {"path", f.path}, {"kind", f.kind}, {"bytes", f.bytes}};
     if (f.name.back() == '/') o["n_files"] = f.n_files;
     if (f.n_tensors >= 0) o["n_tensors"] = f.n_tensors;
     files.push_back(std::move(o));
@@ -313,7 +316,7 @@ std::string to_text(const Inspection& in) {
     for (const auto& f : in.files) {
       std::string what = f.n_tensors >= 0 ? std::to_string(f.n_tensors) + " tensors"
                          : f.name.back() == '/' ? std::to_string(f.n_files) + " files" : "";
-      rows.push_back({printable(f.name, 200), f.kind, format_bytes(f.bytes), what});
+      rows.push_back({printable(in.kind == InspectKind::PolicyFolder ? f.name : f.path, 200), f.kind, format_bytes(f.bytes), what});
     }
     print_table(&out, rows, {false, false, true, false});
   }
