@@ -2,7 +2,7 @@
 # Installs the Debian packages vlac needs (only those missing). Usage: scripts/deps.sh [build|test]
 set -euo pipefail
 want=(g++ cmake ninja-build pkg-config libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
-      libcli11-dev libxxhash-dev libopenblas-dev libdnnl-dev libsentencepiece-dev)
+      libcli11-dev libxxhash-dev libopenblas-dev libdnnl-dev libsentencepiece-dev time)
 if [[ "${1:-build}" == test ]]; then
   # clang + its runtime for the libFuzzer targets; chromium renders the snapshot HTML in a test.
   want+=(clang libclang-rt-14-dev chromium)
