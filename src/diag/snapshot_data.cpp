@@ -2,6 +2,8 @@
 // blocks -> frames), never the pickle's own nesting, so hostile nesting cannot recurse here.
 #include "diag/snapshot_data.h"
 
+#include <cmath>
+
 #include <unordered_map>
 
 #include "core/mapped_file.h"
@@ -83,7 +85,11 @@ class Decoder {
     auto v = d_.get(dict, key);
     if (!v) return dflt;
     if (auto i = d_.as_int(*v)) return *i;
-    if (auto f = d_.as_number(*v)) return static_cast<int64_t>(*f);
+    // A float from the file may be NaN or beyond int64: converting those is undefined behaviour.
+    if (auto f = d_.as_number(*v)) {
+      if (std::isfinite(*f) && *f > -9.2e18 && *f < 9.2e18) return static_cast<int64_t>(*f);
+      return dflt;
+    }
     return dflt;
   }
   uint64_t unum(PickleId dict, std::string_view key) const {
