@@ -67,6 +67,7 @@ cleanup() {
   rm -rf "$dir"
 }
 trap cleanup EXIT
+trap "exit 130" INT TERM
 
 now() { date +%s.%N; }
 elapsed() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.3f", b - a}'; }

@@ -46,6 +46,7 @@ if [[ "$budget" != none ]] && ((!has_budget)); then note "this vlac run has no -
 
 dir=$(mktemp -d "$work/vlac-run-bench.XXXXXX")
 trap 'rm -rf "$dir"' EXIT
+trap 'exit 130' INT TERM
 cache_mode="cold (drop_caches before each run)"
 drop() {
   ((warm)) && { cache_mode="warm (page cache kept)"; return; }
