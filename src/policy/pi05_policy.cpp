@@ -38,73 +38,7 @@ uint64_t splitmix64(uint64_t* state) {
 // Observation and noise
 
 Result<Pi05Observation> read_pi05_observation(const std::string& path, const Pi05Model& model) {
-  VLAC_ASSIGN_OR_RETURN(SafetensorsFile f, SafetensorsFile::open(path));
-  const Pi05Dims& d = model.dims();
-  Pi05Observation obs;
-  const std::vector<int64_t> img_shape{d.channels, d.image_size, d.image_size};
-  for (const std::string& cam : model.config().cameras) {
-    const TensorInfo* t = f.find(cam);
-    if (!t) continue;  // absent camera: masked, as lerobot does
-    if (t->dtype != DType::F32)
-      return shape_mismatch(path + ": '" + cam + "' has dtype " + dtype_name(t->dtype) + ", expected F32 (CHW in [0, 1])");
-    if (unbatched(t->shape, 3) != img_shape)
-      return shape_mismatch(path + ": '" + cam + "' has shape " + shape_str(t->shape) + ", expected " +
-                            shape_str(img_shape) + " (optionally with a leading batch dim of 1)");
-    std::vector<float> img(size_t(t->numel()));
-    std::memcpy(img.data(), f.data(*t), t->nbytes());
-    for (size_t i = 0; i < img.size(); ++i)
-      if (!std::isfinite(img[i]))
-        return invalid_argument(path + ": '" + cam + "' holds a non-finite value at element " + std::to_string(i));
-    obs.cameras.push_back(cam);
-    obs.images.push_back(std::move(img));
-  }
-  if (obs.cameras.empty()) {
-    std::string list;
-    for (const auto& c : model.config().cameras) list += (list.empty() ? "" : ", ") + c;
-    return not_found(path + ": no camera of the policy is present (expected at least one of " + list + ")");
-  }
-  const char* kTok = "observation.language.tokens";
-  const char* kMask = "observation.language.attention_mask";
-  const TensorInfo* tok = f.find(kTok);
-  if (!tok) return not_found(path + ": missing key '" + std::string(kTok) + "' (int64 [L], pre-tokenized prompt)");
-  const TensorInfo* mask = f.find(kMask);
-  if (!mask) return not_found(path + ": missing key '" + std::string(kMask) + "' (bool [L])");
-  const std::vector<int64_t> ts = unbatched(tok->shape, 1);
-  if (ts.size() != 1 || (tok->dtype != DType::I64 && tok->dtype != DType::I32))
-    return shape_mismatch(path + ": '" + kTok + "' is " + dtype_name(tok->dtype) + shape_str(tok->shape) +
-                          ", expected I64 [L] (optionally [1, L])");
-  const int64_t L = ts[0];
-  if (unbatched(mask->shape, 1) != ts)
-    return shape_mismatch(path + ": '" + kMask + "' has shape " + shape_str(mask->shape) + ", expected " + shape_str(ts) +
-                          " like the tokens");
-  if (mask->dtype != DType::BOOL && mask->dtype != DType::U8 && mask->dtype != DType::I64 && mask->dtype != DType::I32)
-    return shape_mismatch(path + ": '" + kMask + "' has dtype " + dtype_name(mask->dtype) + ", expected BOOL or an integer type");
-  const uint8_t* tp = f.data(*tok);
-  const uint8_t* mp = f.data(*mask);
-  const uint32_t ms = dtype_size(mask->dtype);
-  for (int64_t i = 0; i < L; ++i) {
-    bool on = false;
-    for (uint32_t b = 0; b < ms; ++b) on = on || mp[uint64_t(i) * ms + b] != 0;
-    if (!on) continue;
-    int64_t id;
-    if (tok->dtype == DType::I64) {
-      std::memcpy(&id, tp + 8 * i, 8);
-    } else {
-      int32_t v;
-      std::memcpy(&v, tp + 4 * i, 4);
-      id = v;
-    }
-    if (id < 0 || id >= d.vocab)
-      return invalid_argument(path + ": '" + kTok + "' holds id " + std::to_string(id) + " at position " +
-                              std::to_string(i) + ", outside the vocabulary [0, " + std::to_string(d.vocab) + ")");
-    obs.tokens.push_back(id);
-  }
-  if (const TensorInfo* st = f.find("observation.state")) {
-    if (st->dtype != DType::F32 || unbatched(st->shape, 1).size() != 1)
-      return shape_mismatch(path + ": 'observation.state' is " + std::string(dtype_name(st->dtype)) + shape_str(st->shape) +
-                            ", expected F32 [S] (optionally [1, S])");
-  }
-  return obs;
+  return read_pi05_observation(path, model.config(), model.dims().channels, nullptr, "", model.dims().vocab);
 }
 
 Result<std::vector<float>> read_pi05_noise(const std::string& path, const Pi05Model& model) {

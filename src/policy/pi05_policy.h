@@ -12,6 +12,7 @@
 #include "backends/cpu/executor.h"
 #include "core/status.h"
 #include "models/pi05_builder.h"
+#include "policy/pi05_observation.h"
 
 namespace vlac {
 
@@ -26,19 +27,8 @@ struct Pi05PolicyOptions {
   bool record_intermediates = false;  // keep every intermediate for --dump-intermediates
 };
 
-/// One observation, checked against the model. Images are float32 CHW in [0, 1] at the
-/// configured resolution; only present cameras (config order) and valid prompt tokens remain.
-struct Pi05Observation {
-  std::vector<std::string> cameras;        // present camera keys, config order
-  std::vector<std::vector<float>> images;  // [C, R, R] per present camera, values in [0, 1]
-  std::vector<int64_t> tokens;             // tokens whose attention mask is true, in order
-};
-
-/// Reads lerobot's observation keys from a safetensors file (tensors with or without a leading
-/// batch dim of 1): observation.images.<cam> (F32 [C,R,R]), observation.language.tokens (I64
-/// [L]), observation.language.attention_mask (BOOL or integer [L]), observation.state
-/// (optional, F32 [S]; unused by the network). A configured camera absent from the file is
-/// masked (dropped). Errors name the file and the key.
+/// The observation of `path` for this model (see policy/pi05_observation.h), without a
+/// processor: pre-tokenized prompts only; token ids checked against the vocabulary.
 Result<Pi05Observation> read_pi05_observation(const std::string& path, const Pi05Model& model);
 
 /// Reads `noise` [chunk_size, max_action_dim] (or [1, H, A]) float32 from a safetensors file.

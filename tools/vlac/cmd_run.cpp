@@ -1,17 +1,21 @@
 // `vlac run POLICY_DIR --obs OBS.safetensors --out OUT.safetensors`: runs a pi0.5 policy folder
-// on the CPU for one observation and writes the normalized action chunk (atomically).
+// on the CPU for one observation and writes the normalized action chunk and, where the folder
+// has lerobot's processor files, the post-processed `action` in robot units (atomically).
 // Phases metered: load, prefix, denoise (and write). No model logic here: see src/policy/.
 #include <sys/stat.h>
 
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <map>
 #include <memory>
 
 #include "command.h"
 #include "core/bytes.h"
 #include "io/safetensors_writer.h"
 #include "policy/pi05_policy.h"
+#include "package/package.h"
+#include "policy/pi05_processor.h"
 
 namespace vlac::cli {
 
@@ -27,9 +31,17 @@ struct RunFlags {
   std::string dtype;  // "", "fp32", "bf16"
   std::string dump_dir;
   int threads = 2;
+  std::string task;       // --task: overrides OBS __metadata__ "task"
+  std::string tokenizer;  // --tokenizer: SentencePiece model (file or folder)
+  std::string mem_budget;  // --mem-budget SIZE (packages)
 };
 
 Status run_policy(const RunFlags& f, MemMeter& meter) {
+  if (has_package_magic(f.policy))  // a compiled .vlac package: src/runtime/
+    return run_package(PackageRunArgs{f.policy, f.obs, f.out, f.noise, f.dtype, f.dump_dir, f.task, f.tokenizer,
+                                      f.mem_budget, f.seed, f.threads},
+                       meter);
+  if (!f.mem_budget.empty()) return invalid_argument("--mem-budget applies to .vlac packages (vlac compile makes one)");
   Pi05PolicyOptions opts;
   if (f.dtype == "fp32") opts.precision = Pi05Precision::Fp32;
   else if (f.dtype == "bf16") opts.precision = Pi05Precision::Bf16;
@@ -44,7 +56,14 @@ Status run_policy(const RunFlags& f, MemMeter& meter) {
   meter.begin_phase("load");
   VLAC_ASSIGN_OR_RETURN(Pi05Policy policy, Pi05Policy::load(f.policy, opts));
   const Pi05Model& model = policy.model();
-  VLAC_ASSIGN_OR_RETURN(Pi05Observation obs, read_pi05_observation(f.obs, model));
+  // lerobot's saved pre/post-processing (none when the folder has no processor files).
+  VLAC_ASSIGN_OR_RETURN(Pi05Processor proc, load_pi05_processor(f.policy));
+  if (!f.tokenizer.empty()) {
+    VLAC_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::from_path(f.tokenizer));
+    proc.set_tokenizer(std::move(tok));
+  }
+  VLAC_ASSIGN_OR_RETURN(Pi05Observation obs, read_pi05_observation(f.obs, model.config(), model.dims().channels, &proc,
+                                                                   f.task, model.dims().vocab));
   const int64_t H = model.config().chunk_size, A = model.dims().max_action_dim;
   std::vector<float> noise;
   if (!f.noise.empty()) {
@@ -62,11 +81,19 @@ Status run_policy(const RunFlags& f, MemMeter& meter) {
   VLAC_RETURN_IF_ERROR(policy.denoise(noise.data(), action.data()));
   const Clock::time_point t3 = Clock::now();
   meter.begin_phase("write");
+  std::vector<float> robot_action;  // [H, D] after the postprocessor, when the folder has one
+  int64_t D = 0;
+  if (proc.has_postprocessor) {
+    VLAC_ASSIGN_OR_RETURN(robot_action, postprocess_pi05_action(action.data(), H, A, model.config(), proc, obs, &D));
+  }
   {
-    VLAC_ASSIGN_OR_RETURN(SafetensorsWriter w, SafetensorsWriter::create(
-                                                   f.out, {{"action_normalized", DType::F32, {H, A}}},
-                                                   {{"producer", "vlac run"}, {"dtype", policy.bf16() ? "bf16" : "fp32"}}));
+    std::vector<TensorSpec> specs{{"action_normalized", DType::F32, {H, A}}};
+    if (!robot_action.empty()) specs.push_back({"action", DType::F32, {H, D}});
+    std::map<std::string, std::string> meta{{"producer", "vlac run"}, {"dtype", policy.bf16() ? "bf16" : "fp32"}};
+    if (!obs.prompt.empty()) meta["prompt"] = obs.prompt;
+    VLAC_ASSIGN_OR_RETURN(SafetensorsWriter w, SafetensorsWriter::create(f.out, specs, meta));
     VLAC_RETURN_IF_ERROR(w.write(action.data(), action.size() * 4));
+    if (!robot_action.empty()) VLAC_RETURN_IF_ERROR(w.write(robot_action.data(), robot_action.size() * 4));
     VLAC_RETURN_IF_ERROR(w.finish());
   }
   if (!f.dump_dir.empty()) {
@@ -79,12 +106,17 @@ Status run_policy(const RunFlags& f, MemMeter& meter) {
   meter.add_extra("dtype", policy.bf16() ? "\"bf16\"" : "\"fp32\"");
   meter.add_extra("prefix_tokens", std::to_string(P));
   meter.add_extra("cameras_present", std::to_string(obs.cameras.size()));
+  meter.add_extra("prompt_tokenized", obs.prompt.empty() ? "false" : "true");
   meter.add_extra("weights_mapped_bytes", std::to_string(policy.weights().mapped_bytes()));
   meter.add_extra("weights_owned_bytes", std::to_string(policy.weights().owned_bytes()));
   meter.add_extra("activation_bytes", std::to_string(policy.activation_bytes()));
   std::printf("vlac run: %s -> %s: action_normalized [%lld, %lld] (%s, %zu of %zu cameras, prefix %lld tokens)\n",
               f.policy.c_str(), f.out.c_str(), (long long)H, (long long)A, policy.bf16() ? "bf16" : "fp32",
               obs.cameras.size(), model.config().cameras.size(), (long long)P);
+  if (!robot_action.empty())
+    std::printf("  action [%lld, %lld] in robot units (lerobot postprocessor%s)\n", (long long)H, (long long)D,
+                proc.absolute_enabled ? ", relative actions made absolute" : "");
+  if (!obs.prompt.empty()) std::printf("  prompt: %zu tokens\n", obs.tokens.size());
   std::printf("  weights: %s mapped in place, %s converted; activations %s\n",
               format_bytes(policy.weights().mapped_bytes()).c_str(), format_bytes(policy.weights().owned_bytes()).c_str(),
               format_bytes(policy.activation_bytes()).c_str());
@@ -98,15 +130,23 @@ Status run_policy(const RunFlags& f, MemMeter& meter) {
 void register_run(CLI::App& app) {
   auto flags = std::make_shared<RunFlags>();
   auto* sub = app.add_subcommand("run", "run a pi0.5 policy folder on one observation (CPU) and write its action chunk");
-  sub->add_option("policy", flags->policy, "policy folder (config.json + model.safetensors)")->required();
+  sub->add_option("policy", flags->policy, "policy folder (config.json + model.safetensors) or a .vlac package")->required();
   sub->add_option("--obs", flags->obs, "observation safetensors (lerobot keys)")->required();
-  sub->add_option("--out", flags->out, "output safetensors: action_normalized [chunk_size, max_action_dim]")->required();
+  sub->add_option("--out", flags->out,
+                  "output safetensors: action_normalized [chunk_size, max_action_dim] and, with lerobot's "
+                  "processor files in the folder, action [chunk_size, action_dim] in robot units")
+      ->required();
   sub->add_option("--noise", flags->noise, "safetensors with 'noise' [chunk_size, max_action_dim] float32");
   sub->add_option("--seed", flags->seed, "seed of the Gaussian noise when --noise is not given (default 0)");
   sub->add_option("--dtype", flags->dtype, "weight precision: fp32 or bf16 (default: the config's dtype)");
   sub->add_option("--dump-intermediates", flags->dump_dir,
                   "write DIR/intermediates.safetensors (names as lerobot's fixtures)");
   sub->add_option("--threads", flags->threads, "BLAS threads (default 2)");
+  sub->add_option("--mem-budget", flags->mem_budget,
+                  "packages: keep mapped weights + activations under SIZE (e.g. 2GiB) by streaming engines");
+  sub->add_option("--task", flags->task, "task sentence for the prompt (default: OBS __metadata__ 'task')");
+  sub->add_option("--tokenizer", flags->tokenizer,
+                  "SentencePiece tokenizer.model (or a folder holding it); default: POLICY/tokenizer/");
   add_common_options(sub, &flags->common);
   sub->callback([flags] { run_command("run", flags->common, [&](MemMeter& m) { return run_policy(*flags, m); }); });
 }
