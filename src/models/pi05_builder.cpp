@@ -52,6 +52,14 @@ float Pi05EulerSpec::time(int64_t k) const {
 
 Result<Pi05Config> parse_pi05_config(const std::string& path) {
   VLAC_ASSIGN_OR_RETURN(nlohmann::json c, read_json_file(path));
+  (void)c;  // read_json_file checked size, UTF-8 and syntax with file-level messages
+  VLAC_ASSIGN_OR_RETURN(MappedFile map, MappedFile::open(path));
+  return parse_pi05_config_text(std::string_view(reinterpret_cast<const char*>(map.data()), map.size()), path);
+}
+
+Result<Pi05Config> parse_pi05_config_text(std::string_view text, const std::string& path) {
+  nlohmann::json c = nlohmann::json::parse(text.begin(), text.end(), nullptr, false);
+  if (c.is_discarded()) return invalid_format(path + ": invalid JSON");
   if (!c.is_object()) return invalid_format(path + ": config is not a JSON object");
   Pi05Config cfg;
   if (auto it = c.find("type"); it != c.end() && it->is_string() && it->get<std::string>() != "pi05")
@@ -117,8 +125,7 @@ Result<Pi05Config> parse_pi05_config(const std::string& path) {
                           " is larger than max_action_dim " + std::to_string(cfg.max_action_dim));
   // Camera order is the order of input_features in the file: parse it again keeping order.
   {
-    VLAC_ASSIGN_OR_RETURN(MappedFile map, MappedFile::open(path));
-    auto oj = nlohmann::ordered_json::parse(map.data(), map.data() + map.size(), nullptr, false);
+    auto oj = nlohmann::ordered_json::parse(text.begin(), text.end(), nullptr, false);
     if (oj.is_discarded() || !oj.is_object()) return invalid_format(path + ": invalid JSON");
     auto it = oj.find("input_features");
     if (it != oj.end() && !it->is_null()) {
@@ -332,6 +339,12 @@ bool Pi05Model::lerobot_bf16_weight(const std::string& name) {
   return true;
 }
 
+DType Pi05Model::run_dtype(const ir::WeightRef& r, bool bf16) {
+  const bool table = r.name.find("embed_tokens") != std::string::npos || r.name.find("lm_head") != std::string::npos;
+  if (table && (r.dtype == DType::F32 || r.dtype == DType::BF16)) return r.dtype;
+  return bf16 && lerobot_bf16_weight(r.name) && r.shape.size() == 2 ? DType::BF16 : DType::F32;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Graphs
 
@@ -350,92 +363,86 @@ struct G {
 
 }  // namespace
 
-Result<Pi05Graph> Pi05Model::build_prefix(const Pi05PrefixShape& shape, bool debug) const {
+Result<ValueId> Pi05Model::add_vision(ir::Graph& g, Binder& w, ValueId img, const std::string& tag,
+                                      const std::string& proj_tag,
+                                      std::vector<std::pair<std::string, ValueId>>* debug_out,
+                                      const std::string& cam) const {
   const Pi05Dims& d = dims_;
-  Pi05Graph out;
-  ir::Graph& g = out.graph;
-  Binder w(*this, &g);
   G b{g};
-  if (shape.cameras.empty()) return invalid_argument("pi0.5 prefix: at least one camera must be present");
-  if (shape.n_text < 0) return invalid_argument("pi0.5 prefix: negative token count");
-  const int64_t V = d.vision_width, W = d.lm_width, hd = d.head_dim;
-  const int64_t P = int64_t(shape.cameras.size()) * n_img_ + shape.n_text;
+  const int64_t V = d.vision_width, W = d.lm_width;
   auto vm = [&](const std::string& s) { return vision_root_ + s; };
-
-  ValueId pos = g.add_input(kPi05InPrefixPos, ValueInfo{DType::I64, {P}});
-  std::vector<ValueId> pieces;
-  for (const std::string& cam : shape.cameras) {
-    ValueId img = g.add_input(pi05_image_input(cam), ValueInfo{DType::F32, {d.channels, d.image_size, d.image_size}});
-    const std::string tag = "vision[" + cam + "]";
-    VLAC_ASSIGN_OR_RETURN(ValueId pw, w.get(vm("embeddings.patch_embedding.weight"), {V, d.channels, d.patch_size, d.patch_size}));
-    VLAC_ASSIGN_OR_RETURN(ValueId pb, w.get(vm("embeddings.patch_embedding.bias"), {V}));
-    VLAC_ASSIGN_OR_RETURN(ValueId pe, w.get(vm("embeddings.position_embedding.weight"), {n_img_, V}));
-    VLAC_ASSIGN_OR_RETURN(ValueId h, b.op(OpKind::PatchEmbed, {img, pw, pb}, {}, tag + ".patch_embed"));
-    VLAC_ASSIGN_OR_RETURN(h, b.op(OpKind::Add, {h, pe}, {}, tag + ".pos_embed"));
-    const int64_t vh = d.vision_heads, vhd = V / vh;
-    for (int64_t l = 0; l < d.vision_depth; ++l) {
-      const std::string p = "encoder.layers." + std::to_string(l) + ".";
-      const std::string t = tag + "." + std::to_string(l) + ".";
-      VLAC_ASSIGN_OR_RETURN(ValueId n1w, w.get(vm(p + "layer_norm1.weight"), {V}));
-      VLAC_ASSIGN_OR_RETURN(ValueId n1b, w.get(vm(p + "layer_norm1.bias"), {V}));
-      VLAC_ASSIGN_OR_RETURN(ValueId u, b.op(OpKind::LayerNorm, {h, n1w, n1b}, Attrs{{"eps", kNormEps}}, t + "ln1"));
-      ValueId qkv[3];
-      const char* names[3] = {"q_proj", "k_proj", "v_proj"};
-      for (int i = 0; i < 3; ++i) {
-        VLAC_ASSIGN_OR_RETURN(ValueId pw2, w.get(vm(p + "self_attn." + names[i] + ".weight"), {V, V}));
-        VLAC_ASSIGN_OR_RETURN(ValueId pb2, w.get(vm(p + "self_attn." + names[i] + ".bias"), {V}));
-        VLAC_ASSIGN_OR_RETURN(ValueId y, b.op(OpKind::Linear, {u, pw2, pb2}, {}, t + names[i]));
-        VLAC_ASSIGN_OR_RETURN(qkv[i], b.reshape(y, {n_img_, vh, vhd}, t + names[i] + ".heads"));
-      }
-      VLAC_ASSIGN_OR_RETURN(ValueId a, b.op(OpKind::Attention, {qkv[0], qkv[1], qkv[2]},
-                                            Attrs{{"scale", 1.0 / std::sqrt(double(vhd))}}, t + "attention"));
-      VLAC_ASSIGN_OR_RETURN(a, b.reshape(a, {n_img_, V}, t + "attention.merge"));
-      VLAC_ASSIGN_OR_RETURN(ValueId ow, w.get(vm(p + "self_attn.out_proj.weight"), {V, V}));
-      VLAC_ASSIGN_OR_RETURN(ValueId ob, w.get(vm(p + "self_attn.out_proj.bias"), {V}));
-      VLAC_ASSIGN_OR_RETURN(a, b.op(OpKind::Linear, {a, ow, ob}, {}, t + "out_proj"));
-      VLAC_ASSIGN_OR_RETURN(h, b.op(OpKind::Add, {h, a}, {}, t + "residual1"));
-      VLAC_ASSIGN_OR_RETURN(ValueId n2w, w.get(vm(p + "layer_norm2.weight"), {V}));
-      VLAC_ASSIGN_OR_RETURN(ValueId n2b, w.get(vm(p + "layer_norm2.bias"), {V}));
-      VLAC_ASSIGN_OR_RETURN(u, b.op(OpKind::LayerNorm, {h, n2w, n2b}, Attrs{{"eps", kNormEps}}, t + "ln2"));
-      VLAC_ASSIGN_OR_RETURN(ValueId f1w, w.get(vm(p + "mlp.fc1.weight"), {d.vision_mlp, V}));
-      VLAC_ASSIGN_OR_RETURN(ValueId f1b, w.get(vm(p + "mlp.fc1.bias"), {d.vision_mlp}));
-      VLAC_ASSIGN_OR_RETURN(ValueId f2w, w.get(vm(p + "mlp.fc2.weight"), {V, d.vision_mlp}));
-      VLAC_ASSIGN_OR_RETURN(ValueId f2b, w.get(vm(p + "mlp.fc2.bias"), {V}));
-      VLAC_ASSIGN_OR_RETURN(ValueId f, b.op(OpKind::Linear, {u, f1w, f1b}, {}, t + "fc1"));
-      VLAC_ASSIGN_OR_RETURN(f, b.op(OpKind::GeluTanh, {f}, {}, t + "gelu"));
-      VLAC_ASSIGN_OR_RETURN(f, b.op(OpKind::Linear, {f, f2w, f2b}, {}, t + "fc2"));
-      VLAC_ASSIGN_OR_RETURN(h, b.op(OpKind::Add, {h, f}, {}, t + "residual2"));
+  VLAC_ASSIGN_OR_RETURN(ValueId pw, w.get(vm("embeddings.patch_embedding.weight"), {V, d.channels, d.patch_size, d.patch_size}));
+  VLAC_ASSIGN_OR_RETURN(ValueId pb, w.get(vm("embeddings.patch_embedding.bias"), {V}));
+  VLAC_ASSIGN_OR_RETURN(ValueId pe, w.get(vm("embeddings.position_embedding.weight"), {n_img_, V}));
+  VLAC_ASSIGN_OR_RETURN(ValueId h, b.op(OpKind::PatchEmbed, {img, pw, pb}, {}, tag + ".patch_embed"));
+  VLAC_ASSIGN_OR_RETURN(h, b.op(OpKind::Add, {h, pe}, {}, tag + ".pos_embed"));
+  const int64_t vh = d.vision_heads, vhd = V / vh;
+  for (int64_t l = 0; l < d.vision_depth; ++l) {
+    const std::string p = "encoder.layers." + std::to_string(l) + ".";
+    const std::string t = tag + "." + std::to_string(l) + ".";
+    VLAC_ASSIGN_OR_RETURN(ValueId n1w, w.get(vm(p + "layer_norm1.weight"), {V}));
+    VLAC_ASSIGN_OR_RETURN(ValueId n1b, w.get(vm(p + "layer_norm1.bias"), {V}));
+    VLAC_ASSIGN_OR_RETURN(ValueId u, b.op(OpKind::LayerNorm, {h, n1w, n1b}, Attrs{{"eps", kNormEps}}, t + "ln1"));
+    ValueId qkv[3];
+    const char* names[3] = {"q_proj", "k_proj", "v_proj"};
+    for (int i = 0; i < 3; ++i) {
+      VLAC_ASSIGN_OR_RETURN(ValueId pw2, w.get(vm(p + "self_attn." + names[i] + ".weight"), {V, V}));
+      VLAC_ASSIGN_OR_RETURN(ValueId pb2, w.get(vm(p + "self_attn." + names[i] + ".bias"), {V}));
+      VLAC_ASSIGN_OR_RETURN(ValueId y, b.op(OpKind::Linear, {u, pw2, pb2}, {}, t + names[i]));
+      VLAC_ASSIGN_OR_RETURN(qkv[i], b.reshape(y, {n_img_, vh, vhd}, t + names[i] + ".heads"));
     }
-    VLAC_ASSIGN_OR_RETURN(ValueId plw, w.get(vm("post_layernorm.weight"), {V}));
-    VLAC_ASSIGN_OR_RETURN(ValueId plb, w.get(vm("post_layernorm.bias"), {V}));
-    VLAC_ASSIGN_OR_RETURN(h, b.op(OpKind::LayerNorm, {h, plw, plb}, Attrs{{"eps", kNormEps}}, tag + ".post_layernorm"));
-    if (debug) out.outputs.emplace_back("vision_out." + cam, h);
-    VLAC_ASSIGN_OR_RETURN(ValueId jw, w.get(kPg + "multi_modal_projector.linear.weight", {W, V}));
-    VLAC_ASSIGN_OR_RETURN(ValueId jb, w.get(kPg + "multi_modal_projector.linear.bias", {W}));
-    VLAC_ASSIGN_OR_RETURN(ValueId tok, b.op(OpKind::Linear, {h, jw, jb}, {}, "projector[" + cam + "]"));
-    if (debug) out.outputs.emplace_back("image_tokens." + cam, tok);
-    pieces.push_back(tok);
+    VLAC_ASSIGN_OR_RETURN(ValueId a, b.op(OpKind::Attention, {qkv[0], qkv[1], qkv[2]},
+                                          Attrs{{"scale", 1.0 / std::sqrt(double(vhd))}}, t + "attention"));
+    VLAC_ASSIGN_OR_RETURN(a, b.reshape(a, {n_img_, V}, t + "attention.merge"));
+    VLAC_ASSIGN_OR_RETURN(ValueId ow, w.get(vm(p + "self_attn.out_proj.weight"), {V, V}));
+    VLAC_ASSIGN_OR_RETURN(ValueId ob, w.get(vm(p + "self_attn.out_proj.bias"), {V}));
+    VLAC_ASSIGN_OR_RETURN(a, b.op(OpKind::Linear, {a, ow, ob}, {}, t + "out_proj"));
+    VLAC_ASSIGN_OR_RETURN(h, b.op(OpKind::Add, {h, a}, {}, t + "residual1"));
+    VLAC_ASSIGN_OR_RETURN(ValueId n2w, w.get(vm(p + "layer_norm2.weight"), {V}));
+    VLAC_ASSIGN_OR_RETURN(ValueId n2b, w.get(vm(p + "layer_norm2.bias"), {V}));
+    VLAC_ASSIGN_OR_RETURN(u, b.op(OpKind::LayerNorm, {h, n2w, n2b}, Attrs{{"eps", kNormEps}}, t + "ln2"));
+    VLAC_ASSIGN_OR_RETURN(ValueId f1w, w.get(vm(p + "mlp.fc1.weight"), {d.vision_mlp, V}));
+    VLAC_ASSIGN_OR_RETURN(ValueId f1b, w.get(vm(p + "mlp.fc1.bias"), {d.vision_mlp}));
+    VLAC_ASSIGN_OR_RETURN(ValueId f2w, w.get(vm(p + "mlp.fc2.weight"), {V, d.vision_mlp}));
+    VLAC_ASSIGN_OR_RETURN(ValueId f2b, w.get(vm(p + "mlp.fc2.bias"), {V}));
+    VLAC_ASSIGN_OR_RETURN(ValueId f, b.op(OpKind::Linear, {u, f1w, f1b}, {}, t + "fc1"));
+    VLAC_ASSIGN_OR_RETURN(f, b.op(OpKind::GeluTanh, {f}, {}, t + "gelu"));
+    VLAC_ASSIGN_OR_RETURN(f, b.op(OpKind::Linear, {f, f2w, f2b}, {}, t + "fc2"));
+    VLAC_ASSIGN_OR_RETURN(h, b.op(OpKind::Add, {h, f}, {}, t + "residual2"));
   }
-  if (shape.n_text > 0) {
-    ValueId ids = g.add_input(kPi05InTokens, ValueInfo{DType::I64, {shape.n_text}});
-    VLAC_ASSIGN_OR_RETURN(ValueId table, w.get(embed_name_, {d.vocab, W}));
-    // transformers' GemmaTextScaledWordEmbedding: sqrt(W) held as a float32 tensor, cast to the
-    // table's dtype (attr round_scale_to_table: the executor rounds it to the run dtype).
-    const double scale = double(float(std::sqrt(double(W))));
-    VLAC_ASSIGN_OR_RETURN(ValueId te, b.op(OpKind::Embedding, {table, ids},
-                                           Attrs{{"scale", scale}, {"round_scale_to_table", int64_t{1}}},
-                                           "text_embed"));
-    if (g.info(te).dtype != DType::F32) {  // a bf16/f16 table gives rows in its dtype
-      VLAC_ASSIGN_OR_RETURN(te, b.op(OpKind::Cast, {te}, Attrs{{"dtype", std::string("F32")}}, "text_embed.f32"));
-    }
-    pieces.push_back(te);
-  }
-  ValueId h = pieces[0];
-  if (pieces.size() > 1) {
-    VLAC_ASSIGN_OR_RETURN(h, b.op(OpKind::Concat, pieces, Attrs{{"axis", int64_t{0}}}, "prefix.embeddings"));
-  }
-  if (debug) out.outputs.emplace_back("prefix.embeddings", h);
+  VLAC_ASSIGN_OR_RETURN(ValueId plw, w.get(vm("post_layernorm.weight"), {V}));
+  VLAC_ASSIGN_OR_RETURN(ValueId plb, w.get(vm("post_layernorm.bias"), {V}));
+  VLAC_ASSIGN_OR_RETURN(h, b.op(OpKind::LayerNorm, {h, plw, plb}, Attrs{{"eps", kNormEps}}, tag + ".post_layernorm"));
+  if (debug_out) debug_out->emplace_back("vision_out." + cam, h);
+  VLAC_ASSIGN_OR_RETURN(ValueId jw, w.get(kPg + "multi_modal_projector.linear.weight", {W, V}));
+  VLAC_ASSIGN_OR_RETURN(ValueId jb, w.get(kPg + "multi_modal_projector.linear.bias", {W}));
+  VLAC_ASSIGN_OR_RETURN(ValueId tok, b.op(OpKind::Linear, {h, jw, jb}, {}, proj_tag));
+  if (debug_out) debug_out->emplace_back("image_tokens." + cam, tok);
+  return tok;
+}
 
+Result<ValueId> Pi05Model::add_text_embed(ir::Graph& g, Binder& w, ValueId ids) const {
+  const Pi05Dims& d = dims_;
+  G b{g};
+  const int64_t W = d.lm_width;
+  VLAC_ASSIGN_OR_RETURN(ValueId table, w.get(embed_name_, {d.vocab, W}));
+  // transformers' GemmaTextScaledWordEmbedding: sqrt(W) held as a float32 tensor, cast to the
+  // table's dtype (attr round_scale_to_table: the executor rounds it to the run dtype).
+  const double scale = double(float(std::sqrt(double(W))));
+  VLAC_ASSIGN_OR_RETURN(ValueId te, b.op(OpKind::Embedding, {table, ids},
+                                         Attrs{{"scale", scale}, {"round_scale_to_table", int64_t{1}}},
+                                         "text_embed"));
+  if (g.info(te).dtype != DType::F32) {  // a bf16/f16 table gives rows in its dtype
+    VLAC_ASSIGN_OR_RETURN(te, b.op(OpKind::Cast, {te}, Attrs{{"dtype", std::string("F32")}}, "text_embed.f32"));
+  }
+  return te;
+}
+
+Status Pi05Model::add_lm(ir::Graph& g, Binder& w, ValueId h, ValueId pos,
+                         std::vector<std::pair<std::string, ValueId>>* outs, bool debug) const {
+  const Pi05Dims& d = dims_;
+  G b{g};
+  const int64_t W = d.lm_width, hd = d.head_dim;
   const int64_t nh = d.lm_heads, attn = nh * hd;
   for (int64_t l = 0; l < d.lm_depth; ++l) {
     const std::string p = kLm + "layers." + std::to_string(l) + ".";
@@ -446,21 +453,21 @@ Result<Pi05Graph> Pi05Model::build_prefix(const Pi05PrefixShape& shape, bool deb
     VLAC_ASSIGN_OR_RETURN(ValueId kw, w.get(p + "self_attn.k_proj.weight", {hd, W}));
     VLAC_ASSIGN_OR_RETURN(ValueId vw, w.get(p + "self_attn.v_proj.weight", {hd, W}));
     VLAC_ASSIGN_OR_RETURN(ValueId k, b.op(OpKind::Linear, {u, kw}, {}, t + "k_proj"));
-    VLAC_ASSIGN_OR_RETURN(k, b.reshape(k, {P, 1, hd}, t + "k.heads"));
+    VLAC_ASSIGN_OR_RETURN(k, b.reshape(k, {-1, 1, hd}, t + "k.heads"));
     VLAC_ASSIGN_OR_RETURN(k, b.op(OpKind::RoPE, {k, pos}, Attrs{{"base", kRopeBase}}, t + "k.rope"));
     VLAC_ASSIGN_OR_RETURN(ValueId v, b.op(OpKind::Linear, {u, vw}, {}, t + "v_proj"));
-    VLAC_ASSIGN_OR_RETURN(v, b.reshape(v, {P, 1, hd}, t + "v.heads"));
-    out.outputs.emplace_back("prefix.k." + std::to_string(l), k);
-    out.outputs.emplace_back("prefix.v." + std::to_string(l), v);
+    VLAC_ASSIGN_OR_RETURN(v, b.reshape(v, {-1, 1, hd}, t + "v.heads"));
+    outs->emplace_back("prefix.k." + std::to_string(l), k);
+    outs->emplace_back("prefix.v." + std::to_string(l), v);
     if (last) break;  // the last layer's hidden state is never read
     VLAC_ASSIGN_OR_RETURN(ValueId qw, w.get(p + "self_attn.q_proj.weight", {attn, W}));
     VLAC_ASSIGN_OR_RETURN(ValueId ow, w.get(p + "self_attn.o_proj.weight", {W, attn}));
     VLAC_ASSIGN_OR_RETURN(ValueId q, b.op(OpKind::Linear, {u, qw}, {}, t + "q_proj"));
-    VLAC_ASSIGN_OR_RETURN(q, b.reshape(q, {P, nh, hd}, t + "q.heads"));
+    VLAC_ASSIGN_OR_RETURN(q, b.reshape(q, {-1, nh, hd}, t + "q.heads"));
     VLAC_ASSIGN_OR_RETURN(q, b.op(OpKind::RoPE, {q, pos}, Attrs{{"base", kRopeBase}}, t + "q.rope"));
     VLAC_ASSIGN_OR_RETURN(ValueId a, b.op(OpKind::Attention, {q, k, v},
                                           Attrs{{"scale", 1.0 / std::sqrt(double(hd))}}, t + "attention"));
-    VLAC_ASSIGN_OR_RETURN(a, b.reshape(a, {P, attn}, t + "attention.merge"));
+    VLAC_ASSIGN_OR_RETURN(a, b.reshape(a, {-1, attn}, t + "attention.merge"));
     VLAC_ASSIGN_OR_RETURN(a, b.op(OpKind::Linear, {a, ow}, {}, t + "o_proj"));
     VLAC_ASSIGN_OR_RETURN(h, b.op(OpKind::Add, {h, a}, {}, t + "residual1"));
     VLAC_ASSIGN_OR_RETURN(ValueId pw, w.get(p + "post_attention_layernorm.weight", {W}));
@@ -473,8 +480,80 @@ Result<Pi05Graph> Pi05Model::build_prefix(const Pi05PrefixShape& shape, bool deb
     VLAC_ASSIGN_OR_RETURN(ValueId m, b.op(OpKind::GeGLU, {gt, up}, {}, t + "geglu"));
     VLAC_ASSIGN_OR_RETURN(m, b.op(OpKind::Linear, {m, dw}, {}, t + "down_proj"));
     VLAC_ASSIGN_OR_RETURN(h, b.op(OpKind::Add, {h, m}, {}, t + "residual2"));
-    if (debug) out.outputs.emplace_back("prefix_hidden." + std::to_string(l), h);
+    if (debug) outs->emplace_back("prefix_hidden." + std::to_string(l), h);
   }
+  return Status::ok();
+}
+
+Result<Pi05Graph> Pi05Model::build_vision() const {
+  const Pi05Dims& d = dims_;
+  Pi05Graph out;
+  ir::Graph& g = out.graph;
+  Binder w(*this, &g);
+  ValueId img = g.add_input(kPi05InImage, ValueInfo{DType::F32, {d.channels, d.image_size, d.image_size}});
+  VLAC_ASSIGN_OR_RETURN(ValueId tok, add_vision(g, w, img, "vision", "projector", nullptr, ""));
+  out.outputs.emplace_back(kPi05OutImageTokens, tok);
+  g.mark_output(tok);
+  VLAC_RETURN_IF_ERROR(ir::verify(g));
+  return out;
+}
+
+Result<Pi05Graph> Pi05Model::build_text_embed(int64_t n_text) const {
+  if (n_text < 1) return invalid_argument("pi0.5 text embedding: at least one token");
+  Pi05Graph out;
+  ir::Graph& g = out.graph;
+  Binder w(*this, &g);
+  ValueId ids = g.add_input(kPi05InTokens, ValueInfo{DType::I64, {n_text}});
+  VLAC_ASSIGN_OR_RETURN(ValueId te, add_text_embed(g, w, ids));
+  out.outputs.emplace_back(kPi05OutTextEmbeddings, te);
+  g.mark_output(te);
+  VLAC_RETURN_IF_ERROR(ir::verify(g));
+  return out;
+}
+
+Result<Pi05Graph> Pi05Model::build_lm(int64_t prefix_len) const {
+  if (prefix_len < 1) return invalid_argument("pi0.5 language model: empty prefix");
+  Pi05Graph out;
+  ir::Graph& g = out.graph;
+  Binder w(*this, &g);
+  ValueId h = g.add_input(kPi05InPrefixEmbeddings, ValueInfo{DType::F32, {prefix_len, dims_.lm_width}});
+  ValueId pos = g.add_input(kPi05InPrefixPos, ValueInfo{DType::I64, {prefix_len}});
+  VLAC_RETURN_IF_ERROR(add_lm(g, w, h, pos, &out.outputs, false));
+  for (const auto& [name, v] : out.outputs) g.mark_output(v);
+  VLAC_RETURN_IF_ERROR(ir::verify(g));
+  return out;
+}
+
+Result<Pi05Graph> Pi05Model::build_prefix(const Pi05PrefixShape& shape, bool debug) const {
+  const Pi05Dims& d = dims_;
+  Pi05Graph out;
+  ir::Graph& g = out.graph;
+  Binder w(*this, &g);
+  G b{g};
+  if (shape.cameras.empty()) return invalid_argument("pi0.5 prefix: at least one camera must be present");
+  if (shape.n_text < 0) return invalid_argument("pi0.5 prefix: negative token count");
+  const int64_t P = int64_t(shape.cameras.size()) * n_img_ + shape.n_text;
+
+  ValueId pos = g.add_input(kPi05InPrefixPos, ValueInfo{DType::I64, {P}});
+  std::vector<ValueId> pieces;
+  for (const std::string& cam : shape.cameras) {
+    ValueId img = g.add_input(pi05_image_input(cam), ValueInfo{DType::F32, {d.channels, d.image_size, d.image_size}});
+    VLAC_ASSIGN_OR_RETURN(ValueId tok, add_vision(g, w, img, "vision[" + cam + "]", "projector[" + cam + "]",
+                                                  debug ? &out.outputs : nullptr, cam));
+    pieces.push_back(tok);
+  }
+  if (shape.n_text > 0) {
+    ValueId ids = g.add_input(kPi05InTokens, ValueInfo{DType::I64, {shape.n_text}});
+    VLAC_ASSIGN_OR_RETURN(ValueId te, add_text_embed(g, w, ids));
+    pieces.push_back(te);
+  }
+  ValueId h = pieces[0];
+  if (pieces.size() > 1) {
+    VLAC_ASSIGN_OR_RETURN(h, b.op(OpKind::Concat, pieces, Attrs{{"axis", int64_t{0}}}, "prefix.embeddings"));
+  }
+  if (debug) out.outputs.emplace_back("prefix.embeddings", h);
+
+  VLAC_RETURN_IF_ERROR(add_lm(g, w, h, pos, &out.outputs, debug));
   for (const auto& [name, v] : out.outputs) g.mark_output(v);
   VLAC_RETURN_IF_ERROR(ir::verify(g));
   return out;

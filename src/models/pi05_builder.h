@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -39,6 +40,8 @@ struct Pi05Config {
 /// Parses config.json (`path` names it in errors). Unknown keys are ignored; features vlac
 /// cannot honour (use_visual_memory, use_proprioceptive_memory, rtc_config) are Unsupported.
 Result<Pi05Config> parse_pi05_config(const std::string& path);
+/// The same from the file's text (e.g. a copy stored in a .vlac package); `path` names it.
+Result<Pi05Config> parse_pi05_config_text(std::string_view text, const std::string& path);
 
 /// The shape of one observation's compact prefix: the cameras present (config order) and the
 /// number of valid (unpadded) prompt tokens. Masked cameras and padding are dropped.
@@ -69,6 +72,12 @@ inline constexpr const char* kPi05InPrefixPos = "prefix.positions";    // i64[P]
 inline constexpr const char* kPi05InX = "x";                           // f32[H, A]
 inline constexpr const char* kPi05InTime = "t";                        // f32[1]
 inline constexpr const char* kPi05InSuffixPos = "suffix.positions";    // i64[H]
+/// Stage graphs (what `vlac compile` partitions into engines): one camera's vision tower +
+/// projector, the text embedding, the Gemma prefix layers over ready embeddings.
+inline constexpr const char* kPi05InImage = "image";                       // f32[C, R, R] in [-1, 1]
+inline constexpr const char* kPi05OutImageTokens = "image_tokens";         // f32[n_img, W]
+inline constexpr const char* kPi05OutTextEmbeddings = "text_embeddings";   // f32[n_text, W]
+inline constexpr const char* kPi05InPrefixEmbeddings = "prefix.embeddings";  // f32[P, W]
 /// "image.<observation key>": f32[C, R, R] in [-1, 1].
 std::string pi05_image_input(const std::string& camera_key);
 
@@ -98,6 +107,13 @@ class Pi05Model {
   /// prefix.k.<l>, prefix.v.<l>; outputs velocity [H, A] and x_next = x + dt·velocity. With
   /// `debug`, also cond, action_tokens and expert_hidden.<l>.
   Result<Pi05Graph> build_step(int64_t prefix_len, bool debug = false) const;
+  /// Stage graphs: the same arithmetic as build_prefix, cut where the runtime assembles the
+  /// prefix (images of the present cameras, then the valid tokens). build_lm's reshapes use -1,
+  /// so ir::respecialize can give it any prefix length; build_text_embed likewise any count.
+  Result<Pi05Graph> build_vision() const;
+  Result<Pi05Graph> build_text_embed(int64_t n_text) const;
+  Result<Pi05Graph> build_lm(int64_t prefix_len) const;
+
   /// The prefix shape with every configured camera and all tokenizer_max_length tokens
   /// (what `vlac inspect --graph` shows).
   Pi05PrefixShape nominal_prefix() const;
@@ -106,11 +122,22 @@ class Pi05Model {
   /// paligemma_with_expert except the vision tower, the projector and the norm weights /
   /// adaRMS denses); the flow-matching heads stay fp32.
   static bool lerobot_bf16_weight(const std::string& name);
+  /// The dtype the CPU backend runs weight `ref` in (F32 or BF16), folder and package alike:
+  /// the embedding table as stored (F32 or BF16: only looked-up rows are ever touched), else
+  /// BF16 for lerobot's bf16 matrices when `bf16`, else F32.
+  static DType run_dtype(const ir::WeightRef& ref, bool bf16);
 
  private:
   Pi05Model() = default;
   class Binder;
   Status derive_dims();
+  Result<ir::ValueId> add_vision(ir::Graph& g, Binder& w, ir::ValueId img, const std::string& tag,
+                                 const std::string& proj_tag,
+                                 std::vector<std::pair<std::string, ir::ValueId>>* debug_out,
+                                 const std::string& cam) const;
+  Result<ir::ValueId> add_text_embed(ir::Graph& g, Binder& w, ir::ValueId ids) const;
+  Status add_lm(ir::Graph& g, Binder& w, ir::ValueId h, ir::ValueId pos,
+                std::vector<std::pair<std::string, ir::ValueId>>* outs, bool debug) const;
   std::string config_path() const;
 
   std::string dir_;

@@ -37,5 +37,6 @@ void register_mem_oom(CLI::App& mem);
 void register_mem_plan(CLI::App& mem);
 void register_mem_snapshot(CLI::App& mem);
 void register_run(CLI::App& app);
+void register_compile(CLI::App& app);
 
 }  // namespace vlac::cli

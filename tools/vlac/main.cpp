@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   vlac::cli::register_convert(app);
   vlac::cli::register_demo(app);
   vlac::cli::register_mem(app);
+  vlac::cli::register_compile(app);
   vlac::cli::register_run(app);
   try {
     app.parse(argc, argv);

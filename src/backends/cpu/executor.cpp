@@ -244,7 +244,10 @@ Status Executor::plan(const CpuWeights& weights) {
         return unsupported(label(n) + ": weight input " + std::to_string(i) + " must run in f32");
   }
   scratch_floats_ = scratch;
-  scratch_.reset(new float[size_t(scratch)]);
+  if (!options_.shared_memory) {
+    scratch_.reset(new float[size_t(scratch)]);
+    scratch_ptr_ = scratch_.get();
+  }
 
   // Inputs: owned buffers, one block.
   std::vector<uint64_t> in_off;
@@ -252,12 +255,14 @@ Status Executor::plan(const CpuWeights& weights) {
     in_off.push_back(input_bytes_);
     input_bytes_ += align_up(g.info(v).bytes());
   }
+  if (options_.shared_memory) input_bytes_ = 0;  // the caller binds every input
   inputs_.reset(new uint8_t[std::max<uint64_t>(input_bytes_, kAlign)]);
   std::memset(inputs_.get(), 0, std::max<uint64_t>(input_bytes_, kAlign));
   owned_input_ptr_.clear();
   for (size_t i = 0; i < g.inputs().size(); ++i) {
-    owned_input_ptr_.push_back(inputs_.get() + in_off[i]);
-    ptr_[size_t(g.inputs()[i])] = inputs_.get() + in_off[i];
+    uint8_t* p = options_.shared_memory ? nullptr : inputs_.get() + in_off[i];
+    owned_input_ptr_.push_back(p);
+    ptr_[size_t(g.inputs()[i])] = p;
   }
   // Constants: their own storage (filled now).
   {
@@ -316,9 +321,18 @@ Status Executor::plan(const CpuWeights& weights) {
     arena_bytes_ = std::max(arena_bytes_, off + b.bytes);
     placed.push_back(bi);
   }
-  arena_.reset(new uint8_t[std::max<uint64_t>(arena_bytes_, kAlign)]);
-  for (const Block& b : blocks) ptr_[size_t(b.v)] = arena_.get() + b.off;
+  arena_blocks_.clear();
+  for (const Block& b : blocks) arena_blocks_.emplace_back(b.v, b.off);
+  if (!options_.shared_memory) {
+    arena_.reset(new uint8_t[std::max<uint64_t>(arena_bytes_, kAlign)]);
+    set_memory(arena_.get(), scratch_.get());
+  }
   return Status::ok();
+}
+
+void Executor::set_memory(uint8_t* arena, float* scratch) {
+  for (const auto& [v, off] : arena_blocks_) ptr_[size_t(v)] = arena + off;
+  scratch_ptr_ = scratch;
 }
 
 int Executor::input_index(std::string_view name) const {
@@ -360,7 +374,7 @@ Status Executor::run_node(const Node& n) {
       const int64_t k = w.shape[1], nn = w.shape[0], m = x.numel() / k;
       const float* b = n.inputs.size() == 3 ? f(2) : nullptr;
       if (weight_dtype_[size_t(root_[size_t(n.inputs[1])])] == DType::BF16)
-        linear_bf16(f(0), static_cast<const uint16_t*>(ptr(n.inputs[1])), b, out, m, k, nn, scratch_.get(),
+        linear_bf16(f(0), static_cast<const uint16_t*>(ptr(n.inputs[1])), b, out, m, k, nn, scratch_ptr_,
                     scratch_floats_);
       else
         linear_f32(f(0), f(1), b, out, m, k, nn);
@@ -433,13 +447,13 @@ Status Executor::run_node(const Node& n) {
       }
       const double def_scale = 1.0 / std::sqrt(double(q[2]));
       attention(f(0), f(1), f(2), mask, out, q[0], q[1], k[1], k[0], q[2], v[2],
-                float(n.attrs.get_float("scale", def_scale)), scratch_.get(), scratch_floats_);
+                float(n.attrs.get_float("scale", def_scale)), scratch_ptr_, scratch_floats_);
       return Status::ok();
     }
     case OpKind::PatchEmbed: {
       const auto& w = info(n.inputs[1]).shape;
       patch_embed(f(0), f(1), n.inputs.size() == 3 ? f(2) : nullptr, out, x.shape[0], x.shape[1], x.shape[2], w[0],
-                  w[2], w[3], scratch_.get(), scratch_floats_);
+                  w[2], w[3], scratch_ptr_, scratch_floats_);
       return Status::ok();
     }
     case OpKind::Embedding: {
@@ -455,10 +469,10 @@ Status Executor::run_node(const Node& n) {
         const int64_t d = x.shape[1];
         for (int64_t t0 = 0; t0 < ids.shape[0]; ++t0) {
           Status st = bf16 ? embedding_bf16(static_cast<const uint16_t*>(ptr(n.inputs[0])), x.shape[0], d, id + t0, 1,
-                                            scale, scratch_.get())
-                           : embedding_f32(f(0), x.shape[0], d, id + t0, 1, scale, scratch_.get());
+                                            scale, scratch_ptr_)
+                           : embedding_f32(f(0), x.shape[0], d, id + t0, 1, scale, scratch_ptr_);
           if (!st.is_ok()) return st;
-          for (int64_t j = 0; j < d; ++j) o16[t0 * d + j] = f32_to_bf16(scratch_[size_t(j)]);
+          for (int64_t j = 0; j < d; ++j) o16[t0 * d + j] = f32_to_bf16(scratch_ptr_[size_t(j)]);
         }
         return Status::ok();
       }

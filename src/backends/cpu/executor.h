@@ -57,6 +57,9 @@ class CpuWeights {
 
 struct ExecutorOptions {
   int threads = 2;  // BLAS threads
+  /// The caller provides the activation arena and scratch (set_memory, before each run) and
+  /// binds every input: engines that run one after another share one arena.
+  bool shared_memory = false;
 };
 
 class Executor {
@@ -84,6 +87,10 @@ class Executor {
   /// (a token id outside the vocabulary).
   Status run();
 
+  /// With ExecutorOptions::shared_memory: points the activations at `arena` (arena_bytes(),
+  /// 64-byte aligned) and the kernels' scratch at `scratch` (scratch_bytes()).
+  void set_memory(uint8_t* arena, float* scratch);
+
   uint64_t arena_bytes() const { return arena_bytes_; }
   uint64_t input_bytes() const { return input_bytes_; }
   uint64_t scratch_bytes() const { return uint64_t(scratch_floats_) * 4; }
@@ -105,6 +112,8 @@ class Executor {
   std::unique_ptr<uint8_t[]> arena_;
   std::unique_ptr<uint8_t[]> inputs_;
   std::unique_ptr<float[]> scratch_;
+  float* scratch_ptr_ = nullptr;
+  std::vector<std::pair<ir::ValueId, uint64_t>> arena_blocks_;  // activation root -> arena offset
   uint64_t arena_bytes_ = 0, input_bytes_ = 0;
   int64_t scratch_floats_ = 0;
 };

@@ -1,0 +1,52 @@
+// `vlac compile` for pi0.5: policy folder -> stage graphs -> engines under a byte cap -> one CPU
+// engine file at a time -> one .vlac package (atomic). Memory is bounded by a chunk buffer and the
+// graphs on meta, not by the model or the cap: weights stream from the map to the engine file.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace vlac {
+
+struct Pi05CompileOptions {
+  std::string out;                      // OUT.vlac
+  bool bf16 = true;                     // lerobot's bf16 split (Gemma matrices bf16), else fp32
+  uint64_t engine_cap = 512ull << 20;   // packed weight bytes per engine
+  std::string engine_dir;               // "" = a temporary folder next to OUT, removed after
+  bool keep_engine_files = false;       // keep the engine files in engine_dir after packaging
+  std::function<void(const std::string& line)> log;  // progress lines (may be empty)
+  /// Tests: called before each step ("engine:<name>", "package"), to kill the compile mid-way.
+  std::function<void(const std::string& stage)> on_stage;
+};
+
+struct Pi05CompileSummary {
+  struct Engine {
+    std::string name, stage;
+    uint64_t weight_bytes = 0;  // packed bytes stored with this engine
+    uint64_t file_bytes = 0;
+    int weights_stored = 0, weights_read = 0;
+    bool over_cap = false;
+    std::string over_cap_node;
+    uint64_t crossing_in_bytes = 0;
+  };
+  std::vector<Engine> engines;  // run order
+  uint64_t package_bytes = 0;
+  uint64_t packed_weight_bytes = 0;
+  uint64_t source_weight_bytes = 0;  // bytes of the checkpoint tensors the engines read
+  uint64_t crossing_bytes = 0;
+  std::string plan_text;             // partition plans, human-readable
+};
+
+/// Compiles POLICY_DIR into options.out. On any error nothing is left at options.out and the
+/// temporary engine folder is removed.
+Result<Pi05CompileSummary> compile_pi05(const std::string& policy_dir, const Pi05CompileOptions& options);
+
+/// Side files of a policy folder packaged verbatim (processor configs, normalization stats,
+/// tokenizer/), relative names, sorted: everything but config.json and the model weights.
+std::vector<std::string> pi05_side_files(const std::string& policy_dir);
+
+}  // namespace vlac

@@ -1,0 +1,99 @@
+// `vlac compile POLICY_DIR -o OUT.vlac`: a lerobot pi0.5 folder (fp32 or bf16 checkpoint) to one
+// .vlac package of CPU engines under a byte cap. The work is in src/compile/; this file parses
+// flags, prints progress and the summary, and reports memory per phase.
+#include <chrono>
+#include <cstdio>
+#include <memory>
+
+#include <nlohmann/json.hpp>
+
+#include "command.h"
+#include "compile/pi05_compile.h"
+#include "core/bytes.h"
+
+namespace vlac::cli {
+
+namespace {
+
+struct CompileFlags {
+  CommonOptions common;
+  std::string policy;
+  std::string out;
+  std::string dtype = "bf16";
+  std::string engine_cap = "512MiB";
+  std::string engine_dir;
+  std::string backend = "cpu";
+  bool keep_engines = false;
+  bool show_plan = false;
+};
+
+Status compile_policy(const CompileFlags& f, MemMeter& meter) {
+  Pi05CompileOptions o;
+  o.out = f.out;
+  if (f.dtype != "bf16" && f.dtype != "fp32") return invalid_argument("--dtype must be bf16 or fp32, got '" + f.dtype + "'");
+  o.bf16 = f.dtype == "bf16";
+  VLAC_ASSIGN_OR_RETURN(o.engine_cap, parse_size(f.engine_cap));
+  if (f.backend != "cpu") return unsupported("--backend " + f.backend + ": this build compiles cpu engines only");
+  o.engine_dir = f.engine_dir;
+  o.keep_engine_files = f.keep_engines && !f.engine_dir.empty();
+  const bool quiet = f.common.quiet;
+  o.log = [quiet](const std::string& line) {
+    if (!quiet) std::fprintf(stderr, "%s\n", line.c_str());
+  };
+  o.on_stage = [&meter](const std::string& stage) {
+    if (stage == "package") meter.begin_phase("package");
+    else if (stage.rfind("engine:", 0) == 0 && stage.find(".0") == stage.size() - 2)
+      meter.begin_phase("build:" + stage.substr(7, stage.size() - 9));  // one phase per stage
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  meter.begin_phase("plan");
+  if (!quiet) std::fprintf(stderr, "vlac compile: %s -> %s (%s, engine cap %s)\n", f.policy.c_str(), f.out.c_str(),
+                           f.dtype.c_str(), format_bytes(o.engine_cap).c_str());
+  VLAC_ASSIGN_OR_RETURN(Pi05CompileSummary s, compile_pi05(f.policy, o));
+  meter.end_phase();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  int over = 0;
+  uint64_t largest = 0;
+  nlohmann::json engines = nlohmann::json::array();
+  for (const auto& e : s.engines) {
+    over += e.over_cap ? 1 : 0;
+    largest = std::max(largest, e.weight_bytes);
+    engines.push_back({{"name", e.name}, {"stage", e.stage}, {"weight_bytes", e.weight_bytes},
+                       {"file_bytes", e.file_bytes}, {"weights_stored", e.weights_stored},
+                       {"over_cap", e.over_cap}, {"crossing_in_bytes", e.crossing_in_bytes}});
+  }
+  meter.add_extra("engines", engines.dump());
+  meter.add_extra("package_bytes", std::to_string(s.package_bytes));
+  meter.add_extra("packed_weight_bytes", std::to_string(s.packed_weight_bytes));
+  meter.add_extra("source_weight_bytes", std::to_string(s.source_weight_bytes));
+  meter.add_extra("crossing_bytes", std::to_string(s.crossing_bytes));
+  meter.add_extra("engine_cap", std::to_string(o.engine_cap));
+  meter.add_extra("wall_seconds", std::to_string(secs));
+  if (f.show_plan) std::printf("%s", s.plan_text.c_str());
+  std::printf("vlac compile: %s -> %s: %zu engines (%s weights, largest %s, cap %s%s), package %s, %.1f s\n",
+              f.policy.c_str(), f.out.c_str(), s.engines.size(), format_bytes(s.packed_weight_bytes).c_str(),
+              format_bytes(largest).c_str(), format_bytes(o.engine_cap).c_str(),
+              over ? (", " + std::to_string(over) + " over the cap: a single tensor is larger").c_str() : "",
+              format_bytes(s.package_bytes).c_str(), secs);
+  return Status::ok();
+}
+
+}  // namespace
+
+void register_compile(CLI::App& app) {
+  auto f = std::make_shared<CompileFlags>();
+  auto* sub = app.add_subcommand("compile", "compile a pi0.5 policy folder into one .vlac package (CPU engines)");
+  sub->add_option("policy", f->policy, "policy folder (config.json + model.safetensors, fp32 or bf16)")->required();
+  sub->add_option("-o,--out", f->out, "output package OUT.vlac (written atomically)")->required();
+  sub->add_option("--dtype", f->dtype, "engine precision: bf16 (lerobot's bf16 split, default) or fp32");
+  sub->add_option("--engine-cap", f->engine_cap, "weight bytes per engine, e.g. 512MiB (default), 64KiB");
+  sub->add_option("--engine-dir", f->engine_dir, "folder for engine files (default: a temporary one beside OUT)");
+  sub->add_flag("--keep-engines", f->keep_engines, "keep the engine files in --engine-dir");
+  sub->add_option("--backend", f->backend, "engine backend: cpu (default)");
+  sub->add_flag("--plan", f->show_plan, "print the partition plan (engines, inputs, outputs, crossing bytes)");
+  add_common_options(sub, &f->common);
+  sub->callback([f] { run_command("compile", f->common, [&](MemMeter& m) { return compile_policy(*f, m); }); });
+}
+
+}  // namespace vlac::cli
