@@ -13,6 +13,7 @@
 #   --twice           an extra unconstrained compile for the byte-identity check, even when the
 #                     cgroup compile already gave a second package (at most 2 compiles otherwise)
 #   --no-cgroup       skip (c)
+#   --keep PATH       keep the first package at PATH (moved there at the end; e.g. for run_bench.sh)
 #   --stand-in-convert  time `vlac convert FOLDER OUT --dtype bf16` instead of compile (dry runs of
 #                     the script before `vlac compile` exists; automatic when it does not)
 # Every timed step starts cold: `sync; echo 3 > /proc/sys/vm/drop_caches` (root) before it.
@@ -26,6 +27,7 @@ limit=1G
 twice=0
 use_cgroup=1
 stand_in=0
+keep=""
 while (($#)); do
   case "$1" in
     --vlac) vlac=$2; shift 2 ;;
@@ -34,8 +36,9 @@ while (($#)); do
     --limit) limit=$2; shift 2 ;;
     --twice) twice=1; shift ;;
     --no-cgroup) use_cgroup=0; shift ;;
+    --keep) keep=$2; shift 2 ;;
     --stand-in-convert) stand_in=1; shift ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     -*) echo "compile_bench: unknown flag $1" >&2; exit 2 ;;
     *) folder=$1; shift ;;
   esac
@@ -196,6 +199,11 @@ if [[ -f "$pkg1" && -n "$pkg2" && -f "$pkg2" ]]; then
   if cmp -s "$pkg1" "$pkg2"; then identical=true; else identical=false; fi
 fi
 
+kept=null
+if [[ -n "$keep" && -f "$pkg1" ]]; then
+  if mv "$pkg1" "$keep"; then kept="\"$keep\""; else note "could not move the package to $keep"; fi
+fi
+
 ratio=$(awk -v c="$compile_s" -v b="$baseline_s" 'BEGIN {if (b > 0) printf "%.3f", c / b; else print "null"}')
 cmd_name=compile; ((stand_in)) && cmd_name="convert --dtype bf16 (stand-in: vlac compile missing)"
 mib=1048576
@@ -233,6 +241,7 @@ cat <<EOF
   "cgroup_note": $cg_note,
   "byte_identical": $identical,
   "byte_identical_compared_with": $identical_from,
+  "package_kept_at": $kept,
   "target_peak_rss_le_512MiB": $t_rss,
   "target_system_above_idle_le_768MiB": $t_sys,
   "target_compile_over_baseline_le_1_5": $t_ratio,
