@@ -4,4 +4,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${VLAC_DEMO_DIR:-demo}
 mkdir -p "$out"
-./build/vlac demo "$out/checkpoint" --report-json "$out/demo.report.json"
+./build/vlac demo "$out" --report-json "$out/demo.report.json"

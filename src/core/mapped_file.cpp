@@ -76,6 +76,14 @@ void MappedFile::drop(uint64_t offset, uint64_t length) const {
   posix_fadvise(fd_, static_cast<off_t>(begin), static_cast<off_t>(end - begin), POSIX_FADV_DONTNEED);
 }
 
+void MappedFile::release(uint64_t offset, uint64_t length) const {
+  if (data_ == nullptr || length == 0 || offset >= size_) return;
+  if (length > size_ - offset) length = size_ - offset;
+  const uint64_t p = page_size();
+  const uint64_t begin = offset / p * p;
+  madvise(const_cast<uint8_t*>(data_) + begin, offset + length - begin, MADV_DONTNEED);
+}
+
 void MappedFile::advise_sequential(uint64_t offset, uint64_t length) const {
   if (data_ == nullptr || length == 0 || offset >= size_) return;
   if (length > size_ - offset) length = size_ - offset;

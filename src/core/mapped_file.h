@@ -30,6 +30,9 @@ class MappedFile {
   /// Drops the pages of [offset, offset+length) from this process and, where clean, from the
   /// page cache. Rounds inward to page boundaries is not needed: the range is widened to pages.
   void drop(uint64_t offset, uint64_t length) const;
+  /// Unmaps the pages of [offset, offset+length) from this process only (MADV_DONTNEED): RSS
+  /// falls, the page cache keeps them, so the next touch is a minor fault, not a disk read.
+  void release(uint64_t offset, uint64_t length) const;
   /// Hints sequential reading of [offset, offset+length) (MADV_SEQUENTIAL + WILLNEED).
   void advise_sequential(uint64_t offset, uint64_t length) const;
   /// Unmaps and closes; idempotent.

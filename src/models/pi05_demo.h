@@ -26,6 +26,12 @@ Status write_random_safetensors(const std::string& path, const std::vector<Tenso
 /// Both written atomically. With Pi05Dims::full() this is the 16.5 GB fine-tune layout.
 Status write_random_pi05_folder(const std::string& dir, const Pi05Dims& dims, Pi05Layout layout, uint64_t seed);
 
+/// A sample observation for the policy folder `dir`: every configured camera (not lerobot's
+/// always-absent empty cameras) as float32 CHW in [0, 1] at the model resolution, a
+/// pre-tokenized prompt (BOS + `n_valid` - 1 seeded ids, right-padded with 0, mask on the valid
+/// ones) and a float32 state. Sized from config.json and the tensor headers (reads no weights).
+Status write_pi05_sample_observation(const std::string& dir, const std::string& path, int64_t n_valid, uint64_t seed);
+
 /// A single fp32 safetensors file of about `bytes` tensor bytes (64 MiB tensors
 /// "synthetic.layers.N.weight" [4096, 4096] and a smaller last one), for benchmarks.
 Status write_synthetic_checkpoint(const std::string& path, uint64_t bytes, uint64_t seed);

@@ -271,6 +271,10 @@ void Package::drop(const PackageSegment& s) const {
   if (in_map(s)) map_.drop(s.offset, s.size);
 }
 
+void Package::release(const PackageSegment& s) const {
+  if (in_map(s)) map_.release(s.offset, s.size);
+}
+
 Status Package::verify() const {
   map_.advise_sequential(layout_.manifest_end, map_.size() - layout_.manifest_end);
   return verify_package_segments(map_.data(), map_.size(), layout_, path(), kVerifyChunkBytes,
@@ -284,7 +288,7 @@ Status Package::verify(const PackageSegment& s) const {
   one.segments.push_back(s);
   one.manifest_end = s.offset;  // no gap check for a single segment
   Status st = verify_package_segments(map_.data(), map_.size(), one, path(), kVerifyChunkBytes,
-                                      [this](uint64_t off, uint64_t n) { map_.drop(off, n); });
+                                      [this](uint64_t off, uint64_t n) { map_.release(off, n); });
   return st;
 }
 

@@ -91,12 +91,16 @@ class Package {
   /// Gives the segment's pages back (MADV_DONTNEED + POSIX_FADV_DONTNEED); its bytes stay
   /// readable (they are paged in again on the next touch).
   void drop(const PackageSegment& s) const;
+  /// Unmaps the segment's pages from this process only (the page cache keeps them): RSS falls,
+  /// the next use costs minor faults.
+  void release(const PackageSegment& s) const;
 
   /// Checks every segment checksum and zero gaps, reading through the map in bounded chunks
   /// and dropping each chunk's pages after; memory stays bounded whatever the package size.
   /// A mismatch is InvalidFormat "<path>: segment 'NAME': checksum mismatch ...".
   Status verify() const;
-  /// Checks one segment's checksum (same streaming).
+  /// Checks one segment's checksum (same streaming, but pages are only released, not dropped
+  /// from the page cache: the runtime verifies a segment right before using it).
   Status verify(const PackageSegment& s) const;
 
   /// True when `path()` now names a different file than the one mapped (replaced by rename)

@@ -109,13 +109,9 @@ Result<Pi05Policy> Pi05Policy::load(const std::string& policy_dir, Pi05PolicyOpt
   std::vector<ir::WeightRef> refs = pg.graph.weights();
   refs.insert(refs.end(), sg.graph.weights().begin(), sg.graph.weights().end());
   std::vector<DType> run;
-  for (const auto& r : refs) {
-    // The embedding table stays as stored and mapped (only looked-up rows are paged in), in
-    // both modes: converting it would touch all of it for a few hundred rows.
-    const bool table = r.name.find("embed_tokens") != std::string::npos || r.name.find("lm_head") != std::string::npos;
-    if (table && (r.dtype == DType::F32 || r.dtype == DType::BF16)) run.push_back(r.dtype);
-    else run.push_back(p.bf16_ && Pi05Model::lerobot_bf16_weight(r.name) && r.shape.size() == 2 ? DType::BF16 : DType::F32);
-  }
+  // The embedding table stays as stored and mapped (only looked-up rows are paged in), in
+  // both modes: converting it would touch all of it for a few hundred rows.
+  for (const auto& r : refs) run.push_back(Pi05Model::run_dtype(r, p.bf16_));
   std::vector<cpu::WeightFile> files;
   for (const auto& f : model.tensors().files())
     files.push_back({f->map().data(), f->map().size(), f->path(), &f->map()});

@@ -39,4 +39,12 @@ void register_mem_snapshot(CLI::App& mem);
 void register_run(CLI::App& app);
 void register_compile(CLI::App& app);
 
+/// `vlac run PACKAGE.vlac ...` (cmd_run_package.cpp); cmd_run dispatches to it on the magic.
+struct PackageRunArgs {
+  std::string package, obs, out, noise, dtype, dump_dir, task, tokenizer, mem_budget;
+  uint64_t seed = 0;
+  int threads = 2;
+};
+Status run_package(const PackageRunArgs& args, MemMeter& meter);
+
 }  // namespace vlac::cli

@@ -39,7 +39,6 @@ struct Flags {
   int64_t obs_tokens = 48;
 };
 
-constexpr const char* kEmptyCameraPrefix = "observation.images.empty_camera_";
 
 // Size of the writer's temporary file for `final_name` in `dir` (AtomicFile names it
 // ".NAME.vlac-tmp-XXXXXX"), or of the final file once renamed; 0 if neither exists yet.
@@ -88,79 +87,9 @@ Status write_folder(const Flags& f, const Pi05Dims& dims, Pi05Layout layout, uin
   return Status::ok();
 }
 
-inline uint64_t splitmix64(uint64_t& state) {
-  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-// State dim of config.json's input_features (lerobot: observation.state.shape[0]); 0 if absent.
-int64_t config_state_dim(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object()) return 0;
-  auto feats = j.find("input_features");
-  if (feats == j.end() || !feats->is_object()) return 0;
-  auto st = feats->find("observation.state");
-  if (st == feats->end() || !st->is_object()) return 0;
-  auto shape = st->find("shape");
-  if (shape == st->end() || !shape->is_array() || shape->size() != 1 || !(*shape)[0].is_number_integer()) return 0;
-  return (*shape)[0].get<int64_t>();
-}
-
-// An observation for the policy at `dir`: every configured camera (not lerobot's always-absent
-// empty cameras) as float32 CHW in [0, 1] at the model resolution, a pre-tokenized prompt
-// (BOS + random ids, right-padded with 0 to tokenizer_max_length, mask true on the valid ones)
-// and a float32 state. Dims come from Pi05Model::load (maps the weights, reads none).
 Status write_observation(const std::string& dir, const std::string& path, int64_t n_valid, uint64_t seed) {
-  VLAC_ASSIGN_OR_RETURN(Pi05Model model, Pi05Model::load(dir));
-  const Pi05Config& cfg = model.config();
-  const Pi05Dims& d = model.dims();
-  const int64_t L = cfg.tokenizer_max_length;
-  if (n_valid < 1 || n_valid > L)
-    return invalid_argument("--obs-tokens must be in [1, tokenizer_max_length = " + std::to_string(L) + "], got " +
-                            std::to_string(n_valid));
-  int64_t state_dim = config_state_dim(dir + "/config.json");
-  if (state_dim <= 0) state_dim = cfg.max_state_dim;
-
-  std::vector<std::string> cams;
-  for (const auto& c : cfg.cameras)
-    if (c.rfind(kEmptyCameraPrefix, 0) != 0) cams.push_back(c);
-  const int64_t img_numel = d.channels * d.image_size * d.image_size;
-  std::vector<TensorSpec> specs;
-  for (const auto& c : cams) specs.push_back({c, DType::F32, {d.channels, d.image_size, d.image_size}});
-  specs.push_back({"observation.language.attention_mask", DType::BOOL, {L}});
-  specs.push_back({"observation.language.tokens", DType::I64, {L}});
-  specs.push_back({"observation.state", DType::F32, {state_dim}});
-  VLAC_ASSIGN_OR_RETURN(SafetensorsWriter w,
-                        SafetensorsWriter::create(path, specs, {{"format", "pt"}, {"producer", "vlac_write_pi05"}}));
-  uint64_t state = seed ^ 0x6F62735F73656564ull;  // "obs_seed"
-  auto unit = [&] { return float(splitmix64(state) >> 40) / 16777216.0f; };  // [0, 1)
-  std::vector<float> img(static_cast<size_t>(img_numel));
-  for (size_t ci = 0; ci < cams.size(); ++ci) {
-    for (auto& v : img) v = unit();
-    VLAC_RETURN_IF_ERROR(w.write(img.data(), img.size() * 4));
-  }
-  std::vector<uint8_t> mask(static_cast<size_t>(L), 0);
-  std::vector<int64_t> tokens(static_cast<size_t>(L), 0);
-  // Ids below 1000 exist in every vocabulary vlac builds (demo: 1024; PaliGemma: 257152).
-  const int64_t id_hi = std::min<int64_t>(d.vocab, 1000);
-  for (int64_t i = 0; i < n_valid; ++i) {
-    mask[size_t(i)] = 1;
-    tokens[size_t(i)] = i == 0 ? std::min<int64_t>(2, d.vocab - 1) : 3 + int64_t(splitmix64(state) % uint64_t(id_hi - 3));
-  }
-  VLAC_RETURN_IF_ERROR(w.write(mask.data(), mask.size()));
-  VLAC_RETURN_IF_ERROR(w.write(tokens.data(), tokens.size() * 8));
-  std::vector<float> st(static_cast<size_t>(state_dim));
-  for (auto& v : st) v = unit() * 2.0f - 1.0f;
-  VLAC_RETURN_IF_ERROR(w.write(st.data(), st.size() * 4));
-  VLAC_RETURN_IF_ERROR(w.finish());
-  std::printf("vlac_write_pi05: wrote observation %s (%zu cameras %lldx%lld, %lld of %lld prompt tokens, state [%lld])\n",
-              path.c_str(), cams.size(), (long long)d.image_size, (long long)d.image_size, (long long)n_valid,
-              (long long)L, (long long)state_dim);
+  VLAC_RETURN_IF_ERROR(write_pi05_sample_observation(dir, path, n_valid, seed));
+  std::printf("vlac_write_pi05: wrote observation %s (%lld prompt tokens)\n", path.c_str(), (long long)n_valid);
   return Status::ok();
 }
 

@@ -1,0 +1,109 @@
+// pi0.5 from a .vlac package: maps the package, loads engines lazily (program from the manifest,
+// weights used in place from the map), runs the stages (vision per present camera, text
+// embedding, Gemma prefix once per observation, the denoising step N times). Links no model
+// builder or partitioner: everything it needs is in the package.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backends/cpu/executor.h"
+#include "core/status.h"
+#include "ir/graph.h"
+#include "models/pi05_builder.h"
+#include "package/package.h"
+#include "policy/pi05_observation.h"
+#include "policy/pi05_processor.h"
+
+namespace vlac {
+
+struct Pi05PackageOptions {
+  int threads = 2;
+  /// 0: every engine stays mapped once touched. Otherwise engines are mapped, run and their pages
+  /// dropped in turn so that mapped weights + activations stay under this many bytes (weight
+  /// streaming: slower, the report says how much was re-read).
+  uint64_t mem_budget = 0;
+};
+
+/// What the runtime did, for the report.
+struct Pi05PackageStats {
+  int engines_loaded = 0;           // executors built (lazily, on first use or new shapes)
+  uint64_t evictions = 0;           // engine segments whose pages were dropped for the budget
+  uint64_t evicted_bytes = 0;       // their size (re-read from disk when used again)
+  uint64_t peak_resident_weight_bytes = 0;  // by the budget's accounting
+  uint64_t activation_bytes = 0;    // arenas + inputs + scratch of the live executors
+};
+
+class Pi05PackagePolicy {
+ public:
+  /// Opens and validates the package (no segment byte read), parses the stored config and
+  /// processor files. Engines are built on first use.
+  static Result<Pi05PackagePolicy> open(const std::string& path, Pi05PackageOptions options = {});
+
+  Pi05PackagePolicy(Pi05PackagePolicy&&) noexcept;
+  Pi05PackagePolicy& operator=(Pi05PackagePolicy&&) noexcept;
+  ~Pi05PackagePolicy();
+
+  const Package& package() const { return *pkg_; }
+  const Pi05Config& config() const { return config_; }
+  const Pi05Processor& processor() const { return processor_; }
+  bool bf16() const { return bf16_; }
+  int64_t chunk_size() const { return H_; }
+  int64_t max_action_dim() const { return A_; }
+  int64_t channels() const { return C_; }
+  int64_t image_tokens() const { return n_img_; }
+  int64_t steps() const { return steps_; }
+  const Pi05PackageStats& stats() const { return stats_; }
+  /// Packaged weight bytes (all engines).
+  uint64_t weight_bytes() const;
+
+  /// Vision per present camera, text embedding, Gemma prefix (K/V kept for denoise).
+  Status run_prefix(const Pi05Observation& obs);
+  /// The Euler loop from `noise` [H·A] to `action_normalized` [H·A].
+  Status denoise(const float* noise, float* action_normalized);
+
+  /// True when the package file was replaced on disk since open (this object keeps the old one).
+  bool replaced_on_disk() const { return pkg_->replaced_on_disk(); }
+  /// Opens what the path names now, with the same options; this object is unchanged.
+  Result<Pi05PackagePolicy> reopen() const { return open(pkg_->path(), options_); }
+
+ private:
+  struct Engine;
+  struct Slot {
+    const void* data = nullptr;
+    ir::ValueInfo info;
+  };
+  Pi05PackagePolicy() = default;
+  Status load_manifest();
+  Status run_stage(const std::vector<size_t>& engines, std::map<std::string, Slot>* values);
+  Status prepare(Engine& e, const std::map<std::string, Slot>& values);
+  void make_room(const Engine& next);
+  void release_stage(const std::string& stage);
+
+  Pi05PackageOptions options_;
+  std::unique_ptr<Package> pkg_;
+  Pi05Config config_;
+  Pi05Processor processor_;
+  bool bf16_ = false;
+  int64_t H_ = 0, A_ = 0, C_ = 3, R_ = 0, n_img_ = 0, W_ = 0, depth_ = 0, steps_ = 10;
+  float dt_ = -0.1f;
+  std::vector<std::unique_ptr<Engine>> engines_;
+  std::map<std::string, std::vector<size_t>> stages_;
+  std::vector<size_t> lru_;  // engine indices, least recently run first (resident ones)
+  uint64_t resident_ = 0;
+  Pi05PackageStats stats_;
+  // Buffers the runtime owns between stages.
+  std::vector<float> image_in_, embeddings_, x_;
+  std::vector<int64_t> tokens_, prefix_pos_, suffix_pos_;
+  std::vector<float> t_;
+  std::map<std::string, Slot> prefix_kv_;  // prefix.k.<l>/prefix.v.<l>, pointing into store_
+  std::map<std::string, std::vector<uint8_t>> store_;  // engine outputs, "<stage>/<name>"
+  std::vector<uint8_t> arena_;   // shared activation arena of all engines
+  std::vector<float> scratch_;   // shared kernel scratch
+  int64_t prefix_len_ = 0;
+};
+
+}  // namespace vlac

@@ -1,0 +1,125 @@
+// `vlac run OUT.vlac ...`: the same command as for a policy folder, on a compiled package. Maps
+// the package, loads engines lazily, optionally streams them under --mem-budget. Phases metered:
+// load, prefix, denoise, write. No model logic here: see src/runtime/.
+#include <chrono>
+#include <cstring>
+#include <cstdio>
+#include <map>
+
+#include "command.h"
+#include "core/bytes.h"
+#include "io/safetensors.h"
+#include "io/safetensors_writer.h"
+#include "policy/pi05_policy.h"
+#include "runtime/pi05_package_policy.h"
+
+namespace vlac::cli {
+
+namespace {
+
+// 'noise' [H, A] (or [1, H, A]) float32, as for a policy folder.
+Result<std::vector<float>> read_noise(const std::string& path, int64_t H, int64_t A) {
+  VLAC_ASSIGN_OR_RETURN(SafetensorsFile f, SafetensorsFile::open(path));
+  const TensorInfo* t = f.find("noise");
+  if (!t) return not_found(path + ": missing key 'noise'");
+  std::vector<int64_t> s = t->shape;
+  if (s.size() == 3 && s[0] == 1) s.erase(s.begin());
+  if (t->dtype != DType::F32 || s != std::vector<int64_t>{H, A})
+    return shape_mismatch(path + ": 'noise' must be F32 [" + std::to_string(H) + ", " + std::to_string(A) +
+                          "] [chunk_size, max_action_dim]");
+  std::vector<float> v(size_t(H * A));
+  std::memcpy(v.data(), f.data(*t), v.size() * 4);
+  return v;
+}
+
+}  // namespace
+
+Status run_package(const PackageRunArgs& f, MemMeter& meter) {
+  if (!f.dtype.empty() && f.dtype != "fp32" && f.dtype != "bf16")
+    return invalid_argument("--dtype must be fp32 or bf16, got '" + f.dtype + "'");
+  if (!f.dump_dir.empty()) return unsupported("--dump-intermediates works on policy folders only (a package keeps engine boundaries only)");
+  if (f.threads < 1) return invalid_argument("--threads must be at least 1");
+  Pi05PackageOptions opts;
+  opts.threads = f.threads;
+  if (!f.mem_budget.empty()) {
+    VLAC_ASSIGN_OR_RETURN(opts.mem_budget, parse_size(f.mem_budget));
+    if (opts.mem_budget == 0) return invalid_argument("--mem-budget must be positive");
+  }
+  using Clock = std::chrono::steady_clock;
+  auto ms = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
+  const Clock::time_point t0 = Clock::now();
+  meter.begin_phase("load");
+  VLAC_ASSIGN_OR_RETURN(Pi05PackagePolicy policy, Pi05PackagePolicy::open(f.package, opts));
+  if (!f.dtype.empty() && (f.dtype == "bf16") != policy.bf16())
+    return invalid_argument(f.package + ": the package was compiled for " + std::string(policy.bf16() ? "bf16" : "fp32") +
+                            "; --dtype " + f.dtype + " needs a package compiled with that dtype");
+  Pi05Processor proc = policy.processor();
+  if (!f.tokenizer.empty()) {
+    VLAC_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::from_path(f.tokenizer));
+    proc.set_tokenizer(std::move(tok));
+  }
+  const int64_t vocab = policy.package().manifest().policy.value("vocab", int64_t{0});
+  VLAC_ASSIGN_OR_RETURN(Pi05Observation obs,
+                        read_pi05_observation(f.obs, policy.config(), policy.channels(), &proc, f.task, vocab));
+  const int64_t H = policy.chunk_size(), A = policy.max_action_dim();
+  std::vector<float> noise;
+  if (!f.noise.empty()) {
+    VLAC_ASSIGN_OR_RETURN(noise, read_noise(f.noise, H, A));
+  } else {
+    noise = pi05_gaussian_noise(f.seed, H * A);
+  }
+  std::vector<float> action(size_t(H * A));
+  const Clock::time_point t1 = Clock::now();
+  meter.begin_phase("prefix");
+  VLAC_RETURN_IF_ERROR(policy.run_prefix(obs));
+  const Clock::time_point t2 = Clock::now();
+  meter.begin_phase("denoise");
+  VLAC_RETURN_IF_ERROR(policy.denoise(noise.data(), action.data()));
+  const Clock::time_point t3 = Clock::now();
+  meter.begin_phase("write");
+  std::vector<float> robot_action;
+  int64_t D = 0;
+  if (proc.has_postprocessor) {
+    VLAC_ASSIGN_OR_RETURN(robot_action, postprocess_pi05_action(action.data(), H, A, policy.config(), proc, obs, &D));
+  }
+  {
+    std::vector<TensorSpec> specs{{"action_normalized", DType::F32, {H, A}}};
+    if (!robot_action.empty()) specs.push_back({"action", DType::F32, {H, D}});
+    std::map<std::string, std::string> meta{{"producer", "vlac run"}, {"dtype", policy.bf16() ? "bf16" : "fp32"}};
+    if (!obs.prompt.empty()) meta["prompt"] = obs.prompt;
+    VLAC_ASSIGN_OR_RETURN(SafetensorsWriter w, SafetensorsWriter::create(f.out, specs, meta));
+    VLAC_RETURN_IF_ERROR(w.write(action.data(), action.size() * 4));
+    if (!robot_action.empty()) VLAC_RETURN_IF_ERROR(w.write(robot_action.data(), robot_action.size() * 4));
+    VLAC_RETURN_IF_ERROR(w.finish());
+  }
+  meter.end_phase();
+  const Pi05PackageStats& st = policy.stats();
+  const int64_t P = int64_t(obs.cameras.size()) * policy.image_tokens() + int64_t(obs.tokens.size());
+  meter.add_extra("dtype", policy.bf16() ? "\"bf16\"" : "\"fp32\"");
+  meter.add_extra("prefix_tokens", std::to_string(P));
+  meter.add_extra("cameras_present", std::to_string(obs.cameras.size()));
+  meter.add_extra("package_weight_bytes", std::to_string(policy.weight_bytes()));
+  meter.add_extra("mem_budget", std::to_string(opts.mem_budget));
+  meter.add_extra("engines_loaded", std::to_string(st.engines_loaded));
+  meter.add_extra("evictions", std::to_string(st.evictions));
+  meter.add_extra("evicted_bytes", std::to_string(st.evicted_bytes));
+  meter.add_extra("peak_resident_weight_bytes", std::to_string(st.peak_resident_weight_bytes));
+  meter.add_extra("activation_bytes", std::to_string(st.activation_bytes));
+  meter.add_extra("latency_ms", "{\"load\": " + std::to_string(ms(t0, t1)) + ", \"prefix\": " + std::to_string(ms(t1, t2)) +
+                                    ", \"denoise\": " + std::to_string(ms(t2, t3)) + "}");
+  std::printf("vlac run: %s -> %s: action_normalized [%lld, %lld]%s (%s package, %zu of %zu cameras, prefix %lld tokens)\n",
+              f.package.c_str(), f.out.c_str(), (long long)H, (long long)A,
+              robot_action.empty() ? "" : (" + action [" + std::to_string(H) + ", " + std::to_string(D) + "]").c_str(),
+              policy.bf16() ? "bf16" : "fp32", obs.cameras.size(), policy.config().cameras.size(), (long long)P);
+  std::printf("  weights: %s in the package, mapped in place; activations %s; %d engines loaded\n",
+              format_bytes(policy.weight_bytes()).c_str(), format_bytes(st.activation_bytes).c_str(), st.engines_loaded);
+  if (opts.mem_budget)
+    std::printf("  budget %s: %llu evictions, %s re-read from the package (the cost of streaming)\n",
+                format_bytes(opts.mem_budget).c_str(), (unsigned long long)st.evictions,
+                format_bytes(st.evicted_bytes).c_str());
+  std::printf("  latency: load %.1f ms, prefix %.1f ms, denoise %.1f ms (%lld steps, %.1f ms each)\n", ms(t0, t1),
+              ms(t1, t2), ms(t2, t3), (long long)policy.steps(), ms(t2, t3) / double(policy.steps()));
+  return Status::ok();
+}
+
+}  // namespace vlac::cli
