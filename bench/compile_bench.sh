@@ -111,7 +111,15 @@ compile_cmd() {
 # (b) compile, unconstrained, under time -v.
 pkg1="$dir/a.vlac"; [[ $stand_in == 1 ]] && pkg1="$dir/a.safetensors"
 mkdir -p "$dir/eng1"
+# Noise floor of the meter's system figure: how much MemTotal - MemAvailable moves over 5 s with
+# nothing of ours running (other users of the machine). Compare it with the compile's figure.
+sys_used() { awk '/^MemTotal:/ {t = $2} /^MemAvailable:/ {a = $2} END {printf "%.0f", (t - a) * 1024}' /proc/meminfo; }
 drop
+idle_lo=$(sys_used); idle_hi=$idle_lo
+for _ in $(seq 50); do
+  u=$(sys_used); ((u < idle_lo)) && idle_lo=$u; ((u > idle_hi)) && idle_hi=$u; sleep 0.1
+done
+idle_noise=$((idle_hi - idle_lo))
 compile_cmd "$pkg1" "$dir/r1.json" "$dir/eng1"
 note "compile (1): ${CMD[*]}"
 t0=$(now)
@@ -144,6 +152,7 @@ rm -f "$dir/dd.out"
 baseline_s=$(awk -v a="$cat_s" -v b="$dd_s" 'BEGIN {printf "%.3f", a + b}')
 
 # (c) the same compile inside a memory cgroup v1 limited to $limit.
+cg_anon=null; cg_dirty=null; cg_mapped=null
 cg_rc=null; cg_max=null; cg_failcnt=null; cg_oom_kills=null; cg_rss_timev=null; cg_wall=null; cg_note=null
 pkg2=""
 if ((use_cgroup)); then
@@ -160,9 +169,22 @@ if ((use_cgroup)); then
     t0=$(now)
     set +e
     # The shell joins the cgroup, then execs time -v, which runs the compile as its child.
+    # Sampler: peaks of the cgroup's anonymous memory (rss, incl. THP), dirty+writeback and mapped
+    # file pages, every 100 ms from memory.stat; what the limit was spent on besides clean cache.
+    touch "$dir/cg.run"
+    ( max_a=0; max_d=0; max_m=0
+      while [[ -f "$dir/cg.run" ]]; do
+        read -r a d m < <(awk '$1 == "rss" {a = $2} $1 == "dirty" {d += $2} $1 == "writeback" {d += $2}
+                               $1 == "mapped_file" {m = $2} END {print a + 0, d + 0, m + 0}' "$cg/memory.stat")
+        ((a > max_a)) && max_a=$a; ((d > max_d)) && max_d=$d; ((m > max_m)) && max_m=$m
+        echo "$max_a $max_d $max_m" > "$dir/cg.peaks"; sleep 0.1
+      done ) &
+    sampler=$!
     bash -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' _ "$cg" \
       /usr/bin/time -v -o "$dir/t2.txt" "${CMD[@]}" >"$dir/out2.txt" 2>"$dir/err2.txt"
     cg_rc=$?
+    rm -f "$dir/cg.run"; wait "$sampler" 2>/dev/null || true
+    [[ -f "$dir/cg.peaks" ]] && read -r cg_anon cg_dirty cg_mapped < "$dir/cg.peaks"
     set -e
     t1=$(now)
     cg_wall=$(elapsed "$t0" "$t1")
@@ -227,6 +249,7 @@ cat <<EOF
   "compile_peak_rss_bytes_meter": $(json_or_null "$rss_meter"),
   "compile_peak_rss_bytes_time_v": $(json_or_null "$rss_timev"),
   "compile_peak_system_above_idle_bytes_meter": $(json_or_null "$sys_meter"),
+  "system_used_idle_noise_bytes": $idle_noise,
   "baseline_cat_seconds": $cat_s,
   "baseline_dd_seconds": $dd_s,
   "baseline_wall_seconds": $baseline_s,
@@ -238,6 +261,9 @@ cat <<EOF
   "cgroup_failcnt": $cg_failcnt,
   "cgroup_oom_kills": $cg_oom_kills,
   "cgroup_compile_peak_rss_bytes_time_v": $cg_rss_timev,
+  "cgroup_peak_anon_bytes": $cg_anon,
+  "cgroup_peak_dirty_writeback_bytes": $cg_dirty,
+  "cgroup_peak_mapped_file_bytes": $cg_mapped,
   "cgroup_note": $cg_note,
   "byte_identical": $identical,
   "byte_identical_compared_with": $identical_from,
