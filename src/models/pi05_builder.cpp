@@ -339,9 +339,14 @@ bool Pi05Model::lerobot_bf16_weight(const std::string& name) {
   return true;
 }
 
+bool Pi05Model::gather_only_weight(const std::string& name) {
+  return name.find("embed_tokens") != std::string::npos || name.find("lm_head") != std::string::npos;
+}
+
 DType Pi05Model::run_dtype(const ir::WeightRef& r, bool bf16) {
   const bool table = r.name.find("embed_tokens") != std::string::npos || r.name.find("lm_head") != std::string::npos;
-  if (table && (r.dtype == DType::F32 || r.dtype == DType::BF16)) return r.dtype;
+  if (table && r.dtype == DType::BF16) return DType::BF16;
+  if (table && r.dtype == DType::F32) return bf16 ? DType::BF16 : DType::F32;
   return bf16 && lerobot_bf16_weight(r.name) && r.shape.size() == 2 ? DType::BF16 : DType::F32;
 }
 

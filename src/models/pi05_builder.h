@@ -123,9 +123,12 @@ class Pi05Model {
   /// adaRMS denses); the flow-matching heads stay fp32.
   static bool lerobot_bf16_weight(const std::string& name);
   /// The dtype the CPU backend runs weight `ref` in (F32 or BF16), folder and package alike:
-  /// the embedding table as stored (F32 or BF16: only looked-up rows are ever touched), else
-  /// BF16 for lerobot's bf16 matrices when `bf16`, else F32.
+  /// BF16 for lerobot's bf16 matrices and the embedding table when `bf16` (a BF16 table stays
+  /// BF16), else F32. A folder run keeps an F32 table mapped and rounds gathered rows
+  /// (gather_only_weight), a package stores it converted: the same bits either way.
   static DType run_dtype(const ir::WeightRef& ref, bool bf16);
+  /// The embedding table (only looked-up rows are ever read).
+  static bool gather_only_weight(const std::string& name);
 
  private:
   Pi05Model() = default;

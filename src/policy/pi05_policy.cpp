@@ -109,13 +109,17 @@ Result<Pi05Policy> Pi05Policy::load(const std::string& policy_dir, Pi05PolicyOpt
   std::vector<ir::WeightRef> refs = pg.graph.weights();
   refs.insert(refs.end(), sg.graph.weights().begin(), sg.graph.weights().end());
   std::vector<DType> run;
-  // The embedding table stays as stored and mapped (only looked-up rows are paged in), in
-  // both modes: converting it would touch all of it for a few hundred rows.
-  for (const auto& r : refs) run.push_back(Pi05Model::run_dtype(r, p.bf16_));
+  // The embedding table stays mapped (only looked-up rows are paged in); in bf16 mode its rows
+  // are rounded on gather, the same bits as the converted table a package stores.
+  std::vector<bool> gather;
+  for (const auto& r : refs) {
+    run.push_back(Pi05Model::run_dtype(r, p.bf16_));
+    gather.push_back(Pi05Model::gather_only_weight(r.name));
+  }
   std::vector<cpu::WeightFile> files;
   for (const auto& f : model.tensors().files())
     files.push_back({f->map().data(), f->map().size(), f->path(), &f->map()});
-  VLAC_ASSIGN_OR_RETURN(cpu::CpuWeights w, cpu::CpuWeights::load(refs, run, files));
+  VLAC_ASSIGN_OR_RETURN(cpu::CpuWeights w, cpu::CpuWeights::load(refs, run, files, gather));
   p.weights_ = std::make_unique<cpu::CpuWeights>(std::move(w));
   return p;
 }

@@ -293,7 +293,7 @@ TEST(RunFixtures, BadObservationsExit2NamingTheKey) {
   EXPECT_EQ(p.rc, 2) << p.out;
   EXPECT_NE(p.out.find("observation.language.tokens"), std::string::npos) << p.out;
   const std::string bad_img =
-      write_obs("bad_img.safetensors", "", "observation.images.base_0_rgb", {1, 3, 28, 112});
+      write_obs("bad_img.safetensors", "", "observation.images.base_0_rgb", {1, 12, 28, 28});  // any size is resized; 12 channels is no image
   p = run_vlac("run " + dir + "/policy --obs " + bad_img + " --out " + out);
   EXPECT_EQ(p.rc, 2) << p.out;
   EXPECT_NE(p.out.find("observation.images.base_0_rgb"), std::string::npos) << p.out;

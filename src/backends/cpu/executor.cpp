@@ -44,7 +44,7 @@ bool trailing_broadcast(const ValueInfo& a, const ValueInfo& b) {
 // Weights
 
 Result<CpuWeights> CpuWeights::load(const std::vector<ir::WeightRef>& refs, const std::vector<DType>& run_dtypes,
-                                    const std::vector<WeightFile>& files) {
+                                    const std::vector<WeightFile>& files, const std::vector<bool>& gather_only) {
   if (run_dtypes.size() != refs.size()) return internal_error("CpuWeights: one run dtype per weight needed");
   CpuWeights w;
   for (size_t i = 0; i < refs.size(); ++i) {
@@ -68,7 +68,14 @@ Result<CpuWeights> CpuWeights::load(const std::vector<ir::WeightRef>& refs, cons
     e.dtype = want;
     e.shape = r.shape;
     const bool aligned = reinterpret_cast<uintptr_t>(src) % dtype_size(want) == 0;
-    if (r.dtype == want && aligned) {
+    const bool lazy_bf16 = i < gather_only.size() && gather_only[i] && want == DType::BF16 && r.dtype == DType::F32 &&
+                           reinterpret_cast<uintptr_t>(src) % 4 == 0;
+    if (lazy_bf16) {
+      e.data = src;
+      e.dtype = DType::F32;
+      e.rounds_to_bf16 = true;
+      w.mapped_bytes_ += r.bytes;
+    } else if (r.dtype == want && aligned) {
       e.data = src;
       w.mapped_bytes_ += r.bytes;
     } else {
@@ -130,6 +137,7 @@ Status Executor::plan(const CpuWeights& weights) {
   for (size_t v = 0; v < nv; ++v) root_[v] = ValueId(v);
   ptr_.assign(nv, nullptr);
   weight_dtype_.assign(nv, DType::F32);
+  weight_rounds_bf16_.assign(nv, false);
   auto label = [&](const Node& n) { return std::string("cpu executor: node '") + n.name + "' (" + ir::op_name(n.op) + ")"; };
 
   // Check every op once here so run() needs no checks; collect scratch needs.
@@ -153,6 +161,7 @@ Status Executor::plan(const CpuWeights& weights) {
                                 ", graph wants " + shape_str(r.shape));
         ptr_[size_t(n.outputs[0])] = const_cast<void*>(e->data);
         weight_dtype_[size_t(n.outputs[0])] = e->dtype;
+        weight_rounds_bf16_[size_t(n.outputs[0])] = e->rounds_to_bf16;
         break;
       }
       case OpKind::Input:
@@ -458,7 +467,8 @@ Status Executor::run_node(const Node& n) {
     }
     case OpKind::Embedding: {
       const ValueInfo& ids = info(n.inputs[1]);
-      const bool bf16 = weight_dtype_[size_t(root_[size_t(n.inputs[0])])] == DType::BF16;
+      const bool rounds = weight_rounds_bf16_[size_t(root_[size_t(n.inputs[0])])];
+      const bool bf16 = rounds || weight_dtype_[size_t(root_[size_t(n.inputs[0])])] == DType::BF16;
       float scale = float(n.attrs.get_float("scale", 1.0));
       if (bf16 && n.attrs.get_int("round_scale_to_table", 0)) scale = bf16_to_f32(f32_to_bf16(scale));
       const int64_t* id = static_cast<const int64_t*>(ptr(n.inputs[1]));
@@ -474,6 +484,12 @@ Status Executor::run_node(const Node& n) {
           if (!st.is_ok()) return st;
           for (int64_t j = 0; j < d; ++j) o16[t0 * d + j] = f32_to_bf16(scratch_ptr_[size_t(j)]);
         }
+        return Status::ok();
+      }
+      if (rounds) {  // an F32 table run as BF16: round each gathered element as a converted table would
+        const int64_t d = x.shape[1];
+        VLAC_RETURN_IF_ERROR(embedding_f32(f(0), x.shape[0], d, id, ids.shape[0], 1.0f, out));
+        for (int64_t i = 0; i < ids.shape[0] * d; ++i) out[i] = bf16_to_f32(f32_to_bf16(out[i])) * scale;
         return Status::ok();
       }
       if (bf16)

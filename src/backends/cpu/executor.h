@@ -36,13 +36,18 @@ class CpuWeights {
     DType dtype = DType::F32;    // F32 or BF16
     std::vector<int64_t> shape;
     bool owned = false;
+    /// An F32 table run as if converted to BF16 (rows rounded when gathered): the same bits as a
+    /// converted table without touching the rows nobody looks up.
+    bool rounds_to_bf16 = false;
   };
   /// Binds `refs` (duplicates by name allowed, bound once). `run_dtypes[i]` is the dtype ref i
   /// runs in: F32 or BF16 (the executor accepts BF16 only for matmul weights and embedding
   /// tables). Conversions (F32->BF16, BF16/F16->F32, unaligned copies) go to owned buffers;
   /// `files[ref.file_id]` holds the bytes at ref.offset (bounds-checked).
+  /// `gather_only[i]` (optional): ref i is only gathered from (an embedding table); asked to
+  /// run in BF16 while stored F32, it stays mapped and rounds rows on use (rounds_to_bf16).
   static Result<CpuWeights> load(const std::vector<ir::WeightRef>& refs, const std::vector<DType>& run_dtypes,
-                                 const std::vector<WeightFile>& files);
+                                 const std::vector<WeightFile>& files, const std::vector<bool>& gather_only = {});
   const Entry* find(const std::string& name) const;
   /// Bytes held in owned (converted) buffers.
   uint64_t owned_bytes() const { return owned_bytes_; }
@@ -108,6 +113,7 @@ class Executor {
   std::vector<void*> ptr_;         // by root value id
   std::vector<void*> owned_input_ptr_;
   std::vector<DType> weight_dtype_;  // by value id (weights only)
+  std::vector<bool> weight_rounds_bf16_;  // by value id: F32 table rounded to BF16 on gather
   std::vector<float> const_storage_;
   std::unique_ptr<uint8_t[]> arena_;
   std::unique_ptr<uint8_t[]> inputs_;
