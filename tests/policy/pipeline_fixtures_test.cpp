@@ -361,3 +361,51 @@ TEST(PipelineFixtures, BadObservationsGetOneClearError) {
   EXPECT_EQ(obs->tokens.size(), 16u);
   EXPECT_EQ(obs->lang_mask, std::vector<uint8_t>(16, 1));
 }
+
+// The same frame as uint8 HWC, float32 HWC (x/255) and float32 CHW, with and without a batch
+// dim, gives the same processed image.
+TEST(PipelineFixtures, FrameLayoutsAgree) {
+  TempDir t;
+  const std::string dir = kFixtures + "/pipe_b_quantiles";
+  const std::string src = dir + "/obs.safetensors";
+  const std::string cam = "observation.images.cam_high";
+  const std::vector<uint8_t> u8 = read_t<uint8_t>(src, cam);  // [30, 50, 3]
+  ASSERT_EQ(u8.size(), 30u * 50u * 3u);
+  std::vector<float> hwc(u8.size()), chw(u8.size());
+  for (size_t y = 0; y < 30; ++y)
+    for (size_t x = 0; x < 50; ++x)
+      for (size_t c = 0; c < 3; ++c) {
+        const float v = float(u8[(y * 50 + x) * 3 + c]) / 255.0f;
+        hwc[(y * 50 + x) * 3 + c] = v;
+        chw[(c * 30 + y) * 50 + x] = v;
+      }
+  auto cfg = parse_pi05_config(dir + "/policy/config.json");
+  auto proc = load_pi05_processor(dir + "/policy");
+  ASSERT_TRUE(cfg.is_ok() && proc.is_ok());
+  auto image_of = [&](const std::string& path) {
+    auto obs = read_pi05_observation(path, *cfg, 3, &*proc, "");
+    EXPECT_TRUE(obs.is_ok()) << obs.status().message();
+    return obs.is_ok() ? obs->images[0] : std::vector<float>{};
+  };
+  const std::vector<float> ref = image_of(src);
+  ASSERT_EQ(ref.size(), 3u * 40u * 40u);
+  struct Variant {
+    const char* name;
+    TensorSpec spec;
+    std::vector<uint8_t> bytes;
+  };
+  const std::vector<Variant> variants{
+      {"f32_hwc", {"", DType::F32, {30, 50, 3}}, as_bytes(hwc)},
+      {"f32_chw", {"", DType::F32, {3, 30, 50}}, as_bytes(chw)},
+      {"f32_chw_batched", {"", DType::F32, {1, 3, 30, 50}}, as_bytes(chw)},
+      {"u8_hwc_batched", {"", DType::U8, {1, 30, 50, 3}}, u8},
+  };
+  for (const Variant& v : variants) {
+    Edit e;
+    e.replace = cam;
+    e.spec = v.spec;
+    e.bytes = v.bytes;
+    const std::string path = write_edited(src, (t.path / (std::string(v.name) + ".safetensors")).string(), e);
+    EXPECT_EQ(image_of(path), ref) << v.name;
+  }
+}
