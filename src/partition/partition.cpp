@@ -88,21 +88,24 @@ Result<Plan> partition_graph(const ir::Graph& g, const std::string& stage, const
       pending.push_back(n);
       continue;
     }
-    std::vector<NodeId> group;
-    for (size_t i = 0; i < pending.size();) {
-      const ir::Node& p = g.node(pending[i]);
-      bool feeds = false;
-      for (ValueId v : node.inputs)
-        if (g.value(v).producer == pending[i]) feeds = true;
-      (void)p;
-      if (feeds) {
-        group.push_back(pending[i]);
-        pending.erase(pending.begin() + std::ptrdiff_t(i));
-      } else {
-        ++i;
+    // The pending nodes feeding n, and (transitively) the pending nodes feeding those: a
+    // multi-output node read only by another one must not land in a later engine.
+    std::vector<NodeId> group{n};
+    for (size_t gi = 0; gi < group.size(); ++gi) {
+      const ir::Node& reader = g.node(group[gi]);
+      for (size_t i = 0; i < pending.size();) {
+        bool feeds = false;
+        for (ValueId v : reader.inputs)
+          if (g.value(v).producer == pending[i]) feeds = true;
+        if (feeds) {
+          group.push_back(pending[i]);
+          pending.erase(pending.begin() + std::ptrdiff_t(i));
+        } else {
+          ++i;
+        }
       }
     }
-    group.push_back(n);
+    std::rotate(group.begin(), group.begin() + 1, group.end());  // n last (names an over-cap group)
     place_group(std::move(group));
   }
   for (NodeId n : pending) place_group({n});  // read only as graph outputs
