@@ -51,7 +51,9 @@ struct Reader {
   }
   Result<AttrValue> attr(const json& j, const std::string& ctx) const {
     if (!j.is_object() || j.size() != 1) return bad(ctx + ": attribute must be an object with one key");
-    const auto& [k, v] = *j.items().begin();
+    const auto it = j.begin();  // (items() would be a temporary: keep the iterator instead)
+    const std::string& k = it.key();
+    const nlohmann::json& v = it.value();
     if (k == "i" && v.is_number_integer()) return AttrValue(v.get<int64_t>());
     if (k == "f" && v.is_number()) return AttrValue(v.get<double>());
     if (k == "s" && v.is_string()) return AttrValue(v.get<std::string>());
