@@ -4,10 +4,13 @@
 #include "compile/pi05_compile.h"
 
 #include <dirent.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
 #include <map>
 
 #include "backends/cpu/engine_builder.h"
@@ -63,6 +66,35 @@ void list_files(const std::string& root, const std::string& rel, std::vector<std
     }
   }
   ::closedir(d);
+}
+
+// Engine folders of compiles that were killed (".vlac-engines-<pid>" whose process is gone):
+// removed, so a SIGKILLed compile does not leave gigabytes behind for good.
+void remove_stale_engine_dirs(const std::string& parent, const std::function<void(const std::string&)>& log) {
+  DIR* d = ::opendir(parent.c_str());
+  if (!d) return;
+  std::vector<std::string> stale;
+  while (dirent* e = ::readdir(d)) {
+    const std::string n = e->d_name;
+    const std::string prefix = ".vlac-engines-";
+    if (n.rfind(prefix, 0) != 0) continue;
+    char* end = nullptr;
+    const long pid = std::strtol(n.c_str() + prefix.size(), &end, 10);
+    if (!end || *end != '\0' || pid <= 0) continue;
+    if (::kill(pid_t(pid), 0) == 0 || errno != ESRCH) continue;  // alive (or not ours to judge)
+    stale.push_back(parent + "/" + n);
+  }
+  ::closedir(d);
+  for (const auto& dir : stale) {
+    if (DIR* sd = ::opendir(dir.c_str())) {
+      while (dirent* e = ::readdir(sd)) {
+        const std::string n = e->d_name;
+        if (n != "." && n != "..") ::unlink((dir + "/" + n).c_str());
+      }
+      ::closedir(sd);
+    }
+    if (::rmdir(dir.c_str()) == 0 && log) log("  removed " + dir + " (left by a compile that was killed)");
+  }
 }
 
 json tensor_json(const std::string& name, const ir::ValueInfo& v) {
@@ -136,6 +168,7 @@ Result<Pi05CompileSummary> compile_pi05(const std::string& policy_dir, const Pi0
   std::string dir = opt.engine_dir;
   bool own_dir = false;
   if (dir.empty()) {
+    remove_stale_engine_dirs(parent_dir(opt.out), opt.log);
     dir = parent_dir(opt.out) + "/.vlac-engines-" + std::to_string(::getpid());
     own_dir = true;
   }
