@@ -34,14 +34,16 @@ struct RunFlags {
   std::string task;       // --task: overrides OBS __metadata__ "task"
   std::string tokenizer;  // --tokenizer: SentencePiece model (file or folder)
   std::string mem_budget;  // --mem-budget SIZE (packages)
+  int repeat = 1;          // --repeat N (packages)
 };
 
 Status run_policy(const RunFlags& f, MemMeter& meter) {
   if (has_package_magic(f.policy))  // a compiled .vlac package: src/runtime/
     return run_package(PackageRunArgs{f.policy, f.obs, f.out, f.noise, f.dtype, f.dump_dir, f.task, f.tokenizer,
-                                      f.mem_budget, f.seed, f.threads},
+                                      f.mem_budget, f.seed, f.threads, f.repeat, f.common.quiet},
                        meter);
   if (!f.mem_budget.empty()) return invalid_argument("--mem-budget applies to .vlac packages (vlac compile makes one)");
+  if (f.repeat != 1) return invalid_argument("--repeat applies to .vlac packages (vlac compile makes one)");
   Pi05PolicyOptions opts;
   if (f.dtype == "fp32") opts.precision = Pi05Precision::Fp32;
   else if (f.dtype == "bf16") opts.precision = Pi05Precision::Bf16;
@@ -144,6 +146,9 @@ void register_run(CLI::App& app) {
   sub->add_option("--threads", flags->threads, "BLAS threads (default 2)");
   sub->add_option("--mem-budget", flags->mem_budget,
                   "packages: keep mapped weights + activations under SIZE (e.g. 2GiB) by streaming engines");
+  sub->add_option("--repeat", flags->repeat,
+                  "packages: run the observation N times (steady-state latency); a package replaced on disk "
+                  "(atomic rename) is reopened between runs");
   sub->add_option("--task", flags->task, "task sentence for the prompt (default: OBS __metadata__ 'task')");
   sub->add_option("--tokenizer", flags->tokenizer,
                   "SentencePiece tokenizer.model (or a folder holding it); default: POLICY/tokenizer/");

@@ -39,6 +39,7 @@ Status run_package(const PackageRunArgs& f, MemMeter& meter) {
     return invalid_argument("--dtype must be fp32 or bf16, got '" + f.dtype + "'");
   if (!f.dump_dir.empty()) return unsupported("--dump-intermediates works on policy folders only (a package keeps engine boundaries only)");
   if (f.threads < 1) return invalid_argument("--threads must be at least 1");
+  if (f.repeat < 1) return invalid_argument("--repeat must be at least 1");
   Pi05PackageOptions opts;
   opts.threads = f.threads;
   if (!f.mem_budget.empty()) {
@@ -69,13 +70,27 @@ Status run_package(const PackageRunArgs& f, MemMeter& meter) {
     noise = pi05_gaussian_noise(f.seed, H * A);
   }
   std::vector<float> action(size_t(H * A));
-  const Clock::time_point t1 = Clock::now();
-  meter.begin_phase("prefix");
-  VLAC_RETURN_IF_ERROR(policy.run_prefix(obs));
-  const Clock::time_point t2 = Clock::now();
-  meter.begin_phase("denoise");
-  VLAC_RETURN_IF_ERROR(policy.denoise(noise.data(), action.data()));
-  const Clock::time_point t3 = Clock::now();
+  Clock::time_point t1 = Clock::now(), t2 = t1, t3 = t1;
+  std::string repeats;  // per-iteration latency, for --repeat
+  int reopened = 0;
+  for (int it = 0; it < f.repeat; ++it) {
+    if (it > 0 && policy.replaced_on_disk()) {
+      // The running map stays valid; the new package is picked up between observations.
+      VLAC_ASSIGN_OR_RETURN(Pi05PackagePolicy fresh, policy.reopen());
+      policy = std::move(fresh);
+      ++reopened;
+      if (!f.quiet) std::fprintf(stderr, "vlac run: %s was replaced on disk: reopened it\n", f.package.c_str());
+    }
+    t1 = Clock::now();
+    meter.begin_phase(it == 0 ? "prefix" : "prefix.repeat");
+    VLAC_RETURN_IF_ERROR(policy.run_prefix(obs));
+    t2 = Clock::now();
+    meter.begin_phase(it == 0 ? "denoise" : "denoise.repeat");
+    VLAC_RETURN_IF_ERROR(policy.denoise(noise.data(), action.data()));
+    t3 = Clock::now();
+    repeats += std::string(repeats.empty() ? "" : ", ") + "{\"prefix\": " + std::to_string(ms(t1, t2)) +
+               ", \"denoise\": " + std::to_string(ms(t2, t3)) + "}";
+  }
   meter.begin_phase("write");
   std::vector<float> robot_action;
   int64_t D = 0;
@@ -105,6 +120,8 @@ Status run_package(const PackageRunArgs& f, MemMeter& meter) {
   meter.add_extra("evicted_bytes", std::to_string(st.evicted_bytes));
   meter.add_extra("peak_resident_weight_bytes", std::to_string(st.peak_resident_weight_bytes));
   meter.add_extra("activation_bytes", std::to_string(st.activation_bytes));
+  meter.add_extra("iterations_ms", "[" + repeats + "]");
+  meter.add_extra("reopened", std::to_string(reopened));
   meter.add_extra("latency_ms", "{\"load\": " + std::to_string(ms(t0, t1)) + ", \"prefix\": " + std::to_string(ms(t1, t2)) +
                                     ", \"denoise\": " + std::to_string(ms(t2, t3)) + "}");
   std::printf("vlac run: %s -> %s: action_normalized [%lld, %lld]%s (%s package, %zu of %zu cameras, prefix %lld tokens)\n",
@@ -117,8 +134,9 @@ Status run_package(const PackageRunArgs& f, MemMeter& meter) {
     std::printf("  budget %s: %llu evictions, %s re-read from the package (the cost of streaming)\n",
                 format_bytes(opts.mem_budget).c_str(), (unsigned long long)st.evictions,
                 format_bytes(st.evicted_bytes).c_str());
-  std::printf("  latency: load %.1f ms, prefix %.1f ms, denoise %.1f ms (%lld steps, %.1f ms each)\n", ms(t0, t1),
-              ms(t1, t2), ms(t2, t3), (long long)policy.steps(), ms(t2, t3) / double(policy.steps()));
+  std::printf("  latency%s: load %.1f ms, prefix %.1f ms, denoise %.1f ms (%lld steps, %.1f ms each)\n",
+              f.repeat > 1 ? " (last of the repeats)" : "", ms(t0, t1), ms(t1, t2), ms(t2, t3),
+              (long long)policy.steps(), ms(t2, t3) / double(policy.steps()));
   return Status::ok();
 }
 

@@ -44,6 +44,8 @@ struct PackageRunArgs {
   std::string package, obs, out, noise, dtype, dump_dir, task, tokenizer, mem_budget;
   uint64_t seed = 0;
   int threads = 2;
+  int repeat = 1;      // run the observation this many times (reopening a replaced package between)
+  bool quiet = false;
 };
 Status run_package(const PackageRunArgs& args, MemMeter& meter);
 
