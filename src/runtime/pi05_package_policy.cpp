@@ -184,9 +184,10 @@ Status Pi05PackagePolicy::prepare(Engine& e, const std::map<std::string, Slot>& 
   for (ir::ValueId v : e.program.inputs()) {
     const std::string name = ir::input_name(e.program, v);
     auto it = values.find(name);
-    if (it == values.end()) return internal_error(pkg_->path() + ": engine '" + e.name + "' needs '" + name + "'");
+    if (it == values.end())
+      return invalid_format(pkg_->path() + ": engine '" + e.name + "' reads '" + name + "', which no earlier engine makes");
     if (it->second.info.dtype != e.program.info(v).dtype)
-      return internal_error(pkg_->path() + ": engine '" + e.name + "': '" + name + "' has the wrong dtype");
+      return invalid_format(pkg_->path() + ": engine '" + e.name + "': '" + name + "' has the wrong dtype");
     shapes[name] = it->second.info.shape;
   }
   if (e.exec && shapes == e.planned) return Status::ok();
@@ -276,8 +277,11 @@ Status Pi05PackagePolicy::run_prefix(const Pi05Observation& obs) {
     std::map<std::string, Slot> v;
     v[kPi05InImage] = Slot{image_in_.data(), ir::ValueInfo{DType::F32, {C_, R_, R_}}};
     VLAC_RETURN_IF_ERROR(run_stage(stages_["vision"], &v));
-    const Slot& tok = v.at(kPi05OutImageTokens);
-    if (tok.info.shape != std::vector<int64_t>{n_img_, W_}) return internal_error(pkg_->path() + ": vision output shape");
+    auto it = v.find(kPi05OutImageTokens);
+    if (it == v.end() || it->second.info.shape != std::vector<int64_t>{n_img_, W_} || it->second.info.dtype != DType::F32)
+      return invalid_format(pkg_->path() + ": the vision engines do not produce image_tokens F32[" + std::to_string(n_img_) +
+                            ", " + std::to_string(W_) + "]");
+    const Slot& tok = it->second;
     std::memcpy(embeddings_.data() + size_t(int64_t(c) * n_img_ * W_), tok.data, size_t(n_img_ * W_) * 4);
   }
   // The prefix stages run once per observation: their pages leave this process when done (the
@@ -289,7 +293,11 @@ Status Pi05PackagePolicy::run_prefix(const Pi05Observation& obs) {
     std::map<std::string, Slot> v;
     v[kPi05InTokens] = Slot{tokens_.data(), ir::ValueInfo{DType::I64, {nt}}};
     VLAC_RETURN_IF_ERROR(run_stage(stages_["text"], &v));
-    const Slot& te = v.at(kPi05OutTextEmbeddings);
+    auto it = v.find(kPi05OutTextEmbeddings);
+    if (it == v.end() || it->second.info.shape != std::vector<int64_t>{nt, W_} || it->second.info.dtype != DType::F32)
+      return invalid_format(pkg_->path() + ": the text engines do not produce text_embeddings F32[" + std::to_string(nt) +
+                            ", " + std::to_string(W_) + "]");
+    const Slot& te = it->second;
     std::memcpy(embeddings_.data() + size_t(int64_t(obs.cameras.size()) * n_img_ * W_), te.data, size_t(nt * W_) * 4);
     release_stage("text");
   }
@@ -305,7 +313,8 @@ Status Pi05PackagePolicy::run_prefix(const Pi05Observation& obs) {
     for (const char* kv : {"prefix.k.", "prefix.v."}) {
       const std::string name = kv + std::to_string(l);
       auto it = v.find(name);
-      if (it == v.end()) return invalid_format(pkg_->path() + ": the lm engines do not produce '" + name + "'");
+      if (it == v.end() || it->second.info.dtype != DType::F32)
+        return invalid_format(pkg_->path() + ": the lm engines do not produce '" + name + "'");
       prefix_kv_[name] = it->second;
     }
   prefix_len_ = P;
@@ -329,7 +338,9 @@ Status Pi05PackagePolicy::denoise(const float* noise, float* action_normalized) 
     t_[0] = euler.time(k);  // x_ and t_ are bound in place; outputs are overwritten each step
     VLAC_RETURN_IF_ERROR(run_stage(stages_["step"], &v));
     auto it = v.find("x_next");
-    if (it == v.end()) return invalid_format(pkg_->path() + ": the step engines do not produce 'x_next'");
+    if (it == v.end() || it->second.info.bytes() != x_.size() * 4 || it->second.info.dtype != DType::F32)
+      return invalid_format(pkg_->path() + ": the step engines do not produce 'x_next' F32[" + std::to_string(H_) + ", " +
+                            std::to_string(A_) + "]");
     std::memcpy(x_.data(), it->second.data, x_.size() * 4);
   }
   std::memcpy(action_normalized, x_.data(), x_.size() * 4);
