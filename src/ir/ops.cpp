@@ -212,7 +212,7 @@ Result<std::vector<ValueInfo>> infer_outputs(OpKind op, const std::vector<const 
       for (int64_t d : s) {
         if (d == -1) ++n_free;
         else if (d < 0) return bad(op, "negative dim in " + shape_str(s));
-        else known *= d;
+        else if (__builtin_mul_overflow(known, d, &known)) return bad(op, "shape " + shape_str(s) + " too large");
       }
       if (n_free > 1) return bad(op, "more than one -1 in " + shape_str(s));
       if (n_free == 1) {
