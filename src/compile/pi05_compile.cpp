@@ -34,6 +34,11 @@ class DirGuard {
   DirGuard(std::string dir, bool own) : dir_(std::move(dir)), own_(own) {}
   ~DirGuard() { cleanup(); }
   void track(const std::string& file) { files_.push_back(file); }
+  /// Keeps the files and the folder (--keep-engines): the destructor removes nothing.
+  void release() {
+    files_.clear();
+    own_ = false;
+  }
   void cleanup() {
     for (const auto& f : files_) ::unlink(f.c_str());
     files_.clear();
@@ -312,6 +317,7 @@ Result<Pi05CompileSummary> compile_pi05(const std::string& policy_dir, const Pi0
   VLAC_ASSIGN_OR_RETURN(PackageWriteSummary ws, writer.finish());
   sum.package_bytes = ws.file_size;
   if (!opt.keep_engine_files || own_dir) guard.cleanup();
+  else guard.release();
   cpu::release_heap();
   return sum;
 }
