@@ -107,7 +107,8 @@ json read_json(const std::string& path) {
   return j;
 }
 
-const char* kCases[] = {"tiny_a", "tiny_b", "tiny_b_absent_cam"};
+// tiny_a_bf16 holds a bf16 checkpoint (the others fp32, lerobot's default).
+const char* kCases[] = {"tiny_a", "tiny_b", "tiny_b_absent_cam", "tiny_a_bf16"};
 
 TEST(CompileCli, PackageActionsEqualFolderActions) {
   for (const char* fx : kCases)
@@ -234,6 +235,50 @@ TEST(CompileCli, EnginesRespectTheCap) {
       }
 }
 
+TEST(CompileCli, EngineDirAndKeepEngines) {
+  const std::string ref = read_file(package_for("tiny_a", "bf16", "16KiB"));
+  ASSERT_FALSE(ref.empty());
+  TempDir d("edir");
+  fs::create_directories(d.file("engines"));
+  fs::create_directories(d.file("out"));
+  // A given folder: used, emptied after, left in place; the package is the same.
+  Proc p = run_vlac({"compile", policy_of("tiny_a"), "-o", d.file("out/a.vlac"), "--engine-cap", "16KiB", "--engine-dir",
+                     d.file("engines"), "--quiet"});
+  ASSERT_EQ(p.rc, 0) << p.out;
+  EXPECT_TRUE(read_file(d.file("out/a.vlac")) == ref);
+  EXPECT_TRUE(fs::is_directory(d.file("engines")));
+  EXPECT_EQ(clitest::list_dir(d.file("engines")), std::vector<std::string>{});
+  EXPECT_EQ(clitest::list_dir(d.file("out")), std::vector<std::string>{"a.vlac"});
+  // --keep-engines: one file per engine, the same bytes as the package's engine segment.
+  p = run_vlac({"compile", policy_of("tiny_a"), "-o", d.file("out/b.vlac"), "--engine-cap", "16KiB", "--engine-dir",
+                d.file("engines"), "--keep-engines", "--quiet"});
+  ASSERT_EQ(p.rc, 0) << p.out;
+  EXPECT_TRUE(read_file(d.file("out/b.vlac")) == ref);
+  auto pk = Package::open(d.file("out/b.vlac"));
+  ASSERT_TRUE(pk.is_ok());
+  size_t n_engines = 0;
+  for (const PackageEngine& e : pk->manifest().engines) {
+    ++n_engines;
+    const std::string f = d.file("engines/" + e.name + ".engine");
+    ASSERT_TRUE(exists(f)) << "--keep-engines did not keep " << f;
+    auto bytes = pk->data(e.segment);
+    ASSERT_TRUE(bytes.is_ok());
+    EXPECT_TRUE(read_file(f) == std::string(reinterpret_cast<const char*>(bytes->data()), bytes->size())) << e.name;
+  }
+  EXPECT_EQ(clitest::list_dir(d.file("engines")).size(), n_engines);
+  // --keep-engines without --engine-dir keeps nothing (the temporary folder goes).
+  p = run_vlac({"compile", policy_of("tiny_a"), "-o", d.file("out/c.vlac"), "--engine-cap", "16KiB", "--keep-engines",
+                "--quiet"});
+  ASSERT_EQ(p.rc, 0) << p.out;
+  EXPECT_EQ(clitest::list_dir(d.file("out")).size(), 3u);
+  // An engine dir that is a file: exit 2, nothing at OUT.
+  clitest::write_file(d.file("plain"), "x");
+  p = run_vlac({"compile", policy_of("tiny_a"), "-o", d.file("out/e.vlac"), "--engine-dir", d.file("plain"), "--quiet"});
+  EXPECT_EQ(p.rc, 2) << p.out;
+  EXPECT_NE(p.out.find("plain"), std::string::npos) << p.out;
+  EXPECT_FALSE(exists(d.file("out/e.vlac")));
+}
+
 // ---- interrupted compiles ----
 
 
@@ -311,11 +356,12 @@ TEST(CompileKill, SigkillAtSeveralMomentsLeavesNothingAtOut) {
   EXPECT_TRUE(read_file(out) == ref);
   Proc v = run_vlac({"inspect", out, "--verify", "--quiet"});
   EXPECT_EQ(v.rc, 0) << v.out;
-  // What the killed runs left beside OUT: hidden engine folders / temporaries only.
+  // What the killed runs left beside OUT: the next compile removed their engine folders; only
+  // the package writer's hidden temporary of a run killed while packaging may remain.
   int leftovers = 0;
   for (const auto& n : d.entries()) {
     if (n == "p.vlac") continue;
-    EXPECT_EQ(n[0], '.') << "a visible leftover: " << n;
+    EXPECT_EQ(n.rfind(".p.vlac.vlac-tmp-", 0), 0u) << "leftover beside OUT: " << n;
     ++leftovers;
   }
   std::printf("[ kill     ] %d of %zu runs killed mid-compile; %d hidden leftovers beside OUT\n", killed, points.size(),
