@@ -552,10 +552,14 @@ TEST(CompileCli, BadFlagsExit2AndWriteNothing) {
   TempDir d("flags");
   const std::string out = d.file("p.vlac");
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
-      {{"--engine-cap", "abc"}, "abc"},       {{"--engine-cap", "0"}, "--engine-cap"},
-      {{"--engine-cap", "1KiB"}, "--engine-cap"}, {{"--engine-cap", "4095"}, "--engine-cap"},
-      {{"--engine-cap", "-4KiB"}, "-4KiB"},   {{"--engine-cap", "16QB"}, "16QB"},
-      {{"--engine-cap", ""}, "size"},         {{"--engine-cap", "99999999TiB"}, "99999999TiB"},
+      {{"--engine-cap", "abc"}, "--engine-cap: not a size: 'abc'"},
+      {{"--engine-cap", "0"}, "--engine-cap"},
+      {{"--engine-cap", "1KiB"}, "--engine-cap"},
+      {{"--engine-cap", "4095"}, "--engine-cap"},
+      {{"--engine-cap", "-4KiB"}, "--engine-cap: not a size: '-4KiB'"},
+      {{"--engine-cap", "16QB"}, "--engine-cap: unknown size unit in '16QB'"},
+      {{"--engine-cap", ""}, "--engine-cap"},
+      {{"--engine-cap", "99999999TiB"}, "--engine-cap"},
       {{"--dtype", "fp16"}, "--dtype"},       {{"--dtype", ""}, "--dtype"},
       {{"--backend", "cuda"}, "--backend"},   {{"--no-such-flag"}, "no-such-flag"},
   };

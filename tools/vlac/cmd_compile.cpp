@@ -32,7 +32,11 @@ Status compile_policy(const CompileFlags& f, MemMeter& meter) {
   o.out = f.out;
   if (f.dtype != "bf16" && f.dtype != "fp32") return invalid_argument("--dtype must be bf16 or fp32, got '" + f.dtype + "'");
   o.bf16 = f.dtype == "bf16";
-  VLAC_ASSIGN_OR_RETURN(o.engine_cap, parse_size(f.engine_cap));
+  {
+    auto cap = parse_size(f.engine_cap);
+    if (!cap.is_ok()) return cap.status().with_context("--engine-cap");
+    o.engine_cap = *cap;
+  }
   if (f.backend != "cpu") return unsupported("--backend " + f.backend + ": this build compiles cpu engines only");
   o.engine_dir = f.engine_dir;
   o.keep_engine_files = f.keep_engines && !f.engine_dir.empty();
