@@ -235,6 +235,68 @@ TEST(CompileCli, EnginesRespectTheCap) {
       }
 }
 
+// The manifest's bookkeeping: weights stored once and read from the same or an earlier engine,
+// last-use lists matching the readers, crossings flowing forward, the stages listing every engine,
+// and nothing inference never reads (the LM heads) packaged.
+TEST(CompileCli, ManifestIsConsistent) {
+  for (const char* fx : {"tiny_a", "tiny_b"})
+    for (const char* dtype : {"fp32", "bf16"})
+      for (const char* cap : {"16KiB", "512MiB"}) {
+        SCOPED_TRACE(std::string(fx) + " " + dtype + " cap " + cap);
+        auto pk = Package::open(package_for(fx, dtype, cap));
+        ASSERT_TRUE(pk.is_ok()) << pk.status().message();
+        const json& engines = pk->manifest_json()["engines"];
+        std::map<std::string, int> index;  // engine segment / name -> run-order index
+        for (size_t i = 0; i < engines.size(); ++i) {
+          index[engines[i]["segment"].get<std::string>()] = int(i);
+          index[engines[i]["name"].get<std::string>()] = int(i);
+        }
+        std::map<std::string, std::string> stored_in;  // weight name -> segment
+        std::map<std::string, int> last_reader, last_use_at;
+        for (size_t i = 0; i < engines.size(); ++i) {
+          const json& e = engines[i];
+          const std::string name = e["name"].get<std::string>();
+          uint64_t own_bytes = 0;
+          for (const json& w : e["weights"]) {
+            const std::string wn = w["name"].get<std::string>(), seg = w["segment"].get<std::string>();
+            EXPECT_EQ(wn.find("lm_head"), std::string::npos) << name << " packages " << wn;
+            ASSERT_TRUE(index.count(seg)) << name << ": weight " << wn << " in no engine segment";
+            EXPECT_LE(index[seg], int(i)) << name << " reads " << wn << " from a later engine";
+            if (auto it = stored_in.find(wn); it != stored_in.end()) {
+              EXPECT_EQ(it->second, seg) << wn << " stored twice";
+            }
+            stored_in[wn] = seg;
+            if (seg == e["segment"].get<std::string>()) own_bytes += w["bytes"].get<uint64_t>();
+            last_reader[e["stage"].get<std::string>() + "/" + wn] = int(i);
+          }
+          EXPECT_EQ(own_bytes, e["weight_bytes"].get<uint64_t>()) << name;
+          for (const json& lu : e["last_use"]) {
+            const std::string key = e["stage"].get<std::string>() + "/" + lu.get<std::string>();
+            EXPECT_EQ(last_use_at.count(key), 0u) << key << " has two last uses";
+            last_use_at[key] = int(i);
+          }
+        }
+        EXPECT_EQ(last_use_at, last_reader) << "last_use lists differ from the last reader of each weight";
+        for (const json& c : pk->manifest_json()["crossing"]) {
+          const int prod = index.at(c["producer"].get<std::string>());
+          for (const json& u : c["consumers"]) EXPECT_LT(prod, index.at(u.get<std::string>())) << c.dump();
+        }
+        size_t listed = 0;
+        int prev = -1;
+        for (const char* stage : {"vision", "text", "lm", "step"}) {
+          const json& names = pk->manifest().policy["stages"][stage];
+          ASSERT_FALSE(names.empty()) << stage;
+          for (const json& n : names) {
+            const int at = index.at(n.get<std::string>());
+            EXPECT_EQ(at, prev + 1) << "stages do not list the engines in run order";
+            prev = at;
+            ++listed;
+          }
+        }
+        EXPECT_EQ(listed, engines.size());
+      }
+}
+
 TEST(CompileCli, EngineDirAndKeepEngines) {
   const std::string ref = read_file(package_for("tiny_a", "bf16", "16KiB"));
   ASSERT_FALSE(ref.empty());
