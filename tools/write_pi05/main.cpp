@@ -8,14 +8,11 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 
 #include "core/bytes.h"
 #include "core/status.h"
@@ -23,7 +20,6 @@
 #include "mem/meter.h"
 #include "mem/progress.h"
 #include "models/pi05_arch.h"
-#include "models/pi05_builder.h"
 #include "models/pi05_demo.h"
 
 namespace vlac {
@@ -39,9 +35,8 @@ struct Flags {
   int64_t obs_tokens = 48;
 };
 
-
 // Size of the writer's temporary file for `final_name` in `dir` (AtomicFile names it
-// ".NAME.vlac-tmp-XXXXXX"), or of the final file once renamed; 0 if neither exists yet.
+// ".NAME.vlac-tmp-XXXXXX"); 0 before it exists and after the rename.
 uint64_t bytes_on_disk(const std::string& dir, const std::string& final_name) {
   const std::string prefix = "." + final_name + ".vlac-tmp-";
   uint64_t best = 0;
