@@ -73,7 +73,7 @@ Status compile_policy(const CompileFlags& f, MemMeter& meter) {
   meter.add_extra("source_weight_bytes", std::to_string(s.source_weight_bytes));
   meter.add_extra("crossing_bytes", std::to_string(s.crossing_bytes));
   meter.add_extra("engine_cap", std::to_string(o.engine_cap));
-  meter.add_extra("wall_seconds", std::to_string(secs));
+  meter.add_extra("compile_seconds", std::to_string(secs));
   if (f.show_plan) std::printf("%s", s.plan_text.c_str());
   std::printf("vlac compile: %s -> %s: %zu engines (%s weights, largest %s, cap %s%s), package %s, %.1f s\n",
               f.policy.c_str(), f.out.c_str(), s.engines.size(), format_bytes(s.packed_weight_bytes).c_str(),
