@@ -3,6 +3,7 @@
 #include "runtime/pi05_package_policy.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "ir/serialize.h"
@@ -30,6 +31,10 @@ Pi05PackagePolicy& Pi05PackagePolicy::operator=(Pi05PackagePolicy&&) noexcept = 
 Pi05PackagePolicy::~Pi05PackagePolicy() = default;
 
 namespace {
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
 
 Result<int64_t> get_int(const json& p, const char* key, const std::string& where, int64_t min) {
   auto it = p.find(key);
@@ -270,13 +275,17 @@ Status Pi05PackagePolicy::run_prefix(const Pi05Observation& obs) {
   const int64_t nt = int64_t(obs.tokens.size());
   const int64_t P = int64_t(obs.cameras.size()) * n_img_ + nt;
   embeddings_.assign(size_t(P * W_), 0.0f);
+  stats_.vision_ms.clear();
+  stats_.text_ms = 0;
   image_in_.resize(size_t(C_ * R_ * R_));
   for (size_t c = 0; c < obs.cameras.size(); ++c) {
     if (obs.images[c].size() != image_in_.size()) return invalid_argument("pi0.5: image of the wrong size");
     for (size_t i = 0; i < image_in_.size(); ++i) image_in_[i] = obs.images[c][i] * 2.0f - 1.0f;  // SigLIP range
     std::map<std::string, Slot> v;
     v[kPi05InImage] = Slot{image_in_.data(), ir::ValueInfo{DType::F32, {C_, R_, R_}}};
+    const auto tv = std::chrono::steady_clock::now();
     VLAC_RETURN_IF_ERROR(run_stage(stages_["vision"], &v));
+    stats_.vision_ms.push_back(ms_since(tv));
     auto it = v.find(kPi05OutImageTokens);
     if (it == v.end() || it->second.info.shape != std::vector<int64_t>{n_img_, W_} || it->second.info.dtype != DType::F32)
       return invalid_format(pkg_->path() + ": the vision engines do not produce image_tokens F32[" + std::to_string(n_img_) +
@@ -292,7 +301,9 @@ Status Pi05PackagePolicy::run_prefix(const Pi05Observation& obs) {
     tokens_ = obs.tokens;
     std::map<std::string, Slot> v;
     v[kPi05InTokens] = Slot{tokens_.data(), ir::ValueInfo{DType::I64, {nt}}};
+    const auto tt = std::chrono::steady_clock::now();
     VLAC_RETURN_IF_ERROR(run_stage(stages_["text"], &v));
+    stats_.text_ms = ms_since(tt);
     auto it = v.find(kPi05OutTextEmbeddings);
     if (it == v.end() || it->second.info.shape != std::vector<int64_t>{nt, W_} || it->second.info.dtype != DType::F32)
       return invalid_format(pkg_->path() + ": the text engines do not produce text_embeddings F32[" + std::to_string(nt) +
@@ -306,7 +317,9 @@ Status Pi05PackagePolicy::run_prefix(const Pi05Observation& obs) {
   std::map<std::string, Slot> v;
   v[kPi05InPrefixEmbeddings] = Slot{embeddings_.data(), ir::ValueInfo{DType::F32, {P, W_}}};
   v[kPi05InPrefixPos] = Slot{prefix_pos_.data(), ir::ValueInfo{DType::I64, {P}}};
+  const auto tl = std::chrono::steady_clock::now();
   VLAC_RETURN_IF_ERROR(run_stage(stages_["lm"], &v));
+  stats_.lm_ms = ms_since(tl);
   release_stage("lm");
   prefix_kv_.clear();
   for (int64_t l = 0; l < depth_; ++l)
@@ -334,9 +347,12 @@ Status Pi05PackagePolicy::denoise(const float* noise, float* action_normalized) 
   Pi05EulerSpec euler;
   euler.steps = steps_;
   euler.dt = dt_;
+  stats_.step_ms.assign(size_t(steps_), 0.0);
   for (int64_t k = 0; k < steps_; ++k) {
     t_[0] = euler.time(k);  // x_ and t_ are bound in place; outputs are overwritten each step
+    const auto ts = std::chrono::steady_clock::now();
     VLAC_RETURN_IF_ERROR(run_stage(stages_["step"], &v));
+    stats_.step_ms[size_t(k)] = ms_since(ts);
     auto it = v.find("x_next");
     if (it == v.end() || it->second.info.bytes() != x_.size() * 4 || it->second.info.dtype != DType::F32)
       return invalid_format(pkg_->path() + ": the step engines do not produce 'x_next' F32[" + std::to_string(H_) + ", " +

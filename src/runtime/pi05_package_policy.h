@@ -35,6 +35,10 @@ struct Pi05PackageStats {
   uint64_t evicted_bytes = 0;       // their size (re-read from disk when used again)
   uint64_t peak_resident_weight_bytes = 0;  // by the budget's accounting
   uint64_t activation_bytes = 0;    // arenas + inputs + scratch of the live executors
+  // Latency of the last observation by stage, milliseconds.
+  std::vector<double> vision_ms;    // one per present camera
+  double text_ms = 0, lm_ms = 0;
+  std::vector<double> step_ms;      // one per denoising step
 };
 
 class Pi05PackagePolicy {

@@ -122,6 +122,16 @@ Status run_package(const PackageRunArgs& f, MemMeter& meter) {
   meter.add_extra("peak_resident_weight_bytes", std::to_string(st.peak_resident_weight_bytes));
   meter.add_extra("activation_bytes", std::to_string(st.activation_bytes));
   meter.add_extra("iterations_ms", "[" + repeats + "]");
+  {
+    auto list = [](const std::vector<double>& v) {
+      std::string out = "[";
+      for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + std::to_string(v[i]);
+      return out + "]";
+    };
+    meter.add_extra("stage_ms", "{\"vision_per_camera\": " + list(st.vision_ms) + ", \"text\": " +
+                                    std::to_string(st.text_ms) + ", \"prefix_lm\": " + std::to_string(st.lm_ms) +
+                                    ", \"denoise_steps\": " + list(st.step_ms) + "}");
+  }
   meter.add_extra("reopened", std::to_string(reopened));
   meter.add_extra("latency_ms", "{\"load\": " + std::to_string(load_ms) + ", \"prefix\": " + std::to_string(ms(t1, t2)) +
                                     ", \"denoise\": " + std::to_string(ms(t2, t3)) + "}");
