@@ -155,6 +155,12 @@ TEST(CompileCli, MemBudgetStreamsEnginesWithTheSameActions) {
       EXPECT_GT(r["evicted_bytes"].get<int64_t>(), 0);
       EXPECT_EQ(r["mem_budget"].get<int64_t>(), 64 << 10);
       EXPECT_NE(p.out.find("evictions"), std::string::npos) << p.out;
+      // A budget below every engine's size still runs (each engine mapped, run, dropped in turn).
+      auto tiny = run_args(pkg, fx, out);
+      tiny.insert(tiny.end(), {"--mem-budget", "1B"});
+      Proc t = run_vlac(tiny);
+      ASSERT_EQ(t.rc, 0) << t.out;
+      EXPECT_TRUE(tensor_bytes(out, "action_normalized") == tensor_bytes(folder_run(fx, dtype), "action_normalized"));
       // Without a budget nothing is evicted.
       const std::string rep0 = cache_dir().file("nobudget.json");
       auto args0 = run_args(pkg, fx, out);
