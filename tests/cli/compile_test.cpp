@@ -518,16 +518,8 @@ Rejected try_package(const std::string& pkg, const std::string& out) {
   return r;
 }
 
-// `magic_broken`: the first 8 bytes no longer say "package"; `vlac run` then takes the path for a
-// policy folder and fails with exit 1 ("X.vlac/config.json: cannot open: Not a directory"):
-// reported to the lead, see DISABLED_BadMagicRunExits2 below.
-void expect_rejected(const Rejected& r, const std::string& pkg, const std::string& out, const std::string& what,
-                     bool magic_broken = false) {
-  if (magic_broken) {
-    EXPECT_NE(r.run.rc, 0) << what << ": vlac run: " << r.run.out;
-  } else {
-    EXPECT_EQ(r.run.rc, 2) << what << ": vlac run: " << r.run.out;
-  }
+void expect_rejected(const Rejected& r, const std::string& pkg, const std::string& out, const std::string& what) {
+  EXPECT_EQ(r.run.rc, 2) << what << ": vlac run: " << r.run.out;
   EXPECT_NE(r.run.out.find(pkg), std::string::npos) << what << ": vlac run does not name the file: " << r.run.out;
   EXPECT_EQ(r.verify.rc, 2) << what << ": vlac inspect --verify: " << r.verify.out;
   EXPECT_NE(r.verify.out.find(pkg), std::string::npos) << what << ": inspect does not name the file: " << r.verify.out;
@@ -565,7 +557,7 @@ TEST(CompileCli, FlippedBytesAreRejected) {
     std::string b = good;
     b[size_t(at)] = char(b[size_t(at)] ^ 0x20);
     clitest::write_file(bad, b);
-    expect_rejected(try_package(bad, out), bad, out, "byte " + std::to_string(at), at < 8);
+    expect_rejected(try_package(bad, out), bad, out, "byte " + std::to_string(at));
   }
   // A byte in the alignment padding between segments (must be zero).
   const PackageSegment* e0 = engines.front();
@@ -589,7 +581,7 @@ TEST(CompileCli, TruncatedOrExtendedPackagesAreRejected) {
   for (uint64_t n : {uint64_t(0), uint64_t(7), uint64_t(64), pk->layout().table_end - 1, pk->layout().manifest_end - 1,
                      pk->segments().back().offset, uint64_t(good.size() / 2), uint64_t(good.size() - 1)}) {
     clitest::write_file(bad, good.substr(0, size_t(n)));
-    expect_rejected(try_package(bad, out), bad, out, "truncated to " + std::to_string(n), n < 8);
+    expect_rejected(try_package(bad, out), bad, out, "truncated to " + std::to_string(n));
   }
   clitest::write_file(bad, good + std::string(1, '\0'));
   expect_rejected(try_package(bad, out), bad, out, "one byte appended");
@@ -597,9 +589,8 @@ TEST(CompileCli, TruncatedOrExtendedPackagesAreRejected) {
   expect_rejected(try_package(bad, out), bad, out, "64 KiB appended");
 }
 
-// A file named .vlac whose magic is wrong is a bad package (exit 2), not a missing policy folder.
-// Disabled until cmd_run.cpp routes it to the package reader (as `vlac inspect` does for *.vlac).
-TEST(CompileCli, DISABLED_BadMagicRunExits2) {
+// A file whose magic is wrong is a bad package (exit 2), not a policy folder missing config.json.
+TEST(CompileCli, BadMagicRunExits2) {
   const std::string good = read_file(package_for("tiny_a", "fp32", "16KiB"));
   TempDir d("magic");
   const std::string bad = d.file("bad.vlac"), out = d.file("o.safetensors");

@@ -38,7 +38,11 @@ struct RunFlags {
 };
 
 Status run_policy(const RunFlags& f, MemMeter& meter) {
-  if (has_package_magic(f.policy))  // a compiled .vlac package: src/runtime/
+  // A compiled .vlac package (src/runtime/). A plain file is never a policy folder: the package
+  // reader says what is wrong with it (bad magic, truncated) instead of "FILE/config.json".
+  struct stat st;
+  const bool plain_file = ::stat(f.policy.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+  if (plain_file || has_package_magic(f.policy))
     return run_package(PackageRunArgs{f.policy, f.obs, f.out, f.noise, f.dtype, f.dump_dir, f.task, f.tokenizer,
                                       f.mem_budget, f.seed, f.threads, f.repeat, f.common.quiet},
                        meter);
