@@ -21,6 +21,7 @@
 #include "models/pi05_builder.h"
 #include "package/package_writer.h"
 #include "partition/partition.h"
+#include "policy/pi05_processor.h"
 
 namespace vlac {
 
@@ -55,22 +56,6 @@ class DirGuard {
 bool is_dir(const std::string& p) {
   struct stat st;
   return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-void list_files(const std::string& root, const std::string& rel, std::vector<std::string>* out) {
-  DIR* d = ::opendir((root + (rel.empty() ? "" : "/" + rel)).c_str());
-  if (!d) return;
-  while (dirent* e = ::readdir(d)) {
-    const std::string n = e->d_name;
-    if (n == "." || n == ".." || n[0] == '.') continue;
-    const std::string r = rel.empty() ? n : rel + "/" + n;
-    if (is_dir(root + "/" + r)) {
-      if (rel.empty() && n == "tokenizer") list_files(root, r, out);
-    } else {
-      out->push_back(r);
-    }
-  }
-  ::closedir(d);
 }
 
 // Engine folders of compiles that were killed (".vlac-engines-<pid>" whose process is gone):
@@ -114,15 +99,7 @@ struct StageGraph {
 }  // namespace
 
 std::vector<std::string> pi05_side_files(const std::string& policy_dir) {
-  std::vector<std::string> all, out;
-  list_files(policy_dir, "", &all);
-  for (const auto& f : all) {
-    if (f == "config.json" || f == "model.safetensors" || f == "model.safetensors.index.json") continue;
-    if (f.rfind("model-", 0) == 0 && f.size() > 12 && f.substr(f.size() - 12) == ".safetensors") continue;
-    const bool json_file = f.size() > 5 && f.substr(f.size() - 5) == ".json";
-    const bool st_file = f.size() > 12 && f.substr(f.size() - 12) == ".safetensors";
-    if (f.rfind("tokenizer/", 0) == 0 || json_file || st_file) out.push_back(f);
-  }
+  std::vector<std::string> out = pi05_processor_file_names(policy_dir);
   std::sort(out.begin(), out.end());
   return out;
 }
@@ -137,6 +114,10 @@ Result<Pi05CompileSummary> compile_pi05(const std::string& policy_dir, const Pi0
   if (opt.out.empty()) return invalid_argument("compile: -o OUT.vlac is required");
   if (opt.engine_cap < 4096) return invalid_argument("--engine-cap must be at least 4 KiB");
   VLAC_ASSIGN_OR_RETURN(Pi05Model model, Pi05Model::load(policy_dir));
+  // The processor files go into the package verbatim: refuse now what the runtime would refuse.
+  VLAC_RETURN_IF_ERROR(load_pi05_processor(policy_dir).status());
+  if (!is_dir(parent_dir(opt.out)))
+    return not_found(opt.out + ": the output folder " + parent_dir(opt.out) + " does not exist");
   const Pi05Config& cfg = model.config();
   const Pi05Dims& d = model.dims();
   const int64_t L = cfg.tokenizer_max_length;

@@ -45,8 +45,9 @@ struct Pi05CompileSummary {
 /// temporary engine folder is removed.
 Result<Pi05CompileSummary> compile_pi05(const std::string& policy_dir, const Pi05CompileOptions& options);
 
-/// Side files of a policy folder packaged verbatim (processor configs, normalization stats,
-/// tokenizer/), relative names, sorted: everything but config.json and the model weights.
+/// Side files of a policy folder packaged verbatim besides config.json: lerobot's processor
+/// pipelines, the statistics files they name, tokenizer/tokenizer.model (what the runtime reads;
+/// tokenizer.json is not). Relative names, sorted.
 std::vector<std::string> pi05_side_files(const std::string& policy_dir);
 
 }  // namespace vlac

@@ -709,17 +709,26 @@ TEST(CompileCli, MissingOrMisshapenTensorExits2AndLeavesNothing) {
 // A failure after engines were built (a side file that cannot be read): nothing at OUT, and the
 // temporary engine folder is removed.
 TEST(CompileCli, LateFailureRemovesTheEngineFolder) {
+  // A processor file vanishes after every engine is built, while the package is written: the
+  // compile fails naming it and leaves nothing beside OUT (no package, no engine folder).
   TempDir d("late");
   copy_policy(policy_of("tiny_a"), d.file("policy"), [](TensorSpec*) { return true; });
-  fs::create_symlink(d.file("policy/no_such_target.json"), d.file("policy/zz_dangling.json"));
   fs::create_directories(d.file("out"));
   const std::string out = d.file("out/p.vlac");
-  Proc p = run_vlac({"compile", d.file("policy"), "-o", out, "--engine-cap", "16KiB", "--quiet"});
-  EXPECT_NE(p.rc, 0) << p.out;
-  EXPECT_NE(p.out.find("zz_dangling.json"), std::string::npos) << p.out;
+  const std::string victim = d.file("policy/policy_postprocessor.json");
+  ASSERT_TRUE(fs::exists(victim));
+  Pi05CompileOptions o;
+  o.out = out;
+  o.engine_cap = 16 << 10;
+  o.on_stage = [&](const std::string& stage) {
+    if (stage == "package") fs::rename(victim, victim + ".away");
+  };
+  auto r = compile_pi05(d.file("policy"), o);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("policy_postprocessor.json"), std::string::npos) << r.status().message();
   EXPECT_EQ(clitest::list_dir(d.file("out")), std::vector<std::string>{}) << "a failed compile left files";
-  // With the link gone the same folder compiles.
-  fs::remove(d.file("policy/zz_dangling.json"));
+  // With the file back the same folder compiles.
+  fs::rename(victim + ".away", victim);
   Proc ok = run_vlac({"compile", d.file("policy"), "-o", out, "--engine-cap", "16KiB", "--quiet"});
   EXPECT_EQ(ok.rc, 0) << ok.out;
   EXPECT_EQ(clitest::list_dir(d.file("out")), std::vector<std::string>{"p.vlac"});

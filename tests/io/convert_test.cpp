@@ -499,32 +499,41 @@ TEST(ConvertCli, BadInputExitsTwoAndLeavesNothing) {
   fs::remove_all(dir);
 }
 
-TEST(DemoCli, WritesConvertsInspects) {
+TEST(DemoCli, WritesCompilesRuns) {
   std::string dir = temp_dir("demo");
   std::string out;
-  ASSERT_EQ(run_vlac({"demo", dir + "/policy", "--report-json", dir + "/r.json"}, &out), 0) << out;
-  EXPECT_TRUE(fs::exists(dir + "/policy/config.json"));
-  auto config = nlohmann::json::parse(std::ifstream(dir + "/policy/config.json"));
+  ASSERT_EQ(run_vlac({"demo", dir + "/d", "--report-json", dir + "/r.json"}, &out), 0) << out;
+  // 1. a lerobot-layout policy folder and an observation
+  ASSERT_TRUE(fs::exists(dir + "/d/policy/config.json"));
+  auto config = nlohmann::json::parse(std::ifstream(dir + "/d/policy/config.json"));
   EXPECT_EQ(config["type"], "pi05");
-  auto fp32 = SafetensorsFile::open(dir + "/policy/model.safetensors");
-  auto bf16 = SafetensorsFile::open(dir + "/policy/model.bf16.safetensors");
-  ASSERT_TRUE(fp32.is_ok() && bf16.is_ok());
-  EXPECT_EQ(fp32->tensors().size(), bf16->tensors().size());
+  auto fp32 = SafetensorsFile::open(dir + "/d/policy/model.safetensors");
+  ASSERT_TRUE(fp32.is_ok());
   EXPECT_GT(fp32->tensors().size(), 50u);
   for (const auto& t : fp32->tensors()) EXPECT_EQ(t.dtype, DType::F32);
-  for (const auto& t : bf16->tensors()) EXPECT_EQ(t.dtype, DType::BF16);
   EXPECT_NE(fp32->find("model.action_in_proj.weight"), nullptr);
-  EXPECT_NE(out.find("memory per phase"), std::string::npos) << out;
+  EXPECT_TRUE(fs::exists(dir + "/d/observation.safetensors"));
+  // 2. a package with several engines, 3. actions
+  EXPECT_TRUE(fs::exists(dir + "/d/policy.vlac"));
+  auto actions = SafetensorsFile::open(dir + "/d/actions.safetensors");
+  ASSERT_TRUE(actions.is_ok());
+  const TensorInfo* a = actions->find("action_normalized");
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(a->shape, (std::vector<int64_t>{50, 32}));
+  EXPECT_NE(out.find("memory and latency per phase"), std::string::npos) << out;
   auto report = nlohmann::json::parse(std::ifstream(dir + "/r.json"));
   std::vector<std::string> phases;
   for (const auto& p : report["phases"]) phases.push_back(p["name"]);
-  EXPECT_EQ(phases, (std::vector<std::string>{"write-demo", "convert", "inspect"}));
-  // Deterministic: the same seed gives the same bytes.
+  EXPECT_EQ(phases, (std::vector<std::string>{"write-demo", "compile", "load", "prefix", "denoise"}));
+  EXPECT_GT(report["engines"].get<int>(), 1);
+  // Deterministic: the same seed gives the same policy, package and actions.
   ASSERT_EQ(run_vlac({"demo", dir + "/again", "--quiet"}), 0);
-  auto again = SafetensorsFile::open(dir + "/again/model.safetensors");
-  ASSERT_TRUE(again.is_ok());
-  EXPECT_EQ(again->file_size(), fp32->file_size());
-  EXPECT_EQ(std::memcmp(again->map().data(), fp32->map().data(), fp32->file_size()), 0);
+  for (const char* f : {"policy/model.safetensors", "policy.vlac", "actions.safetensors"}) {
+    std::ifstream x(dir + "/d/" + f, std::ios::binary), y(dir + "/again/" + f, std::ios::binary);
+    std::string bx((std::istreambuf_iterator<char>(x)), {}), by((std::istreambuf_iterator<char>(y)), {});
+    EXPECT_FALSE(bx.empty());
+    EXPECT_TRUE(bx == by) << f << " differs between two demos";
+  }
   fs::remove_all(dir);
 }
 
