@@ -15,7 +15,9 @@ writes obs/noise safetensors (pre-tokenized prompt), then for every thread count
 
 Usage (fp32, CPU only):
     python tools/bench_cpu_vs_lerobot.py --vlac build/vlac --work /tmp/cmpwork --out result.json \
-        [--size medium|tiny] [--threads 1,4,8] [--repeats 3]
+        [--size medium|tiny] [--threads 1,4,8] [--repeats 3] [--vlac-env NAME:K=V,K=V ...]
+--vlac-env runs vlac once more per variant with extra environment (e.g. skx:OPENBLAS_CORETYPE=SkylakeX);
+the variant "default" (the environment as found) always runs first.
 Runs with lerobot 0.6.1 on transformers 5.5.x or >= 5.6 (make_pi05_fixtures wraps create_causal_mask).
 """
 
@@ -96,8 +98,10 @@ def machine_info() -> dict:
         pass
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                info["cpu_model"] = line.split(":", 1)[1].strip()
+            key = line.split(":", 1)[0].strip()
+            if key in ("model name", "cpu family", "model", "stepping") and key not in info:
+                info[key] = line.split(":", 1)[1].strip()
+            if key == "flags":
                 break
         flags = next(l for l in Path("/proc/cpuinfo").read_text().splitlines() if l.startswith("flags"))
         info["cpu_flags_of_note"] = [f for f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
@@ -196,6 +200,8 @@ def main() -> int:
     ap.add_argument("--size", choices=sorted(SIZES), default="medium")
     ap.add_argument("--threads", default="1,4,8")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--vlac-env", action="append", default=[], metavar="NAME:K=V,K=V",
+                    help="extra vlac variant with these environment variables (repeatable)")
     ap.add_argument("--time-budget", type=float, default=480.0, help="seconds; later thread counts are skipped past it")
     args = ap.parse_args()
     t_start = time.perf_counter()
@@ -205,6 +211,10 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     vlac = str(Path(args.vlac).resolve())
+    variants = [("default", {})]
+    for spec in args.vlac_env:
+        name, _, kvs = spec.partition(":")
+        variants.append((name, dict(kv.split("=", 1) for kv in kvs.split(",") if kv)))
 
     # Build, randomize and save with lerobot.
     torch.set_num_threads(max(threads))
@@ -262,6 +272,13 @@ def main() -> int:
         "per_threads": [],
     }
 
+    result["vlac_variants"] = {}
+    for name, extra in variants:
+        venv = {**env, **extra, "OPENBLAS_VERBOSE": "2"}
+        p = subprocess.run([vlac, "--help"], capture_output=True, text=True, env=venv)
+        core = [l.strip() for l in (p.stdout + p.stderr).splitlines() if "core" in l.lower() or "openblas" in l.lower()][:4]
+        result["vlac_variants"][name] = {"env": extra, "openblas_verbose": core}
+
     def dump():
         args.out.parent.mkdir(parents=True, exist_ok=True)
         tmp = args.out.with_suffix(".tmp")
@@ -292,50 +309,53 @@ def main() -> int:
             continue
         torch.set_num_threads(T)
         lr = time_lerobot(policy, batch, noise, args.repeats)
-        vf = time_vlac_folder(vlac, folder, obs_path, noise_path, work, T, args.repeats, env)
-        out = work / f"pkg_out_t{T}.safetensors"
-        rep = work / f"pkg_report_t{T}.json"
-        pwall, _ = run_cmd([vlac, "run", str(pkg), "--obs", str(obs_path), "--noise", str(noise_path), "--out", str(out),
-                            "--threads", str(T), "--repeat", str(args.repeats), "--report-json", str(rep), "--quiet"], env)
-        pr = json.loads(rep.read_text())
-        pact = load_file(str(out))["action_normalized"]
         ref = lr.pop("action_normalized")
-        vact = vf.pop("action_normalized")
-        finite = bool(torch.isfinite(ref).all()) and bool(torch.isfinite(vact).all())
         lr_ms = lr["median_ms"]
-        v_ms = vf["median_ms"]
-        row = {
-            "threads": T,
-            "lerobot": lr,
-            "vlac_folder": vf,
-            "vlac_package": {
-                "process_wall_ms": pwall,
-                "latency_ms": pr.get("latency_ms"),
-                "iterations_ms": pr.get("iterations_ms"),
-                "stage_ms": pr.get("stage_ms"),
-                "peak_rss_bytes": pr.get("peak_rss_bytes"),
-            },
-            "max_abs_diff_action_normalized": {
-                "vlac_folder_vs_lerobot": float((vact - ref).abs().max()),
-                "vlac_package_vs_lerobot": float((pact - ref).abs().max()),
-                "lerobot_abs_max": float(ref.abs().max()),
-                "all_finite": finite,
-            },
-            "speedup": {
-                "lerobot_over_vlac_prefix_plus_denoise": lr_ms / v_ms["prefix_plus_denoise"],
-                "lerobot_over_vlac_process_wall": lr_ms / v_ms["process_wall_ms"],
-                "lerobot_over_vlac_package_steady": lr_ms / (pr["latency_ms"]["prefix"] + pr["latency_ms"]["denoise"])
-                if pr.get("latency_ms") else None,
-            },
-        }
+        row = {"threads": T, "lerobot": lr, "vlac": {}}
+        for name, extra in variants:
+            venv = {**env, **extra}
+            vf = time_vlac_folder(vlac, folder, obs_path, noise_path, work, T, args.repeats, venv)
+            out = work / f"pkg_out_t{T}.safetensors"
+            rep = work / f"pkg_report_t{T}.json"
+            pwall, _ = run_cmd([vlac, "run", str(pkg), "--obs", str(obs_path), "--noise", str(noise_path), "--out", str(out),
+                                "--threads", str(T), "--repeat", str(args.repeats), "--report-json", str(rep), "--quiet"], venv)
+            pr = json.loads(rep.read_text())
+            pact = load_file(str(out))["action_normalized"]
+            vact = vf.pop("action_normalized")
+            finite = bool(torch.isfinite(ref).all()) and bool(torch.isfinite(vact).all())
+            v_ms = vf["median_ms"]
+            lat = pr.get("latency_ms") or {}
+            vrow = {
+                "env": extra,
+                "folder": vf,
+                "package": {
+                    "process_wall_ms": pwall,
+                    "latency_ms": lat,
+                    "iterations_ms": pr.get("iterations_ms"),
+                    "stage_ms": pr.get("stage_ms"),
+                    "peak_rss_bytes": pr.get("peak_rss_bytes"),
+                },
+                "max_abs_diff_action_normalized": {
+                    "folder_vs_lerobot": float((vact - ref).abs().max()),
+                    "package_vs_lerobot": float((pact - ref).abs().max()),
+                    "lerobot_abs_max": float(ref.abs().max()),
+                    "all_finite": finite,
+                },
+                "speedup_lerobot_over_vlac": {
+                    "prefix_plus_denoise": lr_ms / v_ms["prefix_plus_denoise"],
+                    "process_wall": lr_ms / v_ms["process_wall_ms"],
+                    "package_steady_prefix_plus_denoise": lr_ms / (lat["prefix"] + lat["denoise"]) if lat else None,
+                },
+            }
+            row["vlac"][name] = vrow
+            print(f"T={T} [{name}]: lerobot {lr_ms:.1f} ms (prefix {lr['median_prefix_ms']:.1f}, denoise {lr['median_denoise_ms']:.1f}) | "
+                  f"vlac prefix {v_ms['prefix']:.1f} + denoise {v_ms['denoise']:.1f} = {v_ms['prefix_plus_denoise']:.1f} ms, "
+                  f"load {v_ms['load']:.1f}, process {v_ms['process_wall_ms']:.1f} | "
+                  f"x{vrow['speedup_lerobot_over_vlac']['prefix_plus_denoise']:.2f} | "
+                  f"max|d| {vrow['max_abs_diff_action_normalized']['folder_vs_lerobot']:.2e} "
+                  f"pkg {vrow['max_abs_diff_action_normalized']['package_vs_lerobot']:.2e}", flush=True)
         result["per_threads"].append(row)
         dump()
-        print(f"T={T}: lerobot {lr_ms:.1f} ms (prefix {lr['median_prefix_ms']:.1f}, denoise {lr['median_denoise_ms']:.1f}) | "
-              f"vlac prefix {v_ms['prefix']:.1f} + denoise {v_ms['denoise']:.1f} = {v_ms['prefix_plus_denoise']:.1f} ms, "
-              f"load {v_ms['load']:.1f}, process {v_ms['process_wall_ms']:.1f} | "
-              f"x{row['speedup']['lerobot_over_vlac_prefix_plus_denoise']:.2f} | "
-              f"max|d| {row['max_abs_diff_action_normalized']['vlac_folder_vs_lerobot']:.2e} "
-              f"pkg {row['max_abs_diff_action_normalized']['vlac_package_vs_lerobot']:.2e}", flush=True)
 
     result["total_seconds"] = time.perf_counter() - t_start
     dump()
