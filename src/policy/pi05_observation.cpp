@@ -10,11 +10,13 @@
 #include "policy/pi05_observation.h"
 
 #include <algorithm>
+#include <map>
 #include <cmath>
 #include <cstring>
 
 #include "io/json_reader.h"
 #include "io/safetensors.h"
+#include "io/safetensors_writer.h"
 #include "policy/pi05_image.h"
 
 namespace vlac {
@@ -290,6 +292,26 @@ Result<std::vector<float>> postprocess_pi05_action(const float* action_normalize
   }
   *action_dim = D;
   return a;
+}
+
+Status write_pi05_run_output(const std::string& out, const float* action_normalized, int64_t H, int64_t A,
+                             const Pi05Config& cfg, const Pi05Processor& proc, const Pi05Observation& obs,
+                             bool bf16, int64_t* action_dim) {
+  std::vector<float> robot_action;  // [H, D] after the postprocessor, when there is one
+  int64_t D = 0;
+  if (proc.has_postprocessor) {
+    VLAC_ASSIGN_OR_RETURN(robot_action, postprocess_pi05_action(action_normalized, H, A, cfg, proc, obs, &D));
+  }
+  std::vector<TensorSpec> specs{{"action_normalized", DType::F32, {H, A}}};
+  if (!robot_action.empty()) specs.push_back({"action", DType::F32, {H, D}});
+  std::map<std::string, std::string> meta{{"producer", "vlac run"}, {"dtype", bf16 ? "bf16" : "fp32"}};
+  if (!obs.prompt.empty()) meta["prompt"] = obs.prompt;
+  VLAC_ASSIGN_OR_RETURN(SafetensorsWriter w, SafetensorsWriter::create(out, specs, meta));
+  VLAC_RETURN_IF_ERROR(w.write(action_normalized, size_t(H * A) * 4));
+  if (!robot_action.empty()) VLAC_RETURN_IF_ERROR(w.write(robot_action.data(), robot_action.size() * 4));
+  VLAC_RETURN_IF_ERROR(w.finish());
+  if (action_dim) *action_dim = robot_action.empty() ? 0 : D;
+  return Status::ok();
 }
 
 }  // namespace vlac

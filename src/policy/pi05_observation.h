@@ -53,4 +53,11 @@ Result<std::vector<float>> postprocess_pi05_action(const float* action_normalize
                                                    const Pi05Config& cfg, const Pi05Processor& proc,
                                                    const Pi05Observation& obs, int64_t* action_dim);
 
+/// What `vlac run` writes to OUT (atomically): `action_normalized` [H, A] and, when `proc` has a
+/// postprocessor, `action` [H, action_dim] from postprocess_pi05_action; metadata producer, dtype
+/// and the prompt built. *action_dim receives the width of `action` (0 when not written).
+Status write_pi05_run_output(const std::string& out, const float* action_normalized, int64_t H, int64_t A,
+                             const Pi05Config& cfg, const Pi05Processor& proc, const Pi05Observation& obs,
+                             bool bf16, int64_t* action_dim);
+
 }  // namespace vlac

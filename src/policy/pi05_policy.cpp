@@ -42,10 +42,14 @@ Result<Pi05Observation> read_pi05_observation(const std::string& path, const Pi0
 }
 
 Result<std::vector<float>> read_pi05_noise(const std::string& path, const Pi05Model& model) {
+  return read_pi05_noise(path, model.config().chunk_size, model.dims().max_action_dim);
+}
+
+Result<std::vector<float>> read_pi05_noise(const std::string& path, int64_t chunk_size, int64_t max_action_dim) {
   VLAC_ASSIGN_OR_RETURN(SafetensorsFile f, SafetensorsFile::open(path));
   const TensorInfo* t = f.find("noise");
   if (!t) return not_found(path + ": missing key 'noise'");
-  const std::vector<int64_t> want{model.config().chunk_size, model.dims().max_action_dim};
+  const std::vector<int64_t> want{chunk_size, max_action_dim};
   if (t->dtype != DType::F32 || unbatched(t->shape, 2) != want)
     return shape_mismatch(path + ": 'noise' is " + std::string(dtype_name(t->dtype)) + shape_str(t->shape) + ", expected F32 " +
                           shape_str(want) + " [chunk_size, max_action_dim]");

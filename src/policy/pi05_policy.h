@@ -33,6 +33,8 @@ Result<Pi05Observation> read_pi05_observation(const std::string& path, const Pi0
 
 /// Reads `noise` [chunk_size, max_action_dim] (or [1, H, A]) float32 from a safetensors file.
 Result<std::vector<float>> read_pi05_noise(const std::string& path, const Pi05Model& model);
+/// The same for a chunk of [chunk_size, max_action_dim] (packages: no Pi05Model).
+Result<std::vector<float>> read_pi05_noise(const std::string& path, int64_t chunk_size, int64_t max_action_dim);
 
 /// Standard normal noise from a seed: splitmix64 stream -> two uniforms u1 in (0,1], u2 in
 /// [0,1) (53-bit) -> Box-Muller pair sqrt(-2 ln u1)·(cos 2πu2, sin 2πu2), computed in double,

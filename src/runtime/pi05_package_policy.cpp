@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "ir/serialize.h"
+#include "ir/walk.h"
 
 namespace vlac {
 
@@ -147,15 +148,17 @@ Status Pi05PackagePolicy::load_manifest() {
     }
     // Budget accounting: a weight only gathered from (embedding table) costs its looked-up rows.
     const ir::Graph& g = e->program;
+    const ir::UseLists uses = ir::build_use_lists(g);
+    std::map<std::string, uint64_t> stored_bytes;
+    for (const auto& r : e->refs) stored_bytes[r.name] = r.bytes;
     for (const ir::Node& n : g.nodes()) {
       if (n.op != ir::OpKind::Weight) continue;
+      const ir::ValueId v = n.outputs[0];
       bool gather_only = true;
-      for (const ir::Node& c : g.nodes())
-        for (ir::ValueId v : c.inputs)
-          if (v == n.outputs[0] && c.op != ir::OpKind::Embedding) gather_only = false;
-      if (gather_only) continue;
-      for (const auto& r : e->refs)
-        if (r.name == g.weights()[size_t(n.weight)].name) e->budget_bytes += r.bytes;
+      for (int64_t u = uses.offsets[size_t(v)]; u < uses.offsets[size_t(v) + 1]; ++u)
+        if (g.node(uses.node_ids[size_t(u)]).op != ir::OpKind::Embedding) gather_only = false;
+      auto it = stored_bytes.find(g.weights()[size_t(n.weight)].name);
+      if (!gather_only && it != stored_bytes.end()) e->budget_bytes += it->second;
     }
     stages_[e->stage].push_back(engines_.size());
     engines_.push_back(std::move(e));

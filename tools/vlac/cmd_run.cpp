@@ -87,21 +87,9 @@ Status run_policy(const RunFlags& f, MemMeter& meter) {
   VLAC_RETURN_IF_ERROR(policy.denoise(noise.data(), action.data()));
   const Clock::time_point t3 = Clock::now();
   meter.begin_phase("write");
-  std::vector<float> robot_action;  // [H, D] after the postprocessor, when the folder has one
-  int64_t D = 0;
-  if (proc.has_postprocessor) {
-    VLAC_ASSIGN_OR_RETURN(robot_action, postprocess_pi05_action(action.data(), H, A, model.config(), proc, obs, &D));
-  }
-  {
-    std::vector<TensorSpec> specs{{"action_normalized", DType::F32, {H, A}}};
-    if (!robot_action.empty()) specs.push_back({"action", DType::F32, {H, D}});
-    std::map<std::string, std::string> meta{{"producer", "vlac run"}, {"dtype", policy.bf16() ? "bf16" : "fp32"}};
-    if (!obs.prompt.empty()) meta["prompt"] = obs.prompt;
-    VLAC_ASSIGN_OR_RETURN(SafetensorsWriter w, SafetensorsWriter::create(f.out, specs, meta));
-    VLAC_RETURN_IF_ERROR(w.write(action.data(), action.size() * 4));
-    if (!robot_action.empty()) VLAC_RETURN_IF_ERROR(w.write(robot_action.data(), robot_action.size() * 4));
-    VLAC_RETURN_IF_ERROR(w.finish());
-  }
+  int64_t D = 0;  // width of `action` (0: no postprocessor in the folder)
+  VLAC_RETURN_IF_ERROR(
+      write_pi05_run_output(f.out, action.data(), H, A, model.config(), proc, obs, policy.bf16(), &D));
   if (!f.dump_dir.empty()) {
     if (::mkdir(f.dump_dir.c_str(), 0755) != 0 && errno != EEXIST) return errno_error("mkdir " + f.dump_dir, errno);
     VLAC_RETURN_IF_ERROR(policy.intermediates().write(f.dump_dir + "/intermediates.safetensors"));
@@ -119,7 +107,7 @@ Status run_policy(const RunFlags& f, MemMeter& meter) {
   std::printf("vlac run: %s -> %s: action_normalized [%lld, %lld] (%s, %zu of %zu cameras, prefix %lld tokens)\n",
               f.policy.c_str(), f.out.c_str(), (long long)H, (long long)A, policy.bf16() ? "bf16" : "fp32",
               obs.cameras.size(), model.config().cameras.size(), (long long)P);
-  if (!robot_action.empty())
+  if (D > 0)
     std::printf("  action [%lld, %lld] in robot units (lerobot postprocessor%s)\n", (long long)H, (long long)D,
                 proc.absolute_enabled ? ", relative actions made absolute" : "");
   if (!obs.prompt.empty()) std::printf("  prompt: %zu tokens\n", obs.tokens.size());

@@ -15,24 +15,6 @@
 
 namespace vlac::cli {
 
-namespace {
-
-// 'noise' [H, A] (or [1, H, A]) float32, as for a policy folder.
-Result<std::vector<float>> read_noise(const std::string& path, int64_t H, int64_t A) {
-  VLAC_ASSIGN_OR_RETURN(SafetensorsFile f, SafetensorsFile::open(path));
-  const TensorInfo* t = f.find("noise");
-  if (!t) return not_found(path + ": missing key 'noise'");
-  std::vector<int64_t> s = t->shape;
-  if (s.size() == 3 && s[0] == 1) s.erase(s.begin());
-  if (t->dtype != DType::F32 || s != std::vector<int64_t>{H, A})
-    return shape_mismatch(path + ": 'noise' must be F32 [" + std::to_string(H) + ", " + std::to_string(A) +
-                          "] [chunk_size, max_action_dim]");
-  std::vector<float> v(size_t(H * A));
-  std::memcpy(v.data(), f.data(*t), v.size() * 4);
-  return v;
-}
-
-}  // namespace
 
 Status run_package(const PackageRunArgs& f, MemMeter& meter) {
   if (!f.dtype.empty() && f.dtype != "fp32" && f.dtype != "bf16")
@@ -65,7 +47,7 @@ Status run_package(const PackageRunArgs& f, MemMeter& meter) {
   const int64_t H = policy.chunk_size(), A = policy.max_action_dim();
   std::vector<float> noise;
   if (!f.noise.empty()) {
-    VLAC_ASSIGN_OR_RETURN(noise, read_noise(f.noise, H, A));
+    VLAC_ASSIGN_OR_RETURN(noise, read_pi05_noise(f.noise, H, A));
   } else {
     noise = pi05_gaussian_noise(f.seed, H * A);
   }
@@ -93,21 +75,9 @@ Status run_package(const PackageRunArgs& f, MemMeter& meter) {
                ", \"denoise\": " + std::to_string(ms(t2, t3)) + "}";
   }
   meter.begin_phase("write");
-  std::vector<float> robot_action;
-  int64_t D = 0;
-  if (proc.has_postprocessor) {
-    VLAC_ASSIGN_OR_RETURN(robot_action, postprocess_pi05_action(action.data(), H, A, policy.config(), proc, obs, &D));
-  }
-  {
-    std::vector<TensorSpec> specs{{"action_normalized", DType::F32, {H, A}}};
-    if (!robot_action.empty()) specs.push_back({"action", DType::F32, {H, D}});
-    std::map<std::string, std::string> meta{{"producer", "vlac run"}, {"dtype", policy.bf16() ? "bf16" : "fp32"}};
-    if (!obs.prompt.empty()) meta["prompt"] = obs.prompt;
-    VLAC_ASSIGN_OR_RETURN(SafetensorsWriter w, SafetensorsWriter::create(f.out, specs, meta));
-    VLAC_RETURN_IF_ERROR(w.write(action.data(), action.size() * 4));
-    if (!robot_action.empty()) VLAC_RETURN_IF_ERROR(w.write(robot_action.data(), robot_action.size() * 4));
-    VLAC_RETURN_IF_ERROR(w.finish());
-  }
+  int64_t D = 0;  // width of `action` (0: no postprocessor in the package)
+  VLAC_RETURN_IF_ERROR(
+      write_pi05_run_output(f.out, action.data(), H, A, policy.config(), proc, obs, policy.bf16(), &D));
   meter.end_phase();
   const Pi05PackageStats& st = policy.stats();
   const int64_t P = int64_t(obs.cameras.size()) * policy.image_tokens() + int64_t(obs.tokens.size());
@@ -137,7 +107,7 @@ Status run_package(const PackageRunArgs& f, MemMeter& meter) {
                                     ", \"denoise\": " + std::to_string(ms(t2, t3)) + "}");
   std::printf("vlac run: %s -> %s: action_normalized [%lld, %lld]%s (%s package, %zu of %zu cameras, prefix %lld tokens)\n",
               f.package.c_str(), f.out.c_str(), (long long)H, (long long)A,
-              robot_action.empty() ? "" : (" + action [" + std::to_string(H) + ", " + std::to_string(D) + "]").c_str(),
+              D == 0 ? "" : (" + action [" + std::to_string(H) + ", " + std::to_string(D) + "]").c_str(),
               policy.bf16() ? "bf16" : "fp32", obs.cameras.size(), policy.config().cameras.size(), (long long)P);
   std::printf("  weights: %s in the package, mapped in place; activations %s; %d engines loaded\n",
               format_bytes(policy.weight_bytes()).c_str(), format_bytes(st.activation_bytes).c_str(), st.engines_loaded);
