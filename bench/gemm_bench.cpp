@@ -1,5 +1,6 @@
-// GEMM benchmark for pi0.5's linear shapes: OpenBLAS sgemm vs oneDNN matmul, fp32 and bf16
-// weights, on this machine. Prints JSON on stdout (not a test; no timing assertions anywhere).
+// GEMM benchmark for pi0.5's linear shapes: OpenBLAS sgemm vs vlac's Linear (oneDNN matmul on
+// weights in place) vs oneDNN with prepacked weights, fp32 and bf16 weights, on this machine.
+// Prints JSON on stdout (not a test; no timing assertions anywhere).
 // Usage: gemm_bench [--threads N] [--min-seconds S]
 #include <cblas.h>
 #include <omp.h>
@@ -19,6 +20,7 @@
 #include <dnnl.hpp>
 #include <nlohmann/json.hpp>
 
+#include "backends/cpu/dnnl_linear.h"
 #include "backends/cpu/kernels.h"
 #include "core/dtype.h"
 
@@ -196,23 +198,33 @@ int main(int argc, char** argv) {
                    gflop / t.best_cpu_s);
     };
 
-    // 1. OpenBLAS sgemm, fp32 weights.
+    // 1. OpenBLAS sgemm, fp32 weights (what vlac used before oneDNN).
     record("openblas_sgemm_f32",
-           time_it([&] { vlac::cpu::linear_f32(x.data(), w.data(), nullptr, y.data(), s.m, s.k, s.n); }, min_seconds),
+           time_it([&] {
+             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(s.m), int(s.n), int(s.k), 1.0f, x.data(),
+                         int(s.k), w.data(), int(s.k), 0.0f, y.data(), int(s.n));
+           }, min_seconds),
            y_ref, {{"weights", "f32"}, {"activations", "f32"}});
     if (s.m == 2048 && s.k == 2048 && s.n == 2048) {  // the measured peak: sgemm on a large square
       peak_sgemm = variants["openblas_sgemm_f32"]["gflops_best"].get<double>();
       peak_sgemm_cpu = variants["openblas_sgemm_f32"]["gflops_per_cpu_second"].get<double>();
     }
-    // 2. vlac linear_bf16: bf16 weights widened per tile + sgemm (fp32 activations).
-    {
-      std::vector<float> scratch(size_t(vlac::cpu::linear_bf16_scratch_floats(s.k, s.n)));
-      record("vlac_bf16w_tile_sgemm",
-             time_it([&] {
-               vlac::cpu::linear_bf16(x.data(), wb.data(), nullptr, y.data(), s.m, s.k, s.n,
-                                      scratch.data(), int64_t(scratch.size()));
-             }, min_seconds),
-             y_ref_bf, {{"weights", "bf16"}, {"activations", "f32"}, {"scratch_bytes", scratch.size() * 4}});
+    // 2./3. vlac's Linear (DnnlLinear): weights used in place (plain layout), fp32 and bf16.
+    for (const bool bf : {false, true}) {
+      auto lin = vlac::cpu::DnnlLinear::create(s.m, s.k, s.n, bf ? vlac::DType::BF16 : vlac::DType::F32, false);
+      if (!lin.is_ok()) {
+        std::fprintf(stderr, "DnnlLinear: %s\n", lin.status().message().c_str());
+        return 1;
+      }
+      std::vector<uint8_t> scratch(lin->scratch_bytes());
+      const void* wp = bf ? static_cast<const void*>(wb.data()) : static_cast<const void*>(w.data());
+      record(bf ? "vlac_linear_bf16" : "vlac_linear_f32",
+             time_it([&] { (void)lin->run(x.data(), wp, nullptr, y.data(), scratch.data()); }, min_seconds),
+             bf ? y_ref_bf : y_ref,
+             {{"weights", bf ? "bf16 in place" : "f32 in place"},
+              {"activations", bf ? "bf16 (rounded in timing)" : "f32"},
+              {"impl", lin->impl()},
+              {"scratch_bytes", scratch.size()}});
     }
     // 4./5. oneDNN matmul with prepacked weights, fp32 and bf16 (bf16 activations, fp32 out).
     {

@@ -85,7 +85,8 @@ TEST(CpuExecutor, MlpChainMatchesKernelsAndReusesBuffers) {
   std::memcpy(ex->input_data(ex->input_index("x")), xin.data(), xin.size() * 4);
   ASSERT_TRUE(ex->run().is_ok());
 
-  // Reference with the kernels directly.
+  // Reference with the kernels directly (sgemm there, the planned matmul in the executor: equal up
+  // to summation order).
   std::vector<float> ref = xin, u(size_t(T * D)), f(size_t(T * F)), y(size_t(T * D));
   for (int i = 0; i < 4; ++i) {
     rms_norm(ref.data(), nw.data(), u.data(), T, D, 1e-6f);
@@ -95,7 +96,7 @@ TEST(CpuExecutor, MlpChainMatchesKernelsAndReusesBuffers) {
     for (size_t k = 0; k < ref.size(); ++k) ref[k] += y[k];
   }
   const float* out = ex->data_f32(r);
-  for (size_t k = 0; k < ref.size(); ++k) EXPECT_EQ(out[k], ref[k]) << k;
+  for (size_t k = 0; k < ref.size(); ++k) EXPECT_NEAR(out[k], ref[k], 1e-5f * (1.0f + std::abs(ref[k]))) << k;
   // 20 intermediate values of up to T·F floats each; live at once: a handful.
   const uint64_t all = 4 * (2 * T * D + 2 * T * F + T * D) * 4;
   EXPECT_LT(ex->arena_bytes(), all / 3);
@@ -132,16 +133,18 @@ TEST(CpuExecutor, BindInputConcatAttentionAndBf16Weights) {
   ex->bind_input(ex->input_index("cache"), cin.data());  // read in place, no copy
   ASSERT_TRUE(ex->run().is_ok());
 
-  std::vector<float> wq16(wq.size());
+  // bf16 weights: a bf16 x bf16 matmul, so the activations are rounded to bf16 too (as lerobot's bf16).
+  std::vector<float> wq16(wq.size()), x16(xin.size());
   for (size_t i = 0; i < wq.size(); ++i) wq16[i] = bf16_to_f32(f32_to_bf16(wq[i]));
+  for (size_t i = 0; i < xin.size(); ++i) x16[i] = bf16_to_f32(f32_to_bf16(xin[i]));
   std::vector<float> rq(size_t(T * H * Dh)), rk(size_t((S0 + T) * Dh)), ra(size_t(T * H * Dh));
-  linear_f32(xin.data(), wq16.data(), nullptr, rq.data(), T, D, H * Dh);
+  linear_f32(x16.data(), wq16.data(), nullptr, rq.data(), T, D, H * Dh);
   std::memcpy(rk.data(), cin.data(), cin.size() * 4);
   linear_f32(xin.data(), wk.data(), nullptr, rk.data() + S0 * Dh, T, D, Dh);
   std::vector<float> scratch(size_t(attention_scratch_floats(T, S0 + T)));
   attention(rq.data(), rk.data(), rk.data(), {}, ra.data(), T, H, 1, S0 + T, Dh, Dh, 0.25f, scratch.data(),
             int64_t(scratch.size()));
-  for (size_t i = 0; i < rk.size(); ++i) EXPECT_EQ(ex->data_f32(kk)[i], rk[i]) << i;
+  for (size_t i = 0; i < rk.size(); ++i) EXPECT_NEAR(ex->data_f32(kk)[i], rk[i], 1e-5f * (1.0f + std::abs(rk[i]))) << i;
   for (size_t i = 0; i < ra.size(); ++i) EXPECT_NEAR(ex->data_f32(a)[i], ra[i], 1e-5f) << i;
 }
 

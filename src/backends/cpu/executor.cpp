@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "backends/cpu/dnnl_linear.h"
 #include "backends/cpu/kernels.h"
 #include "ir/walk.h"
 
@@ -124,14 +125,16 @@ Result<Executor> Executor::create(ir::Graph graph, const CpuWeights& weights, Ex
   Executor ex;
   ex.graph_ = std::move(graph);
   ex.options_ = options;
+  set_num_threads(options.threads);  // before planning: oneDNN sizes its kernels for these threads
   VLAC_RETURN_IF_ERROR(ex.plan(weights));
-  set_num_threads(options.threads);
   return ex;
 }
 
 Status Executor::plan(const CpuWeights& weights) {
   const ir::Graph& g = graph_;
   VLAC_ASSIGN_OR_RETURN(order_, ir::schedule(g));
+  linear_.clear();
+  linear_.resize(g.nodes().size());
   const size_t nv = g.values().size();
   root_.resize(nv);
   for (size_t v = 0; v < nv; ++v) root_[v] = ValueId(v);
@@ -179,7 +182,12 @@ Status Executor::plan(const CpuWeights& weights) {
         const ValueInfo& w = in(1);
         if (n.inputs.size() == 3) VLAC_RETURN_IF_ERROR(need_f32(2));
         if (!is_weight(1) && w.dtype != DType::F32) return unsupported(label(n) + ": activation weight must be f32");
-        scratch = std::max(scratch, linear_bf16_scratch_floats(w.shape[1], w.shape[0]));
+        const DType wd = is_weight(1) ? weight_dtype_[size_t(root_[size_t(n.inputs[1])])] : DType::F32;
+        const int64_t k = w.shape[1];
+        auto lin = DnnlLinear::create(in(0).numel() / k, k, w.shape[0], wd, n.inputs.size() == 3);
+        if (!lin.is_ok()) return Status(lin.status().code(), label(n) + ": " + lin.status().message());
+        scratch = std::max(scratch, int64_t((lin->scratch_bytes() + 3) / 4));
+        linear_[size_t(id)].emplace(std::move(*lin));
         break;
       }
       case OpKind::PatchEmbed: {
@@ -191,7 +199,7 @@ Status Executor::plan(const CpuWeights& weights) {
       case OpKind::Attention: {
         if (n.inputs.size() == 4 && in(3).dtype != DType::BOOL && in(3).dtype != DType::U8 && in(3).dtype != DType::F32)
           return unsupported(label(n) + ": mask must be bool, u8 or f32");
-        scratch = std::max(scratch, attention_scratch_floats(in(0).shape[0], in(1).shape[0]));
+        scratch = std::max(scratch, attention_scratch_floats(in(0).shape[0], in(1).shape[0], options_.threads));
         break;
       }
       case OpKind::Add:
@@ -359,15 +367,16 @@ void Executor::bind_input(int i, const void* external) {
 const void* Executor::data(ValueId v) const { return ptr(v); }
 
 Status Executor::run() {
-  for (NodeId id : order_) VLAC_RETURN_IF_ERROR(run_node(graph_.node(id)));
+  for (NodeId id : order_) VLAC_RETURN_IF_ERROR(run_node(id));
   return Status::ok();
 }
 
 // ---------------------------------------------------------------------------------------------
 // Dispatch
 
-Status Executor::run_node(const Node& n) {
+Status Executor::run_node(NodeId id) {
   const ir::Graph& g = graph_;
+  const Node& n = g.node(id);
   auto info = [&](ValueId v) -> const ValueInfo& { return g.info(v); };
   auto f = [&](size_t i) { return static_cast<float*>(ptr(n.inputs[i])); };
   float* out = n.outputs.empty() ? nullptr : static_cast<float*>(ptr(n.outputs[0]));
@@ -379,33 +388,20 @@ Status Executor::run_node(const Node& n) {
     case OpKind::Reshape:
       return Status::ok();
     case OpKind::Linear: {
-      const ValueInfo& w = info(n.inputs[1]);
-      const int64_t k = w.shape[1], nn = w.shape[0], m = x.numel() / k;
       const float* b = n.inputs.size() == 3 ? f(2) : nullptr;
-      if (weight_dtype_[size_t(root_[size_t(n.inputs[1])])] == DType::BF16)
-        linear_bf16(f(0), static_cast<const uint16_t*>(ptr(n.inputs[1])), b, out, m, k, nn, scratch_ptr_,
-                    scratch_floats_);
-      else
-        linear_f32(f(0), f(1), b, out, m, k, nn);
-      return Status::ok();
+      return linear_[size_t(id)]->run(f(0), ptr(n.inputs[1]), b, out, scratch_ptr_);
     }
     case OpKind::Add:
     case OpKind::Sub:
     case OpKind::Mul: {
       const int64_t na = info(n.inputs[0]).numel(), nb = info(n.inputs[1]).numel();
       const int64_t no = info(n.outputs[0]).numel();
-      const float* a = f(0);
-      const float* b = f(1);
-      for (int64_t i = 0; i < no; ++i) {
-        const float av = a[na == no ? i : i % na], bv = b[nb == no ? i : i % nb];
-        out[i] = n.op == OpKind::Add ? av + bv : n.op == OpKind::Sub ? av - bv : av * bv;
-      }
+      const BinaryOp op = n.op == OpKind::Add ? BinaryOp::Add : n.op == OpKind::Sub ? BinaryOp::Sub : BinaryOp::Mul;
+      binary_op(op, f(0), na, f(1), nb, out, no);
       return Status::ok();
     }
     case OpKind::Scale: {
-      const float s = float(n.attrs.get_float("scale", 1.0));
-      const float* a = f(0);
-      for (int64_t i = 0; i < x.numel(); ++i) out[i] = a[i] * s;
+      scale(f(0), float(n.attrs.get_float("scale", 1.0)), out, x.numel());
       return Status::ok();
     }
     case OpKind::LayerNorm: {
@@ -469,18 +465,18 @@ Status Executor::run_node(const Node& n) {
       const ValueInfo& ids = info(n.inputs[1]);
       const bool rounds = weight_rounds_bf16_[size_t(root_[size_t(n.inputs[0])])];
       const bool bf16 = rounds || weight_dtype_[size_t(root_[size_t(n.inputs[0])])] == DType::BF16;
-      float scale = float(n.attrs.get_float("scale", 1.0));
-      if (bf16 && n.attrs.get_int("round_scale_to_table", 0)) scale = bf16_to_f32(f32_to_bf16(scale));
-      const int64_t* id = static_cast<const int64_t*>(ptr(n.inputs[1]));
+      float mul = float(n.attrs.get_float("scale", 1.0));
+      if (bf16 && n.attrs.get_int("round_scale_to_table", 0)) mul = bf16_to_f32(f32_to_bf16(mul));
+      const int64_t* tok = static_cast<const int64_t*>(ptr(n.inputs[1]));
       if (info(n.outputs[0]).dtype == DType::BF16) {
         // Rows in the table's dtype (a bf16 checkpoint): the product rounds to bf16, as in torch.
         // Computed into the f32 scratch of the row count first, then narrowed in place.
         uint16_t* o16 = reinterpret_cast<uint16_t*>(out);
         const int64_t d = x.shape[1];
         for (int64_t t0 = 0; t0 < ids.shape[0]; ++t0) {
-          Status st = bf16 ? embedding_bf16(static_cast<const uint16_t*>(ptr(n.inputs[0])), x.shape[0], d, id + t0, 1,
-                                            scale, scratch_ptr_)
-                           : embedding_f32(f(0), x.shape[0], d, id + t0, 1, scale, scratch_ptr_);
+          Status st = bf16 ? embedding_bf16(static_cast<const uint16_t*>(ptr(n.inputs[0])), x.shape[0], d, tok + t0, 1,
+                                            mul, scratch_ptr_)
+                           : embedding_f32(f(0), x.shape[0], d, tok + t0, 1, mul, scratch_ptr_);
           if (!st.is_ok()) return st;
           for (int64_t j = 0; j < d; ++j) o16[t0 * d + j] = f32_to_bf16(scratch_ptr_[size_t(j)]);
         }
@@ -488,14 +484,14 @@ Status Executor::run_node(const Node& n) {
       }
       if (rounds) {  // an F32 table run as BF16: round each gathered element as a converted table would
         const int64_t d = x.shape[1];
-        VLAC_RETURN_IF_ERROR(embedding_f32(f(0), x.shape[0], d, id, ids.shape[0], 1.0f, out));
-        for (int64_t i = 0; i < ids.shape[0] * d; ++i) out[i] = bf16_to_f32(f32_to_bf16(out[i])) * scale;
+        VLAC_RETURN_IF_ERROR(embedding_f32(f(0), x.shape[0], d, tok, ids.shape[0], 1.0f, out));
+        for (int64_t i = 0; i < ids.shape[0] * d; ++i) out[i] = bf16_to_f32(f32_to_bf16(out[i])) * mul;
         return Status::ok();
       }
       if (bf16)
-        return embedding_bf16(static_cast<const uint16_t*>(ptr(n.inputs[0])), x.shape[0], x.shape[1], id,
-                              ids.shape[0], scale, out);
-      return embedding_f32(f(0), x.shape[0], x.shape[1], id, ids.shape[0], scale, out);
+        return embedding_bf16(static_cast<const uint16_t*>(ptr(n.inputs[0])), x.shape[0], x.shape[1], tok,
+                              ids.shape[0], mul, out);
+      return embedding_f32(f(0), x.shape[0], x.shape[1], tok, ids.shape[0], mul, out);
     }
     case OpKind::Cast: {
       const DType a = x.dtype, o = info(n.outputs[0]).dtype;

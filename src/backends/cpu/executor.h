@@ -7,10 +7,12 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "backends/cpu/dnnl_linear.h"
 #include "core/dtype.h"
 #include "core/mapped_file.h"
 #include "core/status.h"
@@ -61,7 +63,7 @@ class CpuWeights {
 };
 
 struct ExecutorOptions {
-  int threads = 2;  // BLAS threads
+  int threads = 2;  // OpenMP threads (oneDNN matmuls and the kernels)
   /// The caller provides the activation arena and scratch (set_memory, before each run) and
   /// binds every input: engines that run one after another share one arena.
   bool shared_memory = false;
@@ -103,7 +105,7 @@ class Executor {
  private:
   Executor() = default;
   Status plan(const CpuWeights& weights);
-  Status run_node(const ir::Node& node);
+  Status run_node(ir::NodeId id);
   void* ptr(ir::ValueId v) const { return ptr_[size_t(root_[size_t(v)])]; }
 
   ir::Graph graph_;
@@ -115,6 +117,7 @@ class Executor {
   std::vector<DType> weight_dtype_;  // by value id (weights only)
   std::vector<bool> weight_rounds_bf16_;  // by value id: F32 table rounded to BF16 on gather
   std::vector<float> const_storage_;
+  std::vector<std::optional<DnnlLinear>> linear_;  // by node id: the planned matmul of each Linear
   std::unique_ptr<uint8_t[]> arena_;
   std::unique_ptr<uint8_t[]> inputs_;
   std::unique_ptr<float[]> scratch_;

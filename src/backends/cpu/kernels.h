@@ -18,23 +18,21 @@ namespace vlac::cpu {
 /// when the row has at least one allowed key; a fully masked row becomes uniform, as in lerobot.
 constexpr float kMaskValue = -2.3819763e38f;
 
-/// Threads used by the BLAS calls (OpenBLAS); the elementwise kernels are single-threaded.
+/// Threads for everything below (OpenMP: oneDNN's matmuls and the loops here) on the calling
+/// thread. Kernels split work only past kParallelMinElems elements, and every element is computed
+/// the same way whatever the split, so results do not depend on the thread count except through
+/// oneDNN's GEMM blocking.
 void set_num_threads(int n);
+constexpr int64_t kParallelMinElems = 16384;
 
 // ---------------------------------------------------------------------------------------------
-// Matmul
+// Matmul (the executor's Linear nodes use DnnlLinear, see dnnl_linear.h)
 
-/// y[M,N] = x[M,K] · W[N,K]ᵀ (+ b[N]); OpenBLAS sgemm. b may be null.
+/// y[M,N] = x[M,K] · W[N,K]ᵀ (+ b[N]); oneDNN's sgemm. b may be null.
 void linear_f32(const float* x, const float* w, const float* b, float* y, int64_t m, int64_t k,
                 int64_t n);
-
-/// Scratch floats linear_bf16 wants for good speed (tiles of W rows); any value >= k works.
-int64_t linear_bf16_scratch_floats(int64_t k, int64_t n);
-/// y[M,N] = x[M,K] · W[N,K]ᵀ (+ b[N]) with W in bf16: rows of W are widened to fp32 into
-/// `scratch` (scratch_floats >= k) one tile at a time, each tile multiplied with sgemm (fp32
-/// accumulation). Equal to linear_f32 on the widened weights up to summation order.
-void linear_bf16(const float* x, const uint16_t* w, const float* b, float* y, int64_t m, int64_t k,
-                 int64_t n, float* scratch, int64_t scratch_floats);
+/// y[i] = bf16(x[i]) (round to nearest even), threaded.
+void round_to_bf16(const float* x, uint16_t* y, int64_t n);
 
 // ---------------------------------------------------------------------------------------------
 // Normalization (statistics in fp32 or better; row = last dim)
@@ -58,6 +56,11 @@ void gelu_tanh(const float* x, float* y, int64_t n);
 void geglu(const float* gate, const float* up, float* y, int64_t n);
 /// y = x * sigmoid(x)
 void silu(const float* x, float* y, int64_t n);
+enum class BinaryOp { Add, Sub, Mul };
+/// y[n] = a ∘ b with numpy broadcasting of a trailing block: a[i % na], b[i % nb] (na, nb divide n).
+void binary_op(BinaryOp op, const float* a, int64_t na, const float* b, int64_t nb, float* y, int64_t n);
+/// y = x * s
+void scale(const float* x, float s, float* y, int64_t n);
 
 // ---------------------------------------------------------------------------------------------
 // Position and time
@@ -84,11 +87,13 @@ struct AttentionMask {
   const uint8_t* allow = nullptr;  // [T, S] or null
   const float* add = nullptr;      // [T, S] or null
 };
-/// Scratch floats attention needs for t query tokens over s keys.
-int64_t attention_scratch_floats(int64_t t, int64_t s);
+/// Scratch floats attention needs for t query tokens over s keys with `workers` threads (each
+/// worker has its own block of scores); fewer floats just mean fewer workers.
+int64_t attention_scratch_floats(int64_t t, int64_t s, int64_t workers = 1);
 /// out[T,H,Dv] = softmax(q·kᵀ·scale + mask) · v per query head h, reading KV head h / (H/Hk):
 /// q [T,H,Dh], k [S,Hk,Dh], v [S,Hk,Dv]; H % Hk == 0 (pi0.5: Hk = 1, all heads share it).
-/// Softmax in fp32; scratch >= attention_scratch_floats(t, s).
+/// Softmax in fp32; scratch >= attention_scratch_floats(t, s). (head, query block) pairs are
+/// spread over min(threads, scratch / block) workers, each with single-threaded sgemm calls.
 void attention(const float* q, const float* k, const float* v, AttentionMask mask, float* out,
                int64_t t, int64_t h, int64_t hk, int64_t s, int64_t dh, int64_t dv, float scale,
                float* scratch, int64_t scratch_floats);

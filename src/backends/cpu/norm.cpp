@@ -1,5 +1,5 @@
 // LayerNorm, RMSNorm (1 + w) and adaptive RMSNorm; statistics accumulated in double, output fp32.
-// Never allocates.
+// Never allocates. Rows are split across the OpenMP threads (each row computed the same way).
 #include <cmath>
 
 #include "backends/cpu/kernels.h"
@@ -8,6 +8,7 @@ namespace vlac::cpu {
 
 void layer_norm(const float* x, const float* w, const float* b, float* y, int64_t rows, int64_t d,
                 float eps) {
+#pragma omp parallel for schedule(static) if (rows * d >= kParallelMinElems && rows > 1)
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * d;
     float* yr = y + r * d;
@@ -30,6 +31,7 @@ static float rms_inv(const float* xr, int64_t d, float eps) {
 }
 
 void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t d, float eps) {
+#pragma omp parallel for schedule(static) if (rows * d >= kParallelMinElems && rows > 1)
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * d;
     float* yr = y + r * d;
@@ -42,6 +44,7 @@ void ada_rms_norm(const float* x, const float* mod, float* y, float* gate, int64
                   float eps) {
   const float* scale = mod;
   const float* shift = mod + d;
+#pragma omp parallel for schedule(static) if (rows * d >= kParallelMinElems && rows > 1)
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * d;
     float* yr = y + r * d;
