@@ -145,6 +145,18 @@ TEST(CpuElementwise, GeluGegluSilu) {
   y = x;  // in place
   gelu_tanh(y.data(), y.data(), int64_t(y.size()));
   EXPECT_LT(rel_err(y, g), 1e-6);
+  // Far tails and non-finite inputs: the exp inside saturates or underflows, never yields a NaN
+  // from a finite input, and a NaN stays a NaN.
+  const std::vector<float> ext = {-1e30f, -200.0f, -90.0f, -20.0f, 20.0f, 90.0f, 200.0f, 1e30f, NAN};
+  std::vector<float> ge(ext.size()), si(ext.size());
+  gelu_tanh(ext.data(), ge.data(), int64_t(ext.size()));
+  silu(ext.data(), si.data(), int64_t(ext.size()));
+  for (size_t i = 0; i + 1 < ext.size(); ++i) {
+    const double v = ext[i];
+    EXPECT_NEAR(ge[i], v > 0 ? v : 0.0, 1e-6 * std::abs(v)) << v;
+    EXPECT_NEAR(si[i], v > 0 ? v : 0.0, 1e-6 * std::abs(v)) << v;
+  }
+  EXPECT_TRUE(std::isnan(ge.back()) && std::isnan(si.back()));
 }
 
 TEST(CpuRope, RotateHalfPairsAndPositions) {

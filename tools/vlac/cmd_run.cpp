@@ -135,7 +135,7 @@ void register_run(CLI::App& app) {
   sub->add_option("--dtype", flags->dtype, "weight precision: fp32 or bf16 (default: the config's dtype)");
   sub->add_option("--dump-intermediates", flags->dump_dir,
                   "write DIR/intermediates.safetensors (names as lerobot's fixtures)");
-  sub->add_option("--threads", flags->threads, "BLAS threads (default 2)");
+  sub->add_option("--threads", flags->threads, "CPU threads for matmuls and kernels (default 2)");
   sub->add_option("--mem-budget", flags->mem_budget,
                   "packages: keep mapped weights + activations under SIZE (e.g. 2GiB) by streaming engines");
   sub->add_option("--repeat", flags->repeat,

@@ -2,7 +2,9 @@
 // fp32 math; never allocates. Loops over large arrays are split across the OpenMP threads
 // (set_num_threads); each element is computed the same way whatever the thread count.
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 
 #include "backends/cpu/kernels.h"
 #include "core/dtype.h"
@@ -10,26 +12,85 @@
 namespace vlac::cpu {
 namespace {
 
+// exp(x) for fp32 in plain arithmetic (no libm call, no branch) so the loops below vectorize:
+// x = n·ln2 + r with |r| <= ln2/2, exp(r) from a degree-6 minimax polynomial (Cephes' expf
+// coefficients), 2^n put into the exponent bits. Within 2 ulp of expf over the range; below
+// exp's underflow it returns exactly 0 (masked logits must get zero probability), above it
+// saturates at e^88.3 (callers only divide by 1 + that).
+inline float fast_exp(float x) {
+  constexpr float kLo = -87.33f, kHi = 88.3f;
+  const float xc = std::min(std::max(x, kLo), kHi);
+  const float shifter = 12582912.0f;  // 1.5·2^23: adding it rounds to the nearest integer
+  const float t = xc * 1.44269504088896341f + shifter;
+  const float fn = t - shifter;
+  const int32_t n = std::bit_cast<int32_t>(t) - std::bit_cast<int32_t>(shifter);
+  float r = xc - fn * 0.693359375f;  // ln2 split in two for an exact first product
+  r = r - fn * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float er = p * r * r + r + 1.0f;
+  const float scale = std::bit_cast<float>((n + 127) << 23);
+  return x < kLo ? 0.0f : er * scale;
+}
+
+// 0.5·v·(1 + tanh(z)) = v / (1 + e^(−2z)), z = √(2/π)·(v + 0.044715·v³)
 inline float gelu_tanh_1(float v) {
-  constexpr float kC = 0.7978845608028654f;  // sqrt(2/pi)
-  return 0.5f * v * (1.0f + std::tanh(kC * (v + 0.044715f * v * v * v)));
+  constexpr float kC2 = 2.0f * 0.7978845608028654f;
+  return v / (1.0f + fast_exp(-kC2 * (v + 0.044715f * v * v * v)));
+}
+
+// Spans run on one thread each; the clones let the same binary use AVX-512/AVX2 where present.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define VLAC_SIMD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define VLAC_SIMD_CLONES
+#endif
+
+VLAC_SIMD_CLONES void gelu_span(const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = gelu_tanh_1(x[i]);
+}
+VLAC_SIMD_CLONES void geglu_span(const float* gate, const float* up, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = gelu_tanh_1(gate[i]) * up[i];
+}
+VLAC_SIMD_CLONES void silu_span(const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] / (1.0f + fast_exp(-x[i]));
+}
+// One softmax row in place: max, exp(x - max) and sum, scale.
+VLAC_SIMD_CLONES void softmax_row(float* x, int64_t n) {
+  float mx = x[0];
+  for (int64_t i = 1; i < n; ++i) mx = std::max(mx, x[i]);
+  for (int64_t i = 0; i < n; ++i) x[i] = fast_exp(x[i] - mx);
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n; ++i) sum += x[i];
+  const float inv = 1.0f / sum;
+  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
+// Splits [0, n) into equal spans, one per thread (same per-element math whatever the split).
+template <typename Fn>
+void for_spans(int64_t n, Fn fn) {
+  constexpr int64_t kSpan = 4096;
+  const int64_t spans = (n + kSpan - 1) / kSpan;
+#pragma omp parallel for schedule(static) if (n >= kParallelMinElems)
+  for (int64_t s = 0; s < spans; ++s) fn(s * kSpan, std::min(kSpan, n - s * kSpan));
 }
 
 }  // namespace
 
 void gelu_tanh(const float* x, float* y, int64_t n) {
-#pragma omp parallel for schedule(static) if (n >= kParallelMinElems)
-  for (int64_t i = 0; i < n; ++i) y[i] = gelu_tanh_1(x[i]);
+  for_spans(n, [&](int64_t i, int64_t len) { gelu_span(x + i, y + i, len); });
 }
 
 void geglu(const float* gate, const float* up, float* y, int64_t n) {
-#pragma omp parallel for schedule(static) if (n >= kParallelMinElems)
-  for (int64_t i = 0; i < n; ++i) y[i] = gelu_tanh_1(gate[i]) * up[i];
+  for_spans(n, [&](int64_t i, int64_t len) { geglu_span(gate + i, up + i, y + i, len); });
 }
 
 void silu(const float* x, float* y, int64_t n) {
-#pragma omp parallel for schedule(static) if (n >= kParallelMinElems)
-  for (int64_t i = 0; i < n; ++i) y[i] = x[i] / (1.0f + std::exp(-x[i]));
+  for_spans(n, [&](int64_t i, int64_t len) { silu_span(x + i, y + i, len); });
 }
 
 void rope(float* x, const int64_t* pos, int64_t t, int64_t h, int64_t dh, float base) {
@@ -74,15 +135,7 @@ void euler_step(float* x, const float* v, float dt, int64_t n) {
 
 void softmax(float* x, int64_t rows, int64_t n) {
 #pragma omp parallel for schedule(static) if (rows * n >= kParallelMinElems && rows > 1)
-  for (int64_t r = 0; r < rows; ++r) {
-    float* xr = x + r * n;
-    float mx = xr[0];
-    for (int64_t i = 1; i < n; ++i) mx = std::max(mx, xr[i]);
-    float sum = 0.0f;
-    for (int64_t i = 0; i < n; ++i) sum += (xr[i] = std::exp(xr[i] - mx));
-    const float inv = 1.0f / sum;
-    for (int64_t i = 0; i < n; ++i) xr[i] *= inv;
-  }
+  for (int64_t r = 0; r < rows; ++r) softmax_row(x + r * n, n);
 }
 
 void round_to_bf16(const float* x, uint16_t* y, int64_t n) {

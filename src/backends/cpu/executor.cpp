@@ -3,6 +3,10 @@
 #include "backends/cpu/executor.h"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cmath>
 #include <cstring>
 
@@ -366,7 +370,48 @@ void Executor::bind_input(int i, const void* external) {
 
 const void* Executor::data(ValueId v) const { return ptr(v); }
 
+namespace {
+
+// VLAC_PROFILE_OPS=1: wall time per op kind over the whole process, printed to stderr at exit
+// (a developer's view of where CPU time goes; off by default, one getenv per process).
+struct OpProfile {
+  std::atomic<int64_t> ns[256] = {};
+  std::atomic<int64_t> calls[256] = {};
+  ~OpProfile() {
+    int64_t total = 0;
+    for (const auto& v : ns) total += v.load();
+    if (total == 0) return;
+    std::fprintf(stderr, "vlac op profile (VLAC_PROFILE_OPS): %.1f ms in executor nodes\n", double(total) / 1e6);
+    for (int i = 0; i < 256; ++i)
+      if (ns[i].load() > 0)
+        std::fprintf(stderr, "  %-16s %10.1f ms %5.1f%% %8lld calls\n", ir::op_name(OpKind(i)), double(ns[i].load()) / 1e6,
+                     100.0 * double(ns[i].load()) / double(total), (long long)calls[i].load());
+  }
+};
+
+OpProfile* op_profile() {
+  static OpProfile* p = [] {
+    const char* e = std::getenv("VLAC_PROFILE_OPS");
+    static OpProfile prof;
+    return e && *e && *e != '0' ? &prof : nullptr;
+  }();
+  return p;
+}
+
+}  // namespace
+
 Status Executor::run() {
+  if (OpProfile* prof = op_profile()) {
+    for (NodeId id : order_) {
+      const auto t0 = std::chrono::steady_clock::now();
+      VLAC_RETURN_IF_ERROR(run_node(id));
+      const auto dt = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0);
+      const size_t op = size_t(graph_.node(id).op);
+      prof->ns[op] += dt.count();
+      prof->calls[op] += 1;
+    }
+    return Status::ok();
+  }
   for (NodeId id : order_) VLAC_RETURN_IF_ERROR(run_node(id));
   return Status::ok();
 }
