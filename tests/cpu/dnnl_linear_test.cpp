@@ -67,6 +67,63 @@ TEST(CpuDnnlLinear, F32AndBf16MatchReferencesWithWeightsInPlace) {
   }
 }
 
+TEST(CpuDnnlLinear, KnLayoutIsTheTransposedWeight) {
+  const int64_t m = 9, k = 40, n = 24;
+  auto w = uniform(size_t(n * k), 5), x = uniform(size_t(m * k), 6);
+  std::vector<float> wt(w.size());  // [K,N]
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < k; ++j) wt[size_t(j * n + i)] = w[size_t(i * k + j)];
+  auto lin = DnnlLinear::create(m, k, n, DType::F32, false, WeightLayout::KN);
+  ASSERT_TRUE(lin.is_ok()) << lin.status().message();
+  std::vector<uint8_t> scratch(lin->scratch_bytes());
+  std::vector<float> y(size_t(m * n));
+  ASSERT_TRUE(lin->run(x.data(), wt.data(), nullptr, y.data(), scratch.data()).is_ok());
+  EXPECT_LT(max_rel(y, reference(x, w, {}, m, k, n)), 1e-5);
+}
+
+TEST(CpuDnnlAttention, MatchesBf16RoundedReferenceAndMasksExactly) {
+  const int64_t t = 5, h = 4, s = 9, dh = 16, dv = 8;
+  auto q = uniform(size_t(t * h * dh), 7), k = uniform(size_t(s * dh), 8), v = uniform(size_t(s * dv), 9);
+  std::vector<uint8_t> allow(size_t(t * s));
+  for (int64_t i = 0; i < t; ++i)
+    for (int64_t j = 0; j < s; ++j) allow[size_t(i * s + j)] = (j + i) % 3 != 0;
+  for (int64_t j = 0; j < dv; ++j) v[size_t(0 * dv + j)] = 1e30f;  // key 0: masked for t = 0 and 3
+  auto round = [](std::vector<float> a) {
+    for (float& x : a) x = bf16_to_f32(f32_to_bf16(x));
+    return a;
+  };
+  const auto qr = round(q), kr = round(k), vr = round(v);
+  const float scale = 0.25f;
+  auto att = DnnlAttention::create(t, h, s, dh, dv);
+  ASSERT_TRUE(att.is_ok()) << att.status().message();
+  std::vector<uint8_t> scratch(att->scratch_bytes());
+  std::vector<float> out(size_t(t * h * dv));
+  ASSERT_TRUE(att->run(q.data(), k.data(), v.data(), allow.data(), nullptr, out.data(), scale, scratch.data()).is_ok());
+  for (int64_t ti : {int64_t{0}, int64_t{3}}) {  // rows whose masked key 0 holds 1e30: exact zero weight
+    for (int64_t hi = 0; hi < h; ++hi)
+      for (int64_t j = 0; j < dv; ++j) EXPECT_LT(std::abs(out[size_t((ti * h + hi) * dv + j)]), 10.0f);
+  }
+  // Reference in double over the rows without the huge key (probabilities rounded like the kernel's
+  // bf16 P would be are not modelled: tolerance of bf16's 2^-8).
+  for (int64_t ti : {int64_t{0}, int64_t{3}})
+    for (int64_t hi = 0; hi < h; ++hi) {
+      std::vector<double> p(static_cast<size_t>(s));
+      double mx = -1e300, sum = 0;
+      for (int64_t j = 0; j < s; ++j) {
+        double d = 0;
+        for (int64_t c = 0; c < dh; ++c) d += double(qr[size_t((ti * h + hi) * dh + c)]) * kr[size_t(j * dh + c)];
+        p[size_t(j)] = allow[size_t(ti * s + j)] ? d * scale : -1e300;
+        mx = std::max(mx, p[size_t(j)]);
+      }
+      for (double& e : p) sum += (e = e < -1e299 ? 0.0 : std::exp(e - mx));
+      for (int64_t c = 0; c < dv; ++c) {
+        double o = 0;
+        for (int64_t j = 0; j < s; ++j) o += p[size_t(j)] / sum * vr[size_t(j * dv + c)];
+        EXPECT_NEAR(out[size_t((ti * h + hi) * dv + c)], o, 1e-2) << ti << "," << hi << "," << c;
+      }
+    }
+}
+
 TEST(CpuDnnlLinear, RejectsUnsupportedDtypeAndEmptyShapes) {
   auto lin = DnnlLinear::create(1, 2, 2, DType::F16, false);
   ASSERT_FALSE(lin.is_ok());

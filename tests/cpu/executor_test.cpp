@@ -145,7 +145,11 @@ TEST(CpuExecutor, BindInputConcatAttentionAndBf16Weights) {
   attention(rq.data(), rk.data(), rk.data(), {}, ra.data(), T, H, 1, S0 + T, Dh, Dh, 0.25f, scratch.data(),
             int64_t(scratch.size()));
   for (size_t i = 0; i < rk.size(); ++i) EXPECT_NEAR(ex->data_f32(kk)[i], rk[i], 1e-5f * (1.0f + std::abs(rk[i]))) << i;
-  for (size_t i = 0; i < ra.size(); ++i) EXPECT_NEAR(ex->data_f32(a)[i], ra[i], 1e-5f) << i;
+  // q comes from a bf16 Linear and K/V have one head: the attention runs in bf16 (DnnlAttention),
+  // so it matches the fp32 reference to bf16 precision only.
+  float amax = 0;
+  for (float r : ra) amax = std::max(amax, std::abs(r));
+  for (size_t i = 0; i < ra.size(); ++i) EXPECT_NEAR(ex->data_f32(a)[i], ra[i], 2e-2f * amax) << i;
 }
 
 TEST(CpuExecutor, ErrorsAreClear) {

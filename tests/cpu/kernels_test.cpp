@@ -270,17 +270,20 @@ TEST(CpuAttention, PrefixLmMaskMqaAndExactZeros) {
     const double scale = 1.0 / std::sqrt(double(dh));
     auto ref = ref_attention(q, k, v, allow, t, h, hk, s, dh, scale);
     std::vector<float> out(static_cast<size_t>(t * h * dh)), out_add(out.size());
-    // blocks of 1, 3, all; then 4 workers (2 threads used) with blocks of all rows
-    for (int64_t scratch_floats : {s, 3 * s, attention_scratch_floats(t, s), attention_scratch_floats(t, s, 4)}) {
+    // Per head: blocks of 1, 3, all; 4 workers (2 threads used). One KV head also takes the
+    // all-heads path: blocks of 1 and 2 tokens (h and 2h rows), and all tokens at once.
+    for (int64_t scratch_floats : {s, 3 * s, attention_scratch_floats(t, s), attention_scratch_floats(t, s, 4),
+                                   h * s, 2 * h * s + 1, attention_scratch_floats(t, s, 1, h)}) {
       std::vector<float> scratch(static_cast<size_t>(scratch_floats));
       attention(q.data(), k.data(), v.data(), {allow.data(), nullptr}, out.data(), t, h, hk, s, dh,
                 dh, float(scale), scratch.data(), scratch_floats);
       EXPECT_LT(rel_err(out, ref), 1e-5) << "hk " << hk << " scratch " << scratch_floats;
     }
-    // The additive form with lerobot's constant gives bit-identical results.
+    // The additive form with lerobot's constant gives bit-identical results (same scratch as the
+    // last boolean run, so the same path).
     std::vector<float> add(allow.size());
     for (size_t i = 0; i < add.size(); ++i) add[i] = allow[i] ? 0.0f : kMaskValue;
-    std::vector<float> scratch(static_cast<size_t>(attention_scratch_floats(t, s)));
+    std::vector<float> scratch(static_cast<size_t>(attention_scratch_floats(t, s, 1, h)));
     attention(q.data(), k.data(), v.data(), {nullptr, add.data()}, out_add.data(), t, h, hk, s, dh,
               dh, float(scale), scratch.data(), int64_t(scratch.size()));
     for (size_t i = 0; i < out.size(); ++i) EXPECT_EQ(out[i], out_add[i]);

@@ -1,7 +1,8 @@
-// Scaled dot-product attention with grouped/multi-query KV heads and a boolean or additive mask,
-// in blocks of query tokens per head (two sgemm calls per block). (head, block) pairs run on the
-// OpenMP threads, each with its own scores block and single-threaded sgemm calls (oneDNN runs
-// sequentially inside a parallel region). Never allocates.
+// Scaled dot-product attention with grouped/multi-query KV heads and a boolean or additive mask.
+// One KV head (MQA): all query heads of a block of tokens in two GEMMs. Otherwise blocks of query
+// tokens per head (two sgemm calls per block); (head, block) pairs run on the OpenMP threads, each
+// with its own scores block and single-threaded sgemm calls (oneDNN runs sequentially inside a
+// parallel region). Never allocates.
 #include <omp.h>
 
 #include <algorithm>
@@ -14,18 +15,49 @@ namespace vlac::cpu {
 namespace {
 
 constexpr int64_t kBlockTokens = 128;  // query tokens per block: scratch = block * S floats per worker
+constexpr int64_t kMqaBlockTokens = 256;  // one KV head: tokens per block of all heads' score rows
 
 }  // namespace
 
-int64_t attention_scratch_floats(int64_t t, int64_t s, int64_t workers) {
-  return std::max<int64_t>(1, workers) * std::max<int64_t>(1, std::min(t, kBlockTokens)) *
-         std::max<int64_t>(s, 1);
+int64_t attention_scratch_floats(int64_t t, int64_t s, int64_t workers, int64_t h) {
+  const int64_t per_head = std::max<int64_t>(1, workers) * std::max<int64_t>(1, std::min(t, kBlockTokens));
+  const int64_t all_heads = std::max<int64_t>(1, std::min(t, kMqaBlockTokens)) * std::max<int64_t>(1, h);
+  return std::max(per_head, all_heads) * std::max<int64_t>(s, 1);
 }
+
+namespace {
+
+// softmax(row + mask row ti), in place.
+void mask_softmax(const AttentionMask& mask, int64_t ti, int64_t s, float* row) {
+  masked_softmax_row(row, s, 1.0f, mask.allow ? mask.allow + ti * s : nullptr, mask.add ? mask.add + ti * s : nullptr);
+}
+
+// One KV head shared by all query heads (pi0.5's Gemma and expert): q [T,H,Dh] is a [T·H, Dh]
+// matrix, so a block of tokens is two large GEMMs (threaded inside oneDNN) around a threaded
+// mask + softmax over its T·H score rows, and the output [T,H,Dv] is written in place.
+void attention_one_kv_head(const float* q, const float* k, const float* v, const AttentionMask& mask, float* out,
+                           int64_t t, int64_t h, int64_t s, int64_t dh, int64_t dv, float scale, float* scores,
+                           int64_t block) {
+  for (int64_t t0 = 0; t0 < t; t0 += block) {
+    const int64_t rows = std::min(block, t - t0) * h;
+    VLAC_CHECK(dnnl_sgemm('N', 'T', rows, s, dh, scale, q + t0 * h * dh, dh, k, dh, 0.0f, scores, s) == dnnl_success);
+#pragma omp parallel for schedule(static) if (rows * s >= kParallelMinElems)
+    for (int64_t r = 0; r < rows; ++r) mask_softmax(mask, t0 + r / h, s, scores + r * s);
+    VLAC_CHECK(dnnl_sgemm('N', 'N', rows, dv, s, 1.0f, scores, s, v, dv, 0.0f, out + t0 * h * dv, dv) == dnnl_success);
+  }
+}
+
+}  // namespace
 
 void attention(const float* q, const float* k, const float* v, AttentionMask mask, float* out,
                int64_t t, int64_t h, int64_t hk, int64_t s, int64_t dh, int64_t dv, float scale,
                float* scratch, int64_t scratch_floats) {
   VLAC_CHECK(hk > 0 && h % hk == 0 && s > 0 && scratch_floats >= s);
+  if (hk == 1 && h > 1 && scratch_floats >= h * s) {
+    const int64_t block = std::min(t, scratch_floats / (h * s));
+    attention_one_kv_head(q, k, v, mask, out, t, h, s, dh, dv, scale, scratch, block);
+    return;
+  }
   const int64_t group = h / hk;
   const int64_t block = std::min<int64_t>({t, kBlockTokens, std::max<int64_t>(1, scratch_floats / s)});
   const int64_t blocks = (t + block - 1) / block;
@@ -43,19 +75,7 @@ void attention(const float* q, const float* k, const float* v, AttentionMask mas
     // scores[bt, S] = scale · q_h[t0:t0+bt] · k_hᵀ
     ok = ok && dnnl_sgemm('N', 'T', bt, s, dh, scale, q + (t0 * h + hi) * dh, h * dh, kh, hk * dh, 0.0f,
                           scores, s) == dnnl_success;
-    for (int64_t r = 0; r < bt; ++r) {
-      float* row = scores + r * s;
-      const int64_t ti = t0 + r;
-      if (mask.allow) {
-        const uint8_t* m = mask.allow + ti * s;
-        for (int64_t j = 0; j < s; ++j)
-          if (!m[j]) row[j] += kMaskValue;
-      } else if (mask.add) {
-        const float* m = mask.add + ti * s;
-        for (int64_t j = 0; j < s; ++j) row[j] += m[j];
-      }
-    }
-    softmax(scores, bt, s);  // runs serially here (nested region)
+    for (int64_t r = 0; r < bt; ++r) mask_softmax(mask, t0 + r, s, scores + r * s);
     // out_h[t0:t0+bt] = probs[bt, S] · v_h[S, Dv]
     ok = ok && dnnl_sgemm('N', 'N', bt, dv, s, 1.0f, scores, s, vh, hk * dv, 0.0f, out + (t0 * h + hi) * dv,
                           h * dv) == dnnl_success;

@@ -3,6 +3,8 @@
 // call, so run() builds no containers. dnnl::error is caught here (no exceptions escape src/).
 #include "backends/cpu/dnnl_linear.h"
 
+#include <algorithm>
+
 #include <dnnl.hpp>
 
 #include "backends/cpu/kernels.h"
@@ -32,7 +34,8 @@ DnnlLinear::DnnlLinear(DnnlLinear&&) noexcept = default;
 DnnlLinear& DnnlLinear::operator=(DnnlLinear&&) noexcept = default;
 DnnlLinear::~DnnlLinear() = default;
 
-Result<DnnlLinear> DnnlLinear::create(int64_t m, int64_t k, int64_t n, DType w_dtype, bool has_bias) {
+Result<DnnlLinear> DnnlLinear::create(int64_t m, int64_t k, int64_t n, DType w_dtype, bool has_bias,
+                                      WeightLayout layout) {
   if (w_dtype != DType::F32 && w_dtype != DType::BF16)
     return unsupported(std::string("dnnl linear: weight dtype ") + dtype_name(w_dtype));
   if (m <= 0 || k <= 0 || n <= 0) return invalid_argument("dnnl linear: empty shape");
@@ -44,7 +47,7 @@ Result<DnnlLinear> DnnlLinear::create(int64_t m, int64_t k, int64_t n, DType w_d
     p->bf16 = w_dtype == DType::BF16;
     const dt in_dt = p->bf16 ? dt::bf16 : dt::f32;
     dnnl::memory::desc src_md({m, k}, in_dt, tag::ab);
-    dnnl::memory::desc wei_md({k, n}, in_dt, tag::ba);
+    dnnl::memory::desc wei_md({k, n}, in_dt, layout == WeightLayout::NK ? tag::ba : tag::ab);
     dnnl::memory::desc dst_md({m, n}, dt::f32, tag::ab);
     dnnl::memory::desc bias_md({1, n}, dt::f32, tag::ab);
     dnnl::primitive_attr attr;
@@ -101,5 +104,40 @@ Status DnnlLinear::run(const float* x, const void* w, const float* b, float* y, 
 }
 
 const std::string& DnnlLinear::impl() const { return impl_->impl; }
+
+// ---------------------------------------------------------------------------------------------
+// DnnlAttention: scratch = [scores f32 T·H×S][k bf16 S×Dh][v bf16 S×Dv][matmul scratch], each
+// 64-byte aligned.
+
+Result<DnnlAttention> DnnlAttention::create(int64_t t, int64_t h, int64_t s, int64_t dh, int64_t dv) {
+  VLAC_ASSIGN_OR_RETURN(DnnlLinear qk, DnnlLinear::create(t * h, dh, s, DType::BF16, false, WeightLayout::NK));
+  VLAC_ASSIGN_OR_RETURN(DnnlLinear pv, DnnlLinear::create(t * h, s, dv, DType::BF16, false, WeightLayout::KN));
+  DnnlAttention a(std::move(qk), std::move(pv));
+  a.t_ = t, a.h_ = h, a.s_ = s, a.dh_ = dh, a.dv_ = dv;
+  return a;
+}
+
+uint64_t DnnlAttention::scratch_bytes() const {
+  return kAlign + align_up(uint64_t(t_ * h_ * s_) * 4) + align_up(uint64_t(s_ * dh_) * 2) +
+         align_up(uint64_t(s_ * dv_) * 2) + std::max(qk_.scratch_bytes(), pv_.scratch_bytes());
+}
+
+Status DnnlAttention::run(const float* q, const float* k, const float* v, const uint8_t* allow, const float* add,
+                          float* out, float scale, void* scratch) const {
+  auto* base = reinterpret_cast<uint8_t*>(align_up(reinterpret_cast<uintptr_t>(scratch)));
+  const int64_t rows = t_ * h_, s = s_;
+  auto* scores = reinterpret_cast<float*>(base);
+  auto* kb = reinterpret_cast<uint16_t*>(base + align_up(uint64_t(rows * s) * 4));
+  auto* vb = reinterpret_cast<uint16_t*>(reinterpret_cast<uint8_t*>(kb) + align_up(uint64_t(s * dh_) * 2));
+  void* mm_scratch = reinterpret_cast<uint8_t*>(vb) + align_up(uint64_t(s * dv_) * 2);
+  round_to_bf16(k, kb, s * dh_);
+  round_to_bf16(v, vb, s * dv_);
+  VLAC_RETURN_IF_ERROR(qk_.run(q, kb, nullptr, scores, mm_scratch));
+  const int64_t h = h_;
+#pragma omp parallel for schedule(static) if (rows * s >= kParallelMinElems)
+  for (int64_t r = 0; r < rows; ++r)
+    masked_softmax_row(scores + r * s, s, scale, allow ? allow + (r / h) * s : nullptr, add ? add + (r / h) * s : nullptr);
+  return pv_.run(scores, vb, nullptr, out, mm_scratch);
+}
 
 }  // namespace vlac::cpu

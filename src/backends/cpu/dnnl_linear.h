@@ -14,13 +14,18 @@
 
 namespace vlac::cpu {
 
+/// How W is stored: NK = row-major [N,K] (a Linear weight, PyTorch's layout); KN = row-major
+/// [K,N] (e.g. attention's V [S,Dv] in probs·V).
+enum class WeightLayout { NK, KN };
+
 class DnnlLinear {
  public:
-  /// Plans y[M,N] = x[M,K] · W[N,K]ᵀ (+ b[N]) with W in `w_dtype` (F32 or BF16).
+  /// Plans y[M,N] = x[M,K] · W[N,K]ᵀ (+ b[N]) with W in `w_dtype` (F32 or BF16) stored as `layout`.
   /// With BF16 weights the activations are rounded to bf16 on the way in (a bf16×bf16 matmul with
   /// fp32 accumulation and output), which is what lerobot's bf16 mode computes in its Linear layers.
   /// Uses the OpenMP thread count current at creation (set_num_threads).
-  static Result<DnnlLinear> create(int64_t m, int64_t k, int64_t n, DType w_dtype, bool has_bias);
+  static Result<DnnlLinear> create(int64_t m, int64_t k, int64_t n, DType w_dtype, bool has_bias,
+                                   WeightLayout layout = WeightLayout::NK);
   DnnlLinear(DnnlLinear&&) noexcept;
   DnnlLinear& operator=(DnnlLinear&&) noexcept;
   ~DnnlLinear();
@@ -37,6 +42,25 @@ class DnnlLinear {
   struct Impl;
   explicit DnnlLinear(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
+};
+
+/// Attention with one KV head shared by H query heads (pi0.5's Gemma and expert) with its two
+/// matmuls in bf16 on AMX, as lerobot's bf16 mode computes them: q, k, v and the probabilities are
+/// rounded to bf16, scores and softmax stay fp32 (scale and mask applied in fp32). All T·H query
+/// rows in one block: scratch holds the [T·H, S] scores.
+class DnnlAttention {
+ public:
+  static Result<DnnlAttention> create(int64_t t, int64_t h, int64_t s, int64_t dh, int64_t dv);
+  /// Bytes of scratch run() needs (any alignment).
+  uint64_t scratch_bytes() const;
+  /// q [T,H,Dh], k [S,1,Dh], v [S,1,Dv] fp32, mask as attention(), out [T,H,Dv] fp32.
+  Status run(const float* q, const float* k, const float* v, const uint8_t* allow, const float* add,
+             float* out, float scale, void* scratch) const;
+
+ private:
+  DnnlAttention(DnnlLinear qk, DnnlLinear pv) : qk_(std::move(qk)), pv_(std::move(pv)) {}
+  DnnlLinear qk_, pv_;
+  int64_t t_ = 0, h_ = 0, s_ = 0, dh_ = 0, dv_ = 0;
 };
 
 }  // namespace vlac::cpu

@@ -6,6 +6,10 @@
 #include <cmath>
 #include <cstdint>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "backends/cpu/kernels.h"
 #include "core/dtype.h"
 
@@ -59,15 +63,68 @@ VLAC_SIMD_CLONES void geglu_span(const float* gate, const float* up, float* y, i
 VLAC_SIMD_CLONES void silu_span(const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] / (1.0f + fast_exp(-x[i]));
 }
-// One softmax row in place: max, exp(x - max) and sum, scale.
-VLAC_SIMD_CLONES void softmax_row(float* x, int64_t n) {
+// max of x[0..n), n >= 1. GCC does not vectorize a float max reduction without -ffast-math, so
+// AVX-512 hosts get an explicit one (a NaN in the row makes the softmax NaN either way).
+#if defined(__x86_64__) && defined(__GNUC__)
+#if !defined(__clang__)  // GCC 12 warns inside _mm512_max_ps (its _mm512_undefined_ps), a known false positive
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+__attribute__((target("avx512f"))) float row_max_avx512(const float* x, int64_t n) {
+  __m512 m = _mm512_set1_ps(x[0]);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) m = _mm512_max_ps(m, _mm512_loadu_ps(x + i));
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, m);
   float mx = x[0];
-  for (int64_t i = 1; i < n; ++i) mx = std::max(mx, x[i]);
-  for (int64_t i = 0; i < n; ++i) x[i] = fast_exp(x[i] - mx);
+  for (float l : lanes) mx = l > mx ? l : mx;
+  for (; i < n; ++i) mx = x[i] > mx ? x[i] : mx;
+  return mx;
+}
+#if !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#endif
+float row_max(const float* x, int64_t n) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  static const bool avx512 = __builtin_cpu_supports("avx512f");
+  if (avx512) return row_max_avx512(x, n);
+#endif
+  float mx = x[0];
+  for (int64_t i = 1; i < n; ++i) mx = x[i] > mx ? x[i] : mx;
+  return mx;
+}
+
+// One softmax row in place: max, exp(x - max) and sum, scale. The sum keeps 16 partial lanes (a
+// fixed order, so the compiler may vectorize it without -ffast-math).
+constexpr int64_t kLanes = 16;
+VLAC_SIMD_CLONES void softmax_row(float* x, int64_t n) {
+  float lane_sum[kLanes] = {};
+  const int64_t full = n / kLanes * kLanes;
+  const float mx = row_max(x, n);
+  for (int64_t i = 0; i < full; i += kLanes)
+    for (int64_t l = 0; l < kLanes; ++l) lane_sum[l] += (x[i + l] = fast_exp(x[i + l] - mx));
   float sum = 0.0f;
-  for (int64_t i = 0; i < n; ++i) sum += x[i];
+  for (int64_t l = 0; l < kLanes; ++l) sum += lane_sum[l];
+  for (int64_t i = full; i < n; ++i) sum += (x[i] = fast_exp(x[i] - mx));
   const float inv = 1.0f / sum;
   for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
+VLAC_SIMD_CLONES void round_span(const float* x, uint16_t* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = f32_to_bf16(x[i]);
+}
+
+// row = row·scale + mask row, then softmax.
+VLAC_SIMD_CLONES void scale_mask_row(float* row, int64_t n, float scale, const uint8_t* allow, const float* add) {
+  if (allow) {
+    for (int64_t j = 0; j < n; ++j) row[j] = row[j] * scale + (allow[j] ? 0.0f : kMaskValue);
+  } else if (add) {
+    for (int64_t j = 0; j < n; ++j) row[j] = row[j] * scale + add[j];
+  } else if (scale != 1.0f) {
+    for (int64_t j = 0; j < n; ++j) row[j] *= scale;
+  }
 }
 
 // Splits [0, n) into equal spans, one per thread (same per-element math whatever the split).
@@ -94,16 +151,18 @@ void silu(const float* x, float* y, int64_t n) {
 }
 
 void rope(float* x, const int64_t* pos, int64_t t, int64_t h, int64_t dh, float base) {
-  VLAC_CHECK(dh % 2 == 0);
+  VLAC_CHECK(dh % 2 == 0 && dh <= 1024);
   const int64_t half = dh / 2;
+  // As HF: inv_freq = 1 / base^(2i/dh) in fp32 steps (position-independent: computed once),
+  // angle = pos * inv_freq in fp32.
+  float inv_freq[512];
+  for (int64_t i = 0; i < half; ++i)
+    inv_freq[i] = 1.0f / float(std::pow(double(base), double(float(2 * i) / float(dh))));
 #pragma omp parallel for schedule(static) if (t * h * dh >= kParallelMinElems)
   for (int64_t ti = 0; ti < t; ++ti) {
     const float p = float(pos[ti]);
     for (int64_t i = 0; i < half; ++i) {
-      // As HF: inv_freq = 1 / base^(2i/dh) in fp32 steps, angle = pos * inv_freq in fp32.
-      const float e = float(2 * i) / float(dh);
-      const float inv_freq = 1.0f / float(std::pow(double(base), double(e)));
-      const float a = p * inv_freq;
+      const float a = p * inv_freq[i];
       const float c = std::cos(a), s = std::sin(a);
       for (int64_t hi = 0; hi < h; ++hi) {
         float* xr = x + (ti * h + hi) * dh;
@@ -139,8 +198,12 @@ void softmax(float* x, int64_t rows, int64_t n) {
 }
 
 void round_to_bf16(const float* x, uint16_t* y, int64_t n) {
-#pragma omp parallel for schedule(static) if (n >= kParallelMinElems)
-  for (int64_t i = 0; i < n; ++i) y[i] = f32_to_bf16(x[i]);
+  for_spans(n, [&](int64_t i, int64_t len) { round_span(x + i, y + i, len); });
+}
+
+void masked_softmax_row(float* row, int64_t n, float scale, const uint8_t* allow, const float* add) {
+  scale_mask_row(row, n, scale, allow, add);
+  softmax_row(row, n);
 }
 
 void binary_op(BinaryOp op, const float* a, int64_t na, const float* b, int64_t nb, float* y, int64_t n) {

@@ -139,6 +139,23 @@ Status Executor::plan(const CpuWeights& weights) {
   VLAC_ASSIGN_OR_RETURN(order_, ir::schedule(g));
   linear_.clear();
   linear_.resize(g.nodes().size());
+  attention_.clear();
+  attention_.resize(g.nodes().size());
+  // lerobot's bf16 mode computes attention in bf16 where q is a bf16 tensor, i.e. where it comes
+  // (through reshape, RoPE, scale) from a Linear whose weight runs in BF16 (Gemma and the expert;
+  // SigLIP stays fp32). Producers are scheduled first, so their weight dtypes are known here.
+  auto from_bf16_linear = [&](ValueId v) {
+    for (int hops = 0; hops < 16; ++hops) {
+      const Node& p = g.node(g.value(v).producer);
+      if (p.op == OpKind::Linear) {
+        const ValueId w = p.inputs[1];
+        return g.node(g.value(w).producer).op == OpKind::Weight && weight_dtype_[size_t(root_[size_t(w)])] == DType::BF16;
+      }
+      if (p.op != OpKind::Reshape && p.op != OpKind::RoPE && p.op != OpKind::Scale) return false;
+      v = p.inputs[0];
+    }
+    return false;
+  };
   const size_t nv = g.values().size();
   root_.resize(nv);
   for (size_t v = 0; v < nv; ++v) root_[v] = ValueId(v);
@@ -203,7 +220,16 @@ Status Executor::plan(const CpuWeights& weights) {
       case OpKind::Attention: {
         if (n.inputs.size() == 4 && in(3).dtype != DType::BOOL && in(3).dtype != DType::U8 && in(3).dtype != DType::F32)
           return unsupported(label(n) + ": mask must be bool, u8 or f32");
-        scratch = std::max(scratch, attention_scratch_floats(in(0).shape[0], in(1).shape[0], options_.threads));
+        const auto& qs = in(0).shape;
+        const auto& ks = in(1).shape;
+        const auto& vs = in(2).shape;
+        scratch = std::max(scratch, attention_scratch_floats(qs[0], ks[0], options_.threads, qs[1]));
+        if (ks[1] == 1 && qs[1] > 1 && from_bf16_linear(n.inputs[0])) {
+          auto att = DnnlAttention::create(qs[0], qs[1], ks[0], qs[2], vs[2]);
+          if (!att.is_ok()) return Status(att.status().code(), label(n) + ": " + att.status().message());
+          scratch = std::max(scratch, int64_t((att->scratch_bytes() + 3) / 4));
+          attention_[size_t(id)].emplace(std::move(*att));
+        }
         break;
       }
       case OpKind::Add:
@@ -496,6 +522,9 @@ Status Executor::run_node(NodeId id) {
         else mask.allow = static_cast<const uint8_t*>(ptr(n.inputs[3]));
       }
       const double def_scale = 1.0 / std::sqrt(double(q[2]));
+      if (attention_[size_t(id)])
+        return attention_[size_t(id)]->run(f(0), f(1), f(2), mask.allow, mask.add, out,
+                                           float(n.attrs.get_float("scale", def_scale)), scratch_ptr_);
       attention(f(0), f(1), f(2), mask, out, q[0], q[1], k[1], k[0], q[2], v[2],
                 float(n.attrs.get_float("scale", def_scale)), scratch_ptr_, scratch_floats_);
       return Status::ok();

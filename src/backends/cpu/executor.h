@@ -118,6 +118,7 @@ class Executor {
   std::vector<bool> weight_rounds_bf16_;  // by value id: F32 table rounded to BF16 on gather
   std::vector<float> const_storage_;
   std::vector<std::optional<DnnlLinear>> linear_;  // by node id: the planned matmul of each Linear
+  std::vector<std::optional<DnnlAttention>> attention_;  // by node id: bf16 attentions (else kernels' fp32)
   std::unique_ptr<uint8_t[]> arena_;
   std::unique_ptr<uint8_t[]> inputs_;
   std::unique_ptr<float[]> scratch_;

@@ -80,6 +80,9 @@ void euler_step(float* x, const float* v, float dt, int64_t n);
 
 /// In place over rows of x[R,N]: max-subtracted, fp32.
 void softmax(float* x, int64_t rows, int64_t n);
+/// One attention score row in place: softmax(row·scale + mask), the mask row being `allow`
+/// (0 → kMaskValue added) or `add` (added) or neither (both null). Single-threaded.
+void masked_softmax_row(float* row, int64_t n, float scale, const uint8_t* allow, const float* add);
 
 /// Attention mask: either none, a boolean [T,S] (1 = may attend) or an additive fp32 [T,S].
 /// The boolean form is applied as the additive kMaskValue, exactly as lerobot does.
@@ -87,9 +90,10 @@ struct AttentionMask {
   const uint8_t* allow = nullptr;  // [T, S] or null
   const float* add = nullptr;      // [T, S] or null
 };
-/// Scratch floats attention needs for t query tokens over s keys with `workers` threads (each
-/// worker has its own block of scores); fewer floats just mean fewer workers.
-int64_t attention_scratch_floats(int64_t t, int64_t s, int64_t workers = 1);
+/// Scratch floats attention wants for t query tokens of h heads over s keys with `workers` threads
+/// (each worker has its own block of scores; one KV head: blocks of all h heads' rows); any value
+/// >= s works, fewer floats just mean smaller blocks or fewer workers.
+int64_t attention_scratch_floats(int64_t t, int64_t s, int64_t workers = 1, int64_t h = 1);
 /// out[T,H,Dv] = softmax(q·kᵀ·scale + mask) · v per query head h, reading KV head h / (H/Hk):
 /// q [T,H,Dh], k [S,Hk,Dh], v [S,Hk,Dv]; H % Hk == 0 (pi0.5: Hk = 1, all heads share it).
 /// Softmax in fp32; scratch >= attention_scratch_floats(t, s). (head, query block) pairs are
