@@ -144,6 +144,8 @@ Status Pi05Policy::plan_for(const Pi05PrefixShape& shape) {
   planned_.reset();
   cpu::ExecutorOptions eo;
   eo.threads = options_.threads;
+  eo.pack_weights = options_.pack_weights;
+  eo.bf16_mqa_attention = bf16_;
   VLAC_ASSIGN_OR_RETURN(Pi05Graph pg, m.build_prefix(shape, debug));
   prefix_outputs_ = pg.outputs;
   VLAC_ASSIGN_OR_RETURN(cpu::Executor pe, cpu::Executor::create(std::move(pg.graph), *weights_, eo));

@@ -25,6 +25,7 @@ struct Pi05PolicyOptions {
   Pi05Precision precision = Pi05Precision::FromConfig;
   int threads = 2;
   bool record_intermediates = false;  // keep every intermediate for --dump-intermediates
+  bool pack_weights = false;  // cpu::ExecutorOptions::pack_weights (a packed copy of the weights)
 };
 
 /// The observation of `path` for this model (see policy/pi05_observation.h), without a

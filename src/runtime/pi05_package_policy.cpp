@@ -54,6 +54,9 @@ uint64_t Pi05PackagePolicy::weight_bytes() const {
 }
 
 Result<Pi05PackagePolicy> Pi05PackagePolicy::open(const std::string& path, Pi05PackageOptions options) {
+  if (options.pack_weights && options.mem_budget > 0)
+    return invalid_argument("packed weights are copies held by each engine and cannot be evicted: use either a "
+                            "memory budget or packed weights, not both");
   Pi05PackagePolicy p;
   p.options_ = options;
   VLAC_ASSIGN_OR_RETURN(Package pkg, Package::open(path));
@@ -214,9 +217,14 @@ Status Pi05PackagePolicy::prepare(Engine& e, const std::map<std::string, Slot>& 
   cpu::ExecutorOptions eo;
   eo.threads = options_.threads;
   eo.shared_memory = true;
+  eo.pack_weights = options_.pack_weights;
+  eo.bf16_mqa_attention = bf16_;
   e.exec.reset();
   VLAC_ASSIGN_OR_RETURN(cpu::Executor ex, cpu::Executor::create(std::move(g), *e.weights, eo));
   e.exec = std::make_unique<cpu::Executor>(std::move(ex));
+  stats_.packed_weight_bytes = 0;
+  for (const auto& other : engines_)
+    if (other->exec) stats_.packed_weight_bytes += other->exec->packed_bytes();
   e.planned = std::move(shapes);
   ++stats_.engines_loaded;
   return Status::ok();

@@ -26,6 +26,10 @@ struct Pi05PackageOptions {
   /// dropped in turn so that mapped weights + activations stay under this many bytes (weight
   /// streaming: slower, the report says how much was re-read).
   uint64_t mem_budget = 0;
+  /// Reorder each engine's Linear weights once into oneDNN's blocked layout (a copy owned by its
+  /// executor, Pi05PackageStats::packed_weight_bytes): faster matmuls, more memory. Not with
+  /// mem_budget (the copies are not evictable).
+  bool pack_weights = false;
 };
 
 /// What the runtime did, for the report.
@@ -35,6 +39,7 @@ struct Pi05PackageStats {
   uint64_t evicted_bytes = 0;       // their size (re-read from disk when used again)
   uint64_t peak_resident_weight_bytes = 0;  // by the budget's accounting
   uint64_t activation_bytes = 0;    // arenas + inputs + scratch of the live executors
+  uint64_t packed_weight_bytes = 0; // packed weight copies of the live executors (pack_weights)
   // Latency of the last observation by stage, milliseconds.
   std::vector<double> vision_ms;    // one per present camera
   double text_ms = 0, lm_ms = 0;

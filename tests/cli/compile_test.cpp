@@ -170,6 +170,46 @@ TEST(CompileCli, MemBudgetStreamsEnginesWithTheSameActions) {
     }
 }
 
+// bytes of a little-endian f32 tensor as floats.
+std::vector<float> as_floats(const std::string& bytes) {
+  std::vector<float> v(bytes.size() / 4);
+  std::memcpy(v.data(), bytes.data(), v.size() * 4);
+  return v;
+}
+
+TEST(CompileCli, PackWeightsKeepsFolderAndPackageEqualAndRefusesABudget) {
+  for (const char* dtype : {"fp32", "bf16"}) {
+    SCOPED_TRACE(dtype);
+    const std::string pkg = package_for("tiny_a", dtype, "16KiB");
+    ASSERT_FALSE(pkg.empty());
+    const std::string out = cache_dir().file("packed.safetensors"), rep = cache_dir().file("packed.json");
+    auto args = run_args(pkg, "tiny_a", out);
+    args.insert(args.end(), {"--pack-weights", "--report-json", rep});
+    Proc p = run_vlac(args);
+    ASSERT_EQ(p.rc, 0) << p.out;
+    EXPECT_GT(read_json(rep)["packed_weight_bytes"].get<int64_t>(), 0) << read_json(rep).dump();
+    // The folder with --pack-weights runs the same kernels: the same bytes.
+    const std::string fout = cache_dir().file("packed-folder.safetensors");
+    auto fargs = run_args(policy_of("tiny_a"), "tiny_a", fout);
+    fargs.insert(fargs.end(), {"--dtype", dtype, "--pack-weights"});
+    ASSERT_EQ(run_vlac(fargs).rc, 0);
+    EXPECT_TRUE(tensor_bytes(out, "action_normalized") == tensor_bytes(fout, "action_normalized"));
+    // Against the in-place run: the same up to summation order.
+    const auto a = as_floats(tensor_bytes(out, "action_normalized"));
+    const auto b = as_floats(tensor_bytes(folder_run("tiny_a", dtype), "action_normalized"));
+    ASSERT_EQ(a.size(), b.size());
+    double d = 0;
+    for (size_t i = 0; i < a.size(); ++i) d = std::max(d, double(std::abs(a[i] - b[i])));
+    EXPECT_LE(d, std::string(dtype) == "fp32" ? 1e-4 : 2e-2);
+    // Packed copies cannot be evicted: with a memory budget it is a usage error.
+    auto both = run_args(pkg, "tiny_a", cache_dir().file("both.safetensors"));
+    both.insert(both.end(), {"--pack-weights", "--mem-budget", "1MiB"});
+    Proc e = run_vlac(both);
+    EXPECT_EQ(e.rc, 2) << e.out;
+    EXPECT_NE(e.out.find("packed weights"), std::string::npos) << e.out;
+  }
+}
+
 TEST(CompileCli, TwoCompilesAreByteIdentical) {
   for (const char* cap : {"16KiB", "512MiB"}) {
     TempDir a("cmp-a"), b("cmp-b");

@@ -67,6 +67,25 @@ TEST(CpuDnnlLinear, F32AndBf16MatchReferencesWithWeightsInPlace) {
   }
 }
 
+TEST(CpuDnnlLinear, SingleRowGemvMatchesReferences) {
+  const int64_t k = 517, n = 70;  // k not a multiple of the 16 lanes
+  auto w = uniform(size_t(n * k), 11), b = uniform(size_t(n), 12), x = uniform(size_t(k), 13);
+  std::vector<uint16_t> wb(w.size());
+  std::vector<float> wr(w.size()), xr(x.size());
+  for (size_t i = 0; i < w.size(); ++i) wr[i] = bf16_to_f32(wb[i] = f32_to_bf16(w[i]));
+  for (size_t i = 0; i < x.size(); ++i) xr[i] = bf16_to_f32(f32_to_bf16(x[i]));
+  auto lin = DnnlLinear::create(1, k, n, DType::F32, true);
+  auto lin_bf = DnnlLinear::create(1, k, n, DType::BF16, false);
+  ASSERT_TRUE(lin.is_ok() && lin_bf.is_ok());
+  EXPECT_EQ(lin->impl(), "vlac:gemv");
+  std::vector<uint8_t> scratch(std::max(lin->scratch_bytes(), lin_bf->scratch_bytes()));
+  std::vector<float> y(static_cast<size_t>(n));
+  ASSERT_TRUE(lin->run(x.data(), w.data(), b.data(), y.data(), scratch.data()).is_ok());
+  EXPECT_LT(max_rel(y, reference(x, w, b, 1, k, n)), 1e-5);
+  ASSERT_TRUE(lin_bf->run(x.data(), wb.data(), nullptr, y.data(), scratch.data()).is_ok());
+  EXPECT_LT(max_rel(y, reference(xr, wr, {}, 1, k, n)), 1e-5);
+}
+
 TEST(CpuDnnlLinear, KnLayoutIsTheTransposedWeight) {
   const int64_t m = 9, k = 40, n = 24;
   auto w = uniform(size_t(n * k), 5), x = uniform(size_t(m * k), 6);

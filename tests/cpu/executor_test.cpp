@@ -100,6 +100,17 @@ TEST(CpuExecutor, MlpChainMatchesKernelsAndReusesBuffers) {
   // 20 intermediate values of up to T·F floats each; live at once: a handful.
   const uint64_t all = 4 * (2 * T * D + 2 * T * F + T * D) * 4;
   EXPECT_LT(ex->arena_bytes(), all / 3);
+  // Packed weights: the same math up to summation order, a copy of both matrices owned.
+  ExecutorOptions packed;
+  packed.pack_weights = true;
+  auto exp = Executor::create(g, *weights, packed);
+  ASSERT_TRUE(exp.is_ok()) << exp.status().message();
+  EXPECT_GE(exp->packed_bytes(), uint64_t(2 * D * F * 4));
+  EXPECT_EQ(ex->packed_bytes(), 0u);
+  std::memcpy(exp->input_data(exp->input_index("x")), xin.data(), xin.size() * 4);
+  ASSERT_TRUE(exp->run().is_ok());
+  for (size_t k = 0; k < ref.size(); ++k)
+    EXPECT_NEAR(exp->data_f32(r)[k], ref[k], 1e-5f * (1.0f + std::abs(ref[k]))) << k;
   // Running twice gives the same result (no state leaks between runs).
   std::vector<float> first(out, out + ref.size());
   ASSERT_TRUE(ex->run().is_ok());
@@ -126,7 +137,9 @@ TEST(CpuExecutor, BindInputConcatAttentionAndBf16Weights) {
   auto weights = CpuWeights::load(file.refs, {DType::BF16, DType::F32}, file.files());
   ASSERT_TRUE(weights.is_ok()) << weights.status().message();
   EXPECT_EQ(weights->owned_bytes(), uint64_t(H * Dh * D * 2));
-  auto ex = Executor::create(g, *weights);
+  ExecutorOptions bf16_run;
+  bf16_run.bf16_mqa_attention = true;  // as a bf16 pi0.5 run: one KV head -> bf16 attention
+  auto ex = Executor::create(g, *weights, bf16_run);
   ASSERT_TRUE(ex.is_ok()) << ex.status().message();
   const auto xin = randv(size_t(T * D), 13), cin = randv(size_t(S0 * Dh), 14);
   std::memcpy(ex->input_data(ex->input_index("x")), xin.data(), xin.size() * 4);
@@ -145,8 +158,8 @@ TEST(CpuExecutor, BindInputConcatAttentionAndBf16Weights) {
   attention(rq.data(), rk.data(), rk.data(), {}, ra.data(), T, H, 1, S0 + T, Dh, Dh, 0.25f, scratch.data(),
             int64_t(scratch.size()));
   for (size_t i = 0; i < rk.size(); ++i) EXPECT_NEAR(ex->data_f32(kk)[i], rk[i], 1e-5f * (1.0f + std::abs(rk[i]))) << i;
-  // q comes from a bf16 Linear and K/V have one head: the attention runs in bf16 (DnnlAttention),
-  // so it matches the fp32 reference to bf16 precision only.
+  // K/V have one head and the run is bf16: the attention runs in bf16 (DnnlAttention), so it
+  // matches the fp32 reference to bf16 precision only.
   float amax = 0;
   for (float r : ra) amax = std::max(amax, std::abs(r));
   for (size_t i = 0; i < ra.size(); ++i) EXPECT_NEAR(ex->data_f32(a)[i], ra[i], 2e-2f * amax) << i;

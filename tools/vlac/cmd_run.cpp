@@ -35,6 +35,7 @@ struct RunFlags {
   std::string tokenizer;  // --tokenizer: SentencePiece model (file or folder)
   std::string mem_budget;  // --mem-budget SIZE (packages)
   int repeat = 1;          // --repeat N (packages)
+  bool pack_weights = false;  // --pack-weights
 };
 
 Status run_policy(const RunFlags& f, MemMeter& meter) {
@@ -44,7 +45,7 @@ Status run_policy(const RunFlags& f, MemMeter& meter) {
   const bool plain_file = ::stat(f.policy.c_str(), &st) == 0 && S_ISREG(st.st_mode);
   if (plain_file || has_package_magic(f.policy))
     return run_package(PackageRunArgs{f.policy, f.obs, f.out, f.noise, f.dtype, f.dump_dir, f.task, f.tokenizer,
-                                      f.mem_budget, f.seed, f.threads, f.repeat, f.common.quiet},
+                                      f.mem_budget, f.seed, f.threads, f.repeat, f.pack_weights, f.common.quiet},
                        meter);
   if (!f.mem_budget.empty()) return invalid_argument("--mem-budget applies to .vlac packages (vlac compile makes one)");
   if (f.repeat != 1) return invalid_argument("--repeat applies to .vlac packages (vlac compile makes one)");
@@ -54,6 +55,7 @@ Status run_policy(const RunFlags& f, MemMeter& meter) {
   else if (!f.dtype.empty()) return invalid_argument("--dtype must be fp32 or bf16, got '" + f.dtype + "'");
   if (f.threads < 1) return invalid_argument("--threads must be at least 1");
   opts.threads = f.threads;
+  opts.pack_weights = f.pack_weights;
   opts.record_intermediates = !f.dump_dir.empty();
 
   using Clock = std::chrono::steady_clock;
@@ -136,6 +138,9 @@ void register_run(CLI::App& app) {
   sub->add_option("--dump-intermediates", flags->dump_dir,
                   "write DIR/intermediates.safetensors (names as lerobot's fixtures)");
   sub->add_option("--threads", flags->threads, "CPU threads for matmuls and kernels (default 2)");
+  sub->add_flag("--pack-weights", flags->pack_weights,
+                "reorder Linear weights once into oneDNN's blocked layout: faster matmuls (mostly the "
+                "denoising steps), but a packed copy of the weights in memory instead of using them in place");
   sub->add_option("--mem-budget", flags->mem_budget,
                   "packages: keep mapped weights + activations under SIZE (e.g. 2GiB) by streaming engines");
   sub->add_option("--repeat", flags->repeat,

@@ -24,6 +24,7 @@ Status run_package(const PackageRunArgs& f, MemMeter& meter) {
   if (f.repeat < 1) return invalid_argument("--repeat must be at least 1");
   Pi05PackageOptions opts;
   opts.threads = f.threads;
+  opts.pack_weights = f.pack_weights;
   if (!f.mem_budget.empty()) {
     VLAC_ASSIGN_OR_RETURN(opts.mem_budget, parse_size(f.mem_budget));
     if (opts.mem_budget == 0) return invalid_argument("--mem-budget must be positive");
@@ -91,6 +92,7 @@ Status run_package(const PackageRunArgs& f, MemMeter& meter) {
   meter.add_extra("evicted_bytes", std::to_string(st.evicted_bytes));
   meter.add_extra("peak_resident_weight_bytes", std::to_string(st.peak_resident_weight_bytes));
   meter.add_extra("activation_bytes", std::to_string(st.activation_bytes));
+  meter.add_extra("packed_weight_bytes", std::to_string(st.packed_weight_bytes));
   meter.add_extra("iterations_ms", "[" + repeats + "]");
   {
     auto list = [](const std::vector<double>& v) {
@@ -109,8 +111,13 @@ Status run_package(const PackageRunArgs& f, MemMeter& meter) {
               f.package.c_str(), f.out.c_str(), (long long)H, (long long)A,
               D == 0 ? "" : (" + action [" + std::to_string(H) + ", " + std::to_string(D) + "]").c_str(),
               policy.bf16() ? "bf16" : "fp32", obs.cameras.size(), policy.config().cameras.size(), (long long)P);
-  std::printf("  weights: %s in the package, mapped in place; activations %s; %d engines loaded\n",
-              format_bytes(policy.weight_bytes()).c_str(), format_bytes(st.activation_bytes).c_str(), st.engines_loaded);
+  if (st.packed_weight_bytes > 0)
+    std::printf("  weights: %s in the package, packed copies %s (--pack-weights); activations %s; %d engines loaded\n",
+                format_bytes(policy.weight_bytes()).c_str(), format_bytes(st.packed_weight_bytes).c_str(),
+                format_bytes(st.activation_bytes).c_str(), st.engines_loaded);
+  else
+    std::printf("  weights: %s in the package, mapped in place; activations %s; %d engines loaded\n",
+                format_bytes(policy.weight_bytes()).c_str(), format_bytes(st.activation_bytes).c_str(), st.engines_loaded);
   if (opts.mem_budget)
     std::printf("  budget %s: %llu evictions, %s re-read from the package (the cost of streaming)\n",
                 format_bytes(opts.mem_budget).c_str(), (unsigned long long)st.evictions,

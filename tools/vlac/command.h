@@ -45,6 +45,7 @@ struct PackageRunArgs {
   uint64_t seed = 0;
   int threads = 2;
   int repeat = 1;      // run the observation this many times (reopening a replaced package between)
+  bool pack_weights = false;
   bool quiet = false;
 };
 Status run_package(const PackageRunArgs& args, MemMeter& meter);

@@ -21,11 +21,12 @@ uint64_t align_up(uint64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 struct DnnlLinear::Impl {
   int64_t m = 0, k = 0, n = 0;
   bool bf16 = false, bias = false;
+  bool gemv = false;  // M = 1 (the expert's time modulations): our own GEMV, see create()
   dnnl::engine eng{dnnl::engine::kind::cpu, 0};
   dnnl::stream strm{eng};
   dnnl::matmul prim;
   dnnl::memory src, wei, bias_mem, dst, scratchpad;
-  uint64_t staging_bytes = 0, pad_bytes = 0;
+  uint64_t staging_bytes = 0, pad_bytes = 0, packed_bytes = 0;
   std::string impl;
 };
 
@@ -35,7 +36,7 @@ DnnlLinear& DnnlLinear::operator=(DnnlLinear&&) noexcept = default;
 DnnlLinear::~DnnlLinear() = default;
 
 Result<DnnlLinear> DnnlLinear::create(int64_t m, int64_t k, int64_t n, DType w_dtype, bool has_bias,
-                                      WeightLayout layout) {
+                                      WeightLayout layout, const void* pack_from) {
   if (w_dtype != DType::F32 && w_dtype != DType::BF16)
     return unsupported(std::string("dnnl linear: weight dtype ") + dtype_name(w_dtype));
   if (m <= 0 || k <= 0 || n <= 0) return invalid_argument("dnnl linear: empty shape");
@@ -45,9 +46,18 @@ Result<DnnlLinear> DnnlLinear::create(int64_t m, int64_t k, int64_t n, DType w_d
     auto p = std::make_unique<Impl>();
     p->m = m, p->k = k, p->n = n, p->bias = has_bias;
     p->bf16 = w_dtype == DType::BF16;
+    if (m == 1 && layout == WeightLayout::NK) {
+      // oneDNN's matmul runs a single row at a few GFLOP/s (it packs B for one use); a GEMV
+      // streams W once at memory speed instead.
+      p->gemv = true;
+      p->impl = "vlac:gemv";
+      p->staging_bytes = align_up(uint64_t(k) * 4);
+      return DnnlLinear(std::move(p));
+    }
     const dt in_dt = p->bf16 ? dt::bf16 : dt::f32;
     dnnl::memory::desc src_md({m, k}, in_dt, tag::ab);
-    dnnl::memory::desc wei_md({k, n}, in_dt, layout == WeightLayout::NK ? tag::ba : tag::ab);
+    dnnl::memory::desc user_wei_md({k, n}, in_dt, layout == WeightLayout::NK ? tag::ba : tag::ab);
+    dnnl::memory::desc wei_md = pack_from ? dnnl::memory::desc({k, n}, in_dt, tag::any) : user_wei_md;
     dnnl::memory::desc dst_md({m, n}, dt::f32, tag::ab);
     dnnl::memory::desc bias_md({1, n}, dt::f32, tag::ab);
     dnnl::primitive_attr attr;
@@ -59,7 +69,15 @@ Result<DnnlLinear> DnnlLinear::create(int64_t m, int64_t k, int64_t n, DType w_d
     p->prim = dnnl::matmul(pd);
     // Handles are bound in run(); DNNL_MEMORY_NONE would allocate, so start from null handles.
     p->src = dnnl::memory(src_md, p->eng, nullptr);
-    p->wei = dnnl::memory(wei_md, p->eng, nullptr);
+    if (pack_from) {  // reorder once into the primitive's blocked layout, owned here
+      p->wei = dnnl::memory(pd.weights_desc(), p->eng);
+      dnnl::memory user(user_wei_md, p->eng, const_cast<void*>(pack_from));
+      dnnl::reorder(user, p->wei).execute(p->strm, user, p->wei);
+      p->strm.wait();
+      p->packed_bytes = pd.weights_desc().get_size();
+    } else {
+      p->wei = dnnl::memory(wei_md, p->eng, nullptr);
+    }
     p->dst = dnnl::memory(dst_md, p->eng, nullptr);
     if (has_bias) p->bias_mem = dnnl::memory(bias_md, p->eng, nullptr);
     p->pad_bytes = pd.scratchpad_desc().get_size();
@@ -76,6 +94,16 @@ uint64_t DnnlLinear::scratch_bytes() const { return kAlign + impl_->staging_byte
 Status DnnlLinear::run(const float* x, const void* w, const float* b, float* y, void* scratch) const {
   const Impl& p = *impl_;
   auto* base = reinterpret_cast<uint8_t*>(align_up(reinterpret_cast<uintptr_t>(scratch)));
+  if (p.gemv) {
+    const float* xv = x;
+    if (p.bf16) {  // the same bf16 rounding of the activations as the matmul path
+      auto* xr = reinterpret_cast<float*>(base);
+      for (int64_t i = 0; i < p.k; ++i) xr[i] = bf16_to_f32(f32_to_bf16(x[i]));
+      xv = xr;
+    }
+    gemv(xv, w, p.bf16, b, y, p.k, p.n);
+    return Status::ok();
+  }
   void* src = const_cast<float*>(x);
   if (p.bf16) {
     auto* staged = reinterpret_cast<uint16_t*>(base);
@@ -83,7 +111,7 @@ Status DnnlLinear::run(const float* x, const void* w, const float* b, float* y, 
     src = staged;
   }
   dnnl_memory_set_data_handle(p.src.get(), src);
-  dnnl_memory_set_data_handle(p.wei.get(), const_cast<void*>(w));
+  if (p.packed_bytes == 0) dnnl_memory_set_data_handle(p.wei.get(), const_cast<void*>(w));
   dnnl_memory_set_data_handle(p.dst.get(), y);
   dnnl_memory_set_data_handle(p.scratchpad.get(), base + p.staging_bytes);
   dnnl_exec_arg_t args[5] = {{DNNL_ARG_SRC, p.src.get()},
@@ -104,6 +132,7 @@ Status DnnlLinear::run(const float* x, const void* w, const float* b, float* y, 
 }
 
 const std::string& DnnlLinear::impl() const { return impl_->impl; }
+uint64_t DnnlLinear::packed_bytes() const { return impl_->packed_bytes; }
 
 // ---------------------------------------------------------------------------------------------
 // DnnlAttention: scratch = [scores f32 T·H×S][k bf16 S×Dh][v bf16 S×Dv][matmul scratch], each

@@ -24,8 +24,11 @@ class DnnlLinear {
   /// With BF16 weights the activations are rounded to bf16 on the way in (a bf16×bf16 matmul with
   /// fp32 accumulation and output), which is what lerobot's bf16 mode computes in its Linear layers.
   /// Uses the OpenMP thread count current at creation (set_num_threads).
+  /// With `pack_from` (the weights, read now only) W is reordered once into the primitive's
+  /// preferred blocked layout and owned (packed_bytes()); run() then ignores its `w`. Faster for
+  /// few rows (the expert's M = 50), at the cost of that copy.
   static Result<DnnlLinear> create(int64_t m, int64_t k, int64_t n, DType w_dtype, bool has_bias,
-                                   WeightLayout layout = WeightLayout::NK);
+                                   WeightLayout layout = WeightLayout::NK, const void* pack_from = nullptr);
   DnnlLinear(DnnlLinear&&) noexcept;
   DnnlLinear& operator=(DnnlLinear&&) noexcept;
   ~DnnlLinear();
@@ -37,6 +40,8 @@ class DnnlLinear {
   Status run(const float* x, const void* w, const float* b, float* y, void* scratch) const;
   /// oneDNN's implementation name, e.g. "brg:avx512_core_amx_bf16".
   const std::string& impl() const;
+  /// Bytes of the owned packed weights (0 when W is used in place).
+  uint64_t packed_bytes() const;
 
  private:
   struct Impl;

@@ -127,6 +127,37 @@ VLAC_SIMD_CLONES void scale_mask_row(float* row, int64_t n, float scale, const u
   }
 }
 
+// Dot products of x with rows [0, rows) of W: 16 partial lanes, then their sum.
+template <typename W>
+inline void gemv_rows(const float* x, const W* w, float* y, int64_t k, int64_t rows) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const W* wr = w + r * k;
+    float lane[kLanes] = {};
+    const int64_t full = k / kLanes * kLanes;
+    for (int64_t i = 0; i < full; i += kLanes)
+      for (int64_t l = 0; l < kLanes; ++l) {
+        float wv;
+        if constexpr (sizeof(W) == 2) wv = bf16_to_f32(wr[i + l]);
+        else wv = wr[i + l];
+        lane[l] += x[i + l] * wv;
+      }
+    float sum = 0.0f;
+    for (int64_t l = 0; l < kLanes; ++l) sum += lane[l];
+    for (int64_t i = full; i < k; ++i) {
+      if constexpr (sizeof(W) == 2) sum += x[i] * bf16_to_f32(wr[i]);
+      else sum += x[i] * wr[i];
+    }
+    y[r] = sum;
+  }
+}
+
+VLAC_SIMD_CLONES void gemv_rows_f32(const float* x, const float* w, float* y, int64_t k, int64_t rows) {
+  gemv_rows(x, w, y, k, rows);
+}
+VLAC_SIMD_CLONES void gemv_rows_bf16(const float* x, const uint16_t* w, float* y, int64_t k, int64_t rows) {
+  gemv_rows(x, w, y, k, rows);
+}
+
 // Splits [0, n) into equal spans, one per thread (same per-element math whatever the split).
 template <typename Fn>
 void for_spans(int64_t n, Fn fn) {
@@ -199,6 +230,19 @@ void softmax(float* x, int64_t rows, int64_t n) {
 
 void round_to_bf16(const float* x, uint16_t* y, int64_t n) {
   for_spans(n, [&](int64_t i, int64_t len) { round_span(x + i, y + i, len); });
+}
+
+void gemv(const float* x, const void* w, bool w_bf16, const float* b, float* y, int64_t k, int64_t n) {
+  constexpr int64_t kRows = 16;  // rows per task
+  const int64_t tasks = (n + kRows - 1) / kRows;
+#pragma omp parallel for schedule(static) if (n * k >= 8 * kParallelMinElems)
+  for (int64_t t = 0; t < tasks; ++t) {
+    const int64_t r0 = t * kRows, rows = std::min(kRows, n - r0);
+    if (w_bf16) gemv_rows_bf16(x, static_cast<const uint16_t*>(w) + r0 * k, y + r0, k, rows);
+    else gemv_rows_f32(x, static_cast<const float*>(w) + r0 * k, y + r0, k, rows);
+    if (b)
+      for (int64_t r = r0; r < r0 + rows; ++r) y[r] += b[r];
+  }
 }
 
 void masked_softmax_row(float* row, int64_t n, float scale, const uint8_t* allow, const float* add) {

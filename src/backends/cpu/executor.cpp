@@ -139,23 +139,10 @@ Status Executor::plan(const CpuWeights& weights) {
   VLAC_ASSIGN_OR_RETURN(order_, ir::schedule(g));
   linear_.clear();
   linear_.resize(g.nodes().size());
+  packed_bytes_ = 0;
   attention_.clear();
   attention_.resize(g.nodes().size());
-  // lerobot's bf16 mode computes attention in bf16 where q is a bf16 tensor, i.e. where it comes
-  // (through reshape, RoPE, scale) from a Linear whose weight runs in BF16 (Gemma and the expert;
-  // SigLIP stays fp32). Producers are scheduled first, so their weight dtypes are known here.
-  auto from_bf16_linear = [&](ValueId v) {
-    for (int hops = 0; hops < 16; ++hops) {
-      const Node& p = g.node(g.value(v).producer);
-      if (p.op == OpKind::Linear) {
-        const ValueId w = p.inputs[1];
-        return g.node(g.value(w).producer).op == OpKind::Weight && weight_dtype_[size_t(root_[size_t(w)])] == DType::BF16;
-      }
-      if (p.op != OpKind::Reshape && p.op != OpKind::RoPE && p.op != OpKind::Scale) return false;
-      v = p.inputs[0];
-    }
-    return false;
-  };
+
   const size_t nv = g.values().size();
   root_.resize(nv);
   for (size_t v = 0; v < nv; ++v) root_[v] = ValueId(v);
@@ -205,9 +192,13 @@ Status Executor::plan(const CpuWeights& weights) {
         if (!is_weight(1) && w.dtype != DType::F32) return unsupported(label(n) + ": activation weight must be f32");
         const DType wd = is_weight(1) ? weight_dtype_[size_t(root_[size_t(n.inputs[1])])] : DType::F32;
         const int64_t k = w.shape[1];
-        auto lin = DnnlLinear::create(in(0).numel() / k, k, w.shape[0], wd, n.inputs.size() == 3);
+        const int64_t m = in(0).numel() / k;
+        const bool pack = options_.pack_weights && is_weight(1) && m > 1;
+        auto lin = DnnlLinear::create(m, k, w.shape[0], wd, n.inputs.size() == 3, WeightLayout::NK,
+                                      pack ? ptr_[size_t(root_[size_t(n.inputs[1])])] : nullptr);
         if (!lin.is_ok()) return Status(lin.status().code(), label(n) + ": " + lin.status().message());
         scratch = std::max(scratch, int64_t((lin->scratch_bytes() + 3) / 4));
+        packed_bytes_ += lin->packed_bytes();
         linear_[size_t(id)].emplace(std::move(*lin));
         break;
       }
@@ -224,7 +215,7 @@ Status Executor::plan(const CpuWeights& weights) {
         const auto& ks = in(1).shape;
         const auto& vs = in(2).shape;
         scratch = std::max(scratch, attention_scratch_floats(qs[0], ks[0], options_.threads, qs[1]));
-        if (ks[1] == 1 && qs[1] > 1 && from_bf16_linear(n.inputs[0])) {
+        if (options_.bf16_mqa_attention && ks[1] == 1 && qs[1] > 1) {
           auto att = DnnlAttention::create(qs[0], qs[1], ks[0], qs[2], vs[2]);
           if (!att.is_ok()) return Status(att.status().code(), label(n) + ": " + att.status().message());
           scratch = std::max(scratch, int64_t((att->scratch_bytes() + 3) / 4));

@@ -67,6 +67,15 @@ struct ExecutorOptions {
   /// The caller provides the activation arena and scratch (set_memory, before each run) and
   /// binds every input: engines that run one after another share one arena.
   bool shared_memory = false;
+  /// Linear weights reordered once into oneDNN's blocked layout, owned by the executor
+  /// (packed_bytes()): faster matmuls, mainly for few rows, at the cost of a copy of the weights.
+  /// Off: weights are used in place (mapped from the package or the checkpoint).
+  bool pack_weights = false;
+  /// Attention with one KV head shared by several query heads runs its two matmuls in bf16
+  /// (DnnlAttention). In pi0.5 those are exactly the Gemma and expert attentions, which lerobot's
+  /// bf16 mode computes in bf16; SigLIP's multi-head attention stays fp32. The policy sets it
+  /// for bf16 runs (a per-run choice, so a partitioned package and its folder agree).
+  bool bf16_mqa_attention = false;
 };
 
 class Executor {
@@ -101,6 +110,8 @@ class Executor {
   uint64_t arena_bytes() const { return arena_bytes_; }
   uint64_t input_bytes() const { return input_bytes_; }
   uint64_t scratch_bytes() const { return uint64_t(scratch_floats_) * 4; }
+  /// Bytes of packed weight copies (ExecutorOptions::pack_weights), else 0.
+  uint64_t packed_bytes() const { return packed_bytes_; }
 
  private:
   Executor() = default;
@@ -126,6 +137,7 @@ class Executor {
   std::vector<std::pair<ir::ValueId, uint64_t>> arena_blocks_;  // activation root -> arena offset
   uint64_t arena_bytes_ = 0, input_bytes_ = 0;
   int64_t scratch_floats_ = 0;
+  uint64_t packed_bytes_ = 0;
 };
 
 }  // namespace vlac::cpu

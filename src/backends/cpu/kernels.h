@@ -31,6 +31,9 @@ constexpr int64_t kParallelMinElems = 16384;
 /// y[M,N] = x[M,K] · W[N,K]ᵀ (+ b[N]); oneDNN's sgemm. b may be null.
 void linear_f32(const float* x, const float* w, const float* b, float* y, int64_t m, int64_t k,
                 int64_t n);
+/// y[N] = W[N,K] · x[K] (+ b[N]) with W fp32 or bf16 (`w_bf16`), fp32 accumulation in a fixed
+/// order per output (rows split across threads).
+void gemv(const float* x, const void* w, bool w_bf16, const float* b, float* y, int64_t k, int64_t n);
 /// y[i] = bf16(x[i]) (round to nearest even), threaded.
 void round_to_bf16(const float* x, uint16_t* y, int64_t n);
 
