@@ -33,6 +33,7 @@ Usage (CPU only):
 (a bound: more threads are faster) would pass S seconds; vlac processes are killed 45 s past S.
 --vlac-lib: prepended to LD_LIBRARY_PATH for the vlac processes only (the carried bundle's lib/).
 --vlac-env runs vlac once more per variant with extra environment (e.g. noamx:DNNL_MAX_CPU_ISA=AVX512_CORE_BF16);
+the variable VLAC_ARGS adds command-line flags to that variant's vlac runs (e.g. packed:VLAC_ARGS=--pack-weights);
 the variant "default" (the environment as found) always runs first; variants run for every dtype.
 The first folder warm-up of each dtype runs with DNNL_VERBOSE=1: the oneDNN ISA line and the matmul
 implementations it executed are recorded under "vlac_dnnl".
@@ -265,7 +266,8 @@ def time_vlac_folder(vlac, folder, obs, noise, work, dtype, threads, repeats, en
         # The warm-up run may print oneDNN's verbose lines: it is not timed.
         venv = {**env, "DNNL_VERBOSE": "1", "ONEDNN_VERBOSE": "1"} if (i == 0 and verbose_first) else env
         wall, text = run_cmd([vlac, "run", str(folder), "--obs", str(obs), "--noise", str(noise), "--out", str(out),
-                              "--dtype", dtype, "--threads", str(threads), "--report-json", str(rep), "--quiet"],
+                              "--dtype", dtype, "--threads", str(threads), "--report-json", str(rep), "--quiet",
+                              *env.get("VLAC_ARGS", "").split()],
                              venv, timeout())
         if i == 0 and verbose_first:
             dnnl = dnnl_verbose_summary(text)
@@ -289,7 +291,7 @@ def time_vlac_package(vlac, pkg, obs, noise, work, dtype, threads, repeats, env,
     # One process, repeats+1 iterations: the first maps and faults the engines in (not "steady").
     wall, _ = run_cmd([vlac, "run", str(pkg), "--obs", str(obs), "--noise", str(noise), "--out", str(out),
                        "--dtype", dtype, "--threads", str(threads), "--repeat", str(repeats + 1),
-                       "--report-json", str(rep), "--quiet"], env, timeout())
+                       "--report-json", str(rep), "--quiet", *env.get("VLAC_ARGS", "").split()], env, timeout())
     pr = json.loads(rep.read_text())
     its = pr.get("iterations_ms") or []
     steady = its[1:] or its
@@ -565,8 +567,11 @@ def main() -> int:
                     "speedup_lerobot_over_vlac": speed,
                 }
                 if name != "default":
-                    print(f"  {D} T={T} [{name}]: vlac folder {v_ms['prefix_plus_denoise']:.1f} ms, "
-                          f"package steady {steady if steady is None else round(steady, 1)} ms", flush=True)
+                    print(f"  {D} T={T} [{name}]: vlac folder {v_ms['prefix_plus_denoise']:.1f} ms "
+                          f"x{speed['prefix_plus_denoise'] or 0:.2f}, package steady "
+                          f"{steady if steady is None else round(steady, 1)} ms x{speed['package_steady_prefix_plus_denoise'] or 0:.2f}"
+                          + (f" (vs lerobot fp32 x{speed['vs_lerobot_fp32_package_steady'] or 0:.2f})" if D != "fp32" else "")
+                          + f", max|d| {diffs['package_vs_lerobot'] or 0:.2e}", flush=True)
             block_s = time.perf_counter() - tb
             row["block_seconds"] = block_s
             last_block_s[D] = block_s

@@ -222,6 +222,11 @@ Status Pi05PackagePolicy::prepare(Engine& e, const std::map<std::string, Slot>& 
   e.exec.reset();
   VLAC_ASSIGN_OR_RETURN(cpu::Executor ex, cpu::Executor::create(std::move(g), *e.weights, eo));
   e.exec = std::make_unique<cpu::Executor>(std::move(ex));
+  // The executor now holds packed copies of its Linear weights: give the mapped pages back (they
+  // stay in the page cache; the few in-place weights left, norms and biases, fault in again on
+  // use), so packing trades the mapping for the copy instead of holding both.
+  if (options_.pack_weights)
+    for (const PackageSegment* s : e.segments) pkg_->release(*s);
   stats_.packed_weight_bytes = 0;
   for (const auto& other : engines_)
     if (other->exec) stats_.packed_weight_bytes += other->exec->packed_bytes();

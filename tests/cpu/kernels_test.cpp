@@ -176,6 +176,11 @@ TEST(CpuRope, RotateHalfPairsAndPositions) {
   rope(y.data(), pos.data(), t, h, dh, 10000.0f);
   EXPECT_LT(rel_err(y, ref), 5e-5);  // fp32 angles, as HF computes them
   for (int64_t i = 0; i < h * dh; ++i) EXPECT_EQ(y[size_t(i)], x[size_t(i)]);  // position 0
+  // Table + apply (the executor's path for many tensors at the same positions): the same bits.
+  std::vector<float> cs(static_cast<size_t>(t * dh)), z = x;
+  rope_table(pos.data(), t, dh, 10000.0f, cs.data());
+  rope_apply(z.data(), cs.data(), t, h, dh);
+  EXPECT_EQ(std::memcmp(y.data(), z.data(), y.size() * 4), 0);
 }
 
 TEST(CpuTime, SinCosEmbeddingAndEuler) {

@@ -181,6 +181,38 @@ void silu(const float* x, float* y, int64_t n) {
   for_spans(n, [&](int64_t i, int64_t len) { silu_span(x + i, y + i, len); });
 }
 
+void rope_table(const int64_t* pos, int64_t t, int64_t dh, float base, float* cs) {
+  VLAC_CHECK(dh % 2 == 0 && dh <= 1024);
+  const int64_t half = dh / 2;
+  float inv_freq[512];
+  for (int64_t i = 0; i < half; ++i)
+    inv_freq[i] = 1.0f / float(std::pow(double(base), double(float(2 * i) / float(dh))));
+#pragma omp parallel for schedule(static) if (t * half >= kParallelMinElems / 4)
+  for (int64_t ti = 0; ti < t; ++ti) {
+    const float p = float(pos[ti]);
+    for (int64_t i = 0; i < half; ++i) {
+      const float a = p * inv_freq[i];
+      cs[(ti * half + i) * 2] = std::cos(a);
+      cs[(ti * half + i) * 2 + 1] = std::sin(a);
+    }
+  }
+}
+
+void rope_apply(float* x, const float* cs, int64_t t, int64_t h, int64_t dh) {
+  const int64_t half = dh / 2;
+#pragma omp parallel for schedule(static) if (t * h * dh >= kParallelMinElems)
+  for (int64_t ti = 0; ti < t; ++ti)
+    for (int64_t hi = 0; hi < h; ++hi) {
+      float* xr = x + (ti * h + hi) * dh;
+      const float* c = cs + ti * half * 2;
+      for (int64_t i = 0; i < half; ++i) {
+        const float x0 = xr[i], x1 = xr[i + half];
+        xr[i] = x0 * c[2 * i] - x1 * c[2 * i + 1];
+        xr[i + half] = x1 * c[2 * i] + x0 * c[2 * i + 1];
+      }
+    }
+}
+
 void rope(float* x, const int64_t* pos, int64_t t, int64_t h, int64_t dh, float base) {
   VLAC_CHECK(dh % 2 == 0 && dh <= 1024);
   const int64_t half = dh / 2;
@@ -251,10 +283,26 @@ void masked_softmax_row(float* row, int64_t n, float scale, const uint8_t* allow
 }
 
 void binary_op(BinaryOp op, const float* a, int64_t na, const float* b, int64_t nb, float* y, int64_t n) {
-  // The common cases (same size, or a row vector broadcast over rows) without a modulo per element.
+  // Same sizes, or one operand a block repeated over rows (pi0.5's gates and biases): contiguous
+  // inner loops without a modulo per element; anything else (never built today) takes the modulo.
   auto run = [&](auto fn) {
+    if (na == n && nb == n) {
 #pragma omp parallel for schedule(static) if (n >= kParallelMinElems)
-    for (int64_t i = 0; i < n; ++i) y[i] = fn(a[na == n ? i : i % na], b[nb == n ? i : i % nb]);
+      for (int64_t i = 0; i < n; ++i) y[i] = fn(a[i], b[i]);
+    } else if ((na == n || nb == n) && n % std::min(na, nb) == 0) {
+      const int64_t d = std::min(na, nb), rows = n / d;
+      const bool a_full = na == n;
+#pragma omp parallel for schedule(static) if (n >= kParallelMinElems && rows > 1)
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* ar = a_full ? a + r * d : a;
+        const float* br = a_full ? b : b + r * d;
+        float* yr = y + r * d;
+        for (int64_t j = 0; j < d; ++j) yr[j] = fn(ar[j], br[j]);
+      }
+    } else {
+#pragma omp parallel for schedule(static) if (n >= kParallelMinElems)
+      for (int64_t i = 0; i < n; ++i) y[i] = fn(a[i % na], b[i % nb]);
+    }
   };
   switch (op) {
     case BinaryOp::Add: run([](float u, float v) { return u + v; }); break;

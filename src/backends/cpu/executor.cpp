@@ -139,6 +139,8 @@ Status Executor::plan(const CpuWeights& weights) {
   VLAC_ASSIGN_OR_RETURN(order_, ir::schedule(g));
   linear_.clear();
   linear_.resize(g.nodes().size());
+  rope_tables_.clear();
+  rope_table_of_.assign(g.nodes().size(), -1);
   packed_bytes_ = 0;
   attention_.clear();
   attention_.resize(g.nodes().size());
@@ -247,9 +249,19 @@ Status Executor::plan(const CpuWeights& weights) {
           return unsupported(label(n) + ": casts between f32 and bf16 only");
         break;
       }
-      case OpKind::RoPE:
+      case OpKind::RoPE: {
         if (in(1).dtype != DType::I64) return unsupported(label(n) + ": positions must be i64");
+        // One cos/sin table per (positions, head dim, base), filled once per run().
+        const int64_t t = in(0).shape[0], dh = in(0).shape[2];
+        const float base = float(n.attrs.get_float("base", 10000.0));
+        size_t ti = 0;
+        while (ti < rope_tables_.size() &&
+               !(rope_tables_[ti].pos == n.inputs[1] && rope_tables_[ti].dh == dh && rope_tables_[ti].base == base))
+          ++ti;
+        if (ti == rope_tables_.size()) rope_tables_.push_back({n.inputs[1], t, dh, base, 0, std::vector<float>(size_t(t * dh))});
+        rope_table_of_[size_t(id)] = int32_t(ti);
         break;
+      }
       case OpKind::Concat:
       case OpKind::Slice:
         if (dtype_size(in(0).dtype) != 4 && dtype_size(in(0).dtype) != 8 && dtype_size(in(0).dtype) != 1 &&
@@ -418,6 +430,7 @@ OpProfile* op_profile() {
 }  // namespace
 
 Status Executor::run() {
+  ++run_generation_;  // inputs may have changed: RoPE tables are recomputed once
   if (OpProfile* prof = op_profile()) {
     for (NodeId id : order_) {
       const auto t0 = std::chrono::steady_clock::now();
@@ -493,8 +506,12 @@ Status Executor::run_node(NodeId id) {
       return Status::ok();
     case OpKind::RoPE: {
       std::memcpy(out, f(0), size_t(x.bytes()));
-      rope(out, static_cast<const int64_t*>(ptr(n.inputs[1])), x.shape[0], x.shape[1], x.shape[2],
-           float(n.attrs.get_float("base", 10000.0)));
+      RopeTable& tab = rope_tables_[size_t(rope_table_of_[size_t(id)])];
+      if (tab.generation != run_generation_) {  // first RoPE of this run at these positions
+        rope_table(static_cast<const int64_t*>(ptr(n.inputs[1])), tab.t, tab.dh, tab.base, tab.cs.data());
+        tab.generation = run_generation_;
+      }
+      rope_apply(out, tab.cs.data(), x.shape[0], x.shape[1], x.shape[2]);
       return Status::ok();
     }
     case OpKind::Softmax: {

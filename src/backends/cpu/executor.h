@@ -129,7 +129,17 @@ class Executor {
   std::vector<bool> weight_rounds_bf16_;  // by value id: F32 table rounded to BF16 on gather
   std::vector<float> const_storage_;
   std::vector<std::optional<DnnlLinear>> linear_;  // by node id: the planned matmul of each Linear
-  std::vector<std::optional<DnnlAttention>> attention_;  // by node id: bf16 attentions (else kernels' fp32)
+  std::vector<std::optional<DnnlAttention>> attention_;
+  struct RopeTable {
+    ir::ValueId pos;
+    int64_t t, dh;
+    float base;
+    uint64_t generation;   // run_generation_ it was filled in (0: never)
+    std::vector<float> cs;  // [T, Dh/2, 2] cos, sin
+  };
+  std::vector<RopeTable> rope_tables_;
+  std::vector<int32_t> rope_table_of_;  // by node id: index into rope_tables_ (RoPE nodes)
+  uint64_t run_generation_ = 0;  // by node id: bf16 attentions (else kernels' fp32)
   std::unique_ptr<uint8_t[]> arena_;
   std::unique_ptr<uint8_t[]> inputs_;
   std::unique_ptr<float[]> scratch_;

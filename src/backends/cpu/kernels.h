@@ -72,6 +72,10 @@ void scale(const float* x, float s, float* y, int64_t n);
 /// θ_i = base^(-2i/Dh) and a = pos[t]·θ_i (fp32, as HF computes it):
 ///   x_i' = x_i·cos a − x_{i+Dh/2}·sin a,   x_{i+Dh/2}' = x_{i+Dh/2}·cos a + x_i·sin a.
 void rope(float* x, const int64_t* pos, int64_t t, int64_t h, int64_t dh, float base);
+/// The same in two steps, for many tensors at the same positions: rope_table fills
+/// cs[T, Dh/2, 2] with (cos a, sin a), rope_apply rotates x with it; bit-identical to rope().
+void rope_table(const int64_t* pos, int64_t t, int64_t dh, float base, float* cs);
+void rope_apply(float* x, const float* cs, int64_t t, int64_t h, int64_t dh);
 /// Sin-cos time embedding out[dim] = [sin(t·ω_0..), cos(t·ω_0..)], ω_i = 2π / period_i,
 /// period_i = min_period·(max_period/min_period)^(i/(dim/2 − 1)); computed in double -> fp32.
 void time_embedding(double t, float* out, int64_t dim, double min_period, double max_period);
