@@ -87,10 +87,6 @@ void remove_stale_engine_dirs(const std::string& parent, const std::function<voi
   }
 }
 
-json tensor_json(const std::string& name, const ir::ValueInfo& v) {
-  return json::object({{"name", name}, {"dtype", dtype_name(v.dtype)}, {"shape", v.shape}});
-}
-
 struct StageGraph {
   std::string name;
   Pi05Graph graph;

@@ -39,6 +39,9 @@ static std::atomic<int64_t> g_max_new{0};
 #define VLAC_COUNT_NEW 1
 #endif
 #if VLAC_COUNT_NEW
+#if !defined(__clang__)  // GCC sees free() of operator new's memory; here new *is* malloc
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#endif
 void* operator new(std::size_t n) {
   g_news.fetch_add(1, std::memory_order_relaxed);
   int64_t seen = g_max_new.load(std::memory_order_relaxed);

@@ -89,7 +89,9 @@ TEST(CliMemSnapshot, JsonHasTheDiagnosis) {
       EXPECT_EQ(j["levers"][0]["part"], "staircase");
       EXPECT_GT(j["parts"]["staircase_bytes"].get<uint64_t>(), 0u);
     }
-    if (std::string(c.file) == "oom.pickle") EXPECT_EQ(j["oom"]["requested_bytes"].get<uint64_t>(), 512ull << 20);
+    if (std::string(c.file) == "oom.pickle") {
+      EXPECT_EQ(j["oom"]["requested_bytes"].get<uint64_t>(), 512ull << 20);
+    }
   }
 }
 

@@ -113,7 +113,9 @@ TEST(OomExplain, OtherProcessesPointToFreeingTheCard) {
   EXPECT_NE(ex.levers[0].why.find("pid 3721648 414.00 MiB"), std::string::npos);
   // the allocator variable in the lever names the 2.9.x trap
   for (const auto& l : ex.levers)
-    if (l.name == "allocator") EXPECT_NE(l.how.find("183387"), std::string::npos);
+    if (l.name == "allocator") {
+      EXPECT_NE(l.how.find("183387"), std::string::npos);
+    }
 }
 
 TEST(OomExplain, RequestLargerThanTheCard) {

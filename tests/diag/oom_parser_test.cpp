@@ -526,7 +526,9 @@ TEST(OomParser, NotAnOomMessage) {
     ASSERT_FALSE(r.is_ok()) << c.text;
     EXPECT_EQ(r.status().code(), StatusCode::InvalidFormat);
     EXPECT_EQ(r.status().message().rfind("no PyTorch out-of-memory message found in in.log", 0), 0u) << r.status().message();
-    if (!c.has.empty()) EXPECT_NE(r.status().message().find(c.has), std::string::npos) << r.status().message();
+    if (!c.has.empty()) {
+      EXPECT_NE(r.status().message().find(c.has), std::string::npos) << r.status().message();
+    }
   }
 }
 

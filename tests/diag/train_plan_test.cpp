@@ -179,8 +179,12 @@ TEST(TrainPlan, Pi05ExpertOnlyOnA4090) {
   EXPECT_GT(static_cast<double>(p->total_bytes), 22.0 * kGiB * 0.6);
   // The joint attention couples the frozen VLM to the expert: its layer inputs are still kept.
   for (const auto& m : p->modules) {
-    if (m.name == "language") EXPECT_GT(m.activation_bytes, 0u);
-    if (m.name == "vision") EXPECT_EQ(m.activation_bytes, 0u);
+    if (m.name == "language") {
+      EXPECT_GT(m.activation_bytes, 0u);
+    }
+    if (m.name == "vision") {
+      EXPECT_EQ(m.activation_bytes, 0u);
+    }
   }
 }
 

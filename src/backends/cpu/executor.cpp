@@ -431,6 +431,7 @@ OpProfile* op_profile() {
 
 Status Executor::run() {
   ++run_generation_;  // inputs may have changed: RoPE tables are recomputed once
+  set_num_threads(options_.threads);  // OpenMP's count is per calling thread: the caller may differ
   if (OpProfile* prof = op_profile()) {
     for (NodeId id : order_) {
       const auto t0 = std::chrono::steady_clock::now();
