@@ -62,7 +62,7 @@ void attention(const float* q, const float* k, const float* v, AttentionMask mas
   const int64_t block = std::min<int64_t>({t, kBlockTokens, std::max<int64_t>(1, scratch_floats / s)});
   const int64_t blocks = (t + block - 1) / block;
   const int64_t tasks = h * blocks;
-  const int64_t workers =
+  [[maybe_unused]] const int64_t workers =  // used by the OpenMP clause only
       std::clamp<int64_t>(scratch_floats / (block * s), 1, std::min<int64_t>(tasks, omp_get_max_threads()));
   bool ok = true;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(int(workers)) if (workers > 1) reduction(&& : ok)
