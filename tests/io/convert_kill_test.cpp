@@ -14,10 +14,10 @@
 #include <thread>
 #include <vector>
 
+#include "../cli/cli_test_util.h"
 #include "io/safetensors.h"
 #include "io/safetensors_writer.h"
 
-extern char** environ;
 
 namespace vlac {
 namespace {
@@ -47,21 +47,7 @@ void write_sparse_checkpoint(const std::string& path) {
   ::close(fd);
 }
 
-pid_t spawn_vlac(const std::vector<std::string>& args) {
-  std::vector<std::string> all = {VLAC_BINARY};
-  all.insert(all.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& a : all) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-  posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
-  pid_t pid = -1;
-  int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  return rc == 0 ? pid : -1;
-}
+using clitest::spawn_vlac;
 
 // Total size of the hidden temporary files in `dir` whose names start with `hidden_prefix`.
 uint64_t temp_bytes(const std::string& dir, const std::string& hidden_prefix, int* count = nullptr) {

@@ -214,26 +214,11 @@ void rope_apply(float* x, const float* cs, int64_t t, int64_t h, int64_t dh) {
 }
 
 void rope(float* x, const int64_t* pos, int64_t t, int64_t h, int64_t dh, float base) {
-  VLAC_CHECK(dh % 2 == 0 && dh <= 1024);
-  const int64_t half = dh / 2;
-  // As HF: inv_freq = 1 / base^(2i/dh) in fp32 steps (position-independent: computed once),
-  // angle = pos * inv_freq in fp32.
-  float inv_freq[512];
-  for (int64_t i = 0; i < half; ++i)
-    inv_freq[i] = 1.0f / float(std::pow(double(base), double(float(2 * i) / float(dh))));
-#pragma omp parallel for schedule(static) if (t * h * dh >= kParallelMinElems)
+  // One token at a time through the table path (its cos/sin row fits on the stack).
+  float cs[1024];
   for (int64_t ti = 0; ti < t; ++ti) {
-    const float p = float(pos[ti]);
-    for (int64_t i = 0; i < half; ++i) {
-      const float a = p * inv_freq[i];
-      const float c = std::cos(a), s = std::sin(a);
-      for (int64_t hi = 0; hi < h; ++hi) {
-        float* xr = x + (ti * h + hi) * dh;
-        const float x0 = xr[i], x1 = xr[i + half];
-        xr[i] = x0 * c - x1 * s;
-        xr[i + half] = x1 * c + x0 * s;
-      }
-    }
+    rope_table(pos + ti, 1, dh, base, cs);
+    rope_apply(x + ti * h * dh, cs, 1, h, dh);
   }
 }
 
