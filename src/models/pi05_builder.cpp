@@ -594,8 +594,8 @@ Result<Pi05Graph> Pi05Model::build_step(int64_t prefix_len, bool debug) const {
   VLAC_ASSIGN_OR_RETURN(ValueId c, b.op(OpKind::Linear, {te, t1w, t1b}, {}, "time_mlp_in"));
   VLAC_ASSIGN_OR_RETURN(c, b.op(OpKind::SiLU, {c}, {}, "time_mlp_in.silu"));
   VLAC_ASSIGN_OR_RETURN(c, b.op(OpKind::Linear, {c, t2w, t2b}, {}, "time_mlp_out"));
-  VLAC_ASSIGN_OR_RETURN(ValueId cond, b.op(OpKind::SiLU, {c}, {}, "cond"));
-  if (debug) out.outputs.emplace_back("cond", cond);
+  VLAC_ASSIGN_OR_RETURN(ValueId cond, b.op(OpKind::SiLU, {c}, {}, kPi05Cond));
+  if (debug) out.outputs.emplace_back(kPi05Cond, cond);
 
   VLAC_ASSIGN_OR_RETURN(ValueId aiw, w.get("action_in_proj.weight", {E, A}));
   VLAC_ASSIGN_OR_RETURN(ValueId aib, w.get("action_in_proj.bias", {E}));

@@ -71,6 +71,9 @@ inline constexpr const char* kPi05InTokens = "tokens";                 // i64[n_
 inline constexpr const char* kPi05InPrefixPos = "prefix.positions";    // i64[P]
 inline constexpr const char* kPi05InX = "x";                           // f32[H, A]
 inline constexpr const char* kPi05InTime = "t";                        // f32[1]
+/// The denoise step's time condition (a node name; a partitioned engine reads it as "%N:cond").
+/// With kPi05InTime, what the step's time-only part depends on: ExecutorOptions::memo_inputs.
+inline constexpr const char* kPi05Cond = "cond";
 inline constexpr const char* kPi05InSuffixPos = "suffix.positions";    // i64[H]
 /// Stage graphs (what `vlac compile` partitions into engines): one camera's vision tower +
 /// projector, the text embedding, the Gemma prefix layers over ready embeddings.

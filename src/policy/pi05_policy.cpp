@@ -146,6 +146,10 @@ Status Pi05Policy::plan_for(const Pi05PrefixShape& shape) {
   eo.threads = options_.threads;
   eo.pack_weights = options_.pack_weights;
   eo.bf16_mqa_attention = bf16_;
+  // The step's time MLP and adaRMS modulations depend on t alone, and t takes the same
+  // num_steps values in every chunk: computed in the first chunk, reused after.
+  eo.memo_inputs = {kPi05InTime, kPi05Cond};
+  eo.memo_slots = int(m.euler().steps);
   VLAC_ASSIGN_OR_RETURN(Pi05Graph pg, m.build_prefix(shape, debug));
   prefix_outputs_ = pg.outputs;
   VLAC_ASSIGN_OR_RETURN(cpu::Executor pe, cpu::Executor::create(std::move(pg.graph), *weights_, eo));

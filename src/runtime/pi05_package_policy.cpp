@@ -219,6 +219,9 @@ Status Pi05PackagePolicy::prepare(Engine& e, const std::map<std::string, Slot>& 
   eo.shared_memory = true;
   eo.pack_weights = options_.pack_weights;
   eo.bf16_mqa_attention = bf16_;
+  // The step's time-only part (time MLP, adaRMS modulations) is computed once per value of t.
+  eo.memo_inputs = {kPi05InTime, kPi05Cond};
+  eo.memo_slots = int(steps_);
   e.exec.reset();
   VLAC_ASSIGN_OR_RETURN(cpu::Executor ex, cpu::Executor::create(std::move(g), *e.weights, eo));
   e.exec = std::make_unique<cpu::Executor>(std::move(ex));

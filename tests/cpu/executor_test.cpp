@@ -165,6 +165,63 @@ TEST(CpuExecutor, BindInputConcatAttentionAndBf16Weights) {
   for (size_t i = 0; i < ra.size(); ++i) EXPECT_NEAR(ex->data_f32(a)[i], ra[i], 2e-2f * amax) << i;
 }
 
+// ExecutorOptions::memo_inputs: a "time" input feeding a small MLP whose result modulates x (as
+// pi0.5's adaRMS). The time-only nodes are computed once per distinct time value, and results are
+// bit-identical to an executor without the memo, in any order of values, also after slots are reused.
+TEST(CpuExecutor, MemoReusesTimeOnlyNodesWithIdenticalResults) {
+  const int64_t T = 4, D = 8;
+  FakeFile file;
+  auto w1 = randv(size_t(D * D), 21), b1 = randv(size_t(D), 22);
+  ir::Graph g;
+  ValueId x = g.add_input("x", ValueInfo{DType::F32, {T, D}});
+  ValueId t = g.add_input("t", ValueInfo{DType::F32, {1}});
+  ValueId te = V(g.add(OpKind::TimeEmbedding, {t}, Attrs{{"dim", D}, {"min_period", 4e-3}, {"max_period", 4.0}}));
+  ValueId c = V(g.add(OpKind::Linear, {te, g.weight(file.add("w1", {D, D}, w1)), g.weight(file.add("b1", {D}, b1))}));
+  c = V(g.add(OpKind::SiLU, {c}));
+  ValueId c2 = V(g.add(OpKind::Reshape, {c}, Attrs{{"shape", std::vector<int64_t>{1, D}}}));
+  ValueId h = V(g.add(OpKind::Linear, {x, g.weight(file.add("w2", {D, D}, randv(size_t(D * D), 24)))}));
+  h = V(g.add(OpKind::Mul, {h, c2}));  // reads the memo result late in the schedule
+  ValueId y = V(g.add(OpKind::Add, {h, c2}));
+  g.mark_output(y);
+  g.mark_output(c);  // a memo value that is also a graph output
+  ASSERT_TRUE(ir::verify(g).is_ok());
+  std::vector<DType> run(file.refs.size(), DType::F32);
+  auto weights = CpuWeights::load(file.refs, run, file.files());
+  ASSERT_TRUE(weights.is_ok()) << weights.status().message();
+  ExecutorOptions memo;
+  memo.memo_inputs = {"t"};
+  memo.memo_slots = 2;
+  auto plain = Executor::create(g, *weights);
+  auto cached = Executor::create(g, *weights, memo);
+  ASSERT_TRUE(plain.is_ok() && cached.is_ok());
+  EXPECT_EQ(plain->memo_nodes(), 0u);
+  EXPECT_EQ(cached->memo_nodes(), 4u);  // time embedding, linear, silu, reshape
+  EXPECT_GT(cached->memo_bytes(), 0u);
+  const auto xin = randv(size_t(T * D), 25);
+  for (Executor* e : {&*plain, &*cached}) std::memcpy(e->input_data(e->input_index("x")), xin.data(), xin.size() * 4);
+  // 1.0, 0.9 fill both slots; 0.8 replaces one; the rest are hits or refills.
+  const float times[] = {1.0f, 0.9f, 1.0f, 0.9f, 0.8f, 0.8f, 1.0f, 0.9f};
+  for (float tv : times) {
+    for (Executor* e : {&*plain, &*cached}) {
+      *static_cast<float*>(e->input_data(e->input_index("t"))) = tv;
+      ASSERT_TRUE(e->run().is_ok());
+    }
+    EXPECT_EQ(std::memcmp(plain->data(y), cached->data(y), size_t(T * D) * 4), 0) << tv;
+    EXPECT_EQ(std::memcmp(plain->data(c), cached->data(c), size_t(D) * 4), 0) << tv;
+  }
+  // Round-robin slots: 1.0 and 0.9 hit on their second run, 0.8 (in 1.0's slot) on its second;
+  // then 1.0 and 0.9 were replaced and run again.
+  EXPECT_EQ(cached->memo_hits(), 3u);
+  EXPECT_EQ(plain->memo_hits(), 0u);
+  // An input not named in memo_inputs changes the result as usual.
+  const auto x2 = randv(size_t(T * D), 26);
+  for (Executor* e : {&*plain, &*cached}) {
+    std::memcpy(e->input_data(e->input_index("x")), x2.data(), x2.size() * 4);
+    ASSERT_TRUE(e->run().is_ok());
+  }
+  EXPECT_EQ(std::memcmp(plain->data(y), cached->data(y), size_t(T * D) * 4), 0);
+}
+
 TEST(CpuExecutor, ErrorsAreClear) {
   FakeFile file;
   ir::Graph g;

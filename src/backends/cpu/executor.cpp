@@ -9,6 +9,8 @@
 #include <cstdlib>
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <mutex>
 
 #include "backends/cpu/dnnl_linear.h"
 #include "backends/cpu/kernels.h"
@@ -377,7 +379,85 @@ Status Executor::plan(const CpuWeights& weights) {
     arena_.reset(new uint8_t[std::max<uint64_t>(arena_bytes_, kAlign)]);
     set_memory(arena_.get(), scratch_.get());
   }
+  plan_memo();
   return Status::ok();
+}
+
+void Executor::plan_memo() {
+  const ir::Graph& g = graph_;
+  memo_node_.assign(g.nodes().size(), 0);
+  memo_results_.assign(g.nodes().size(), {});
+  memo_key_inputs_.clear();
+  memo_key_bytes_ = memo_slot_bytes_ = memo_hits_ = 0;
+  memo_node_count_ = memo_next_ = 0;
+  memo_.reset();
+  memo_valid_.clear();
+  if (options_.memo_slots <= 0 || options_.memo_inputs.empty()) return;
+  auto is_memo_input = [&](const std::string& name) {
+    for (const std::string& m : options_.memo_inputs) {
+      if (name == m) return true;
+      const size_t colon = name.rfind(':');
+      if (!name.empty() && name[0] == '%' && colon != std::string::npos && name.compare(colon + 1, std::string::npos, m) == 0)
+        return true;
+    }
+    return false;
+  };
+  // "static" values: weights, constants, memo inputs, and the outputs of nodes reading only those.
+  std::vector<uint8_t> fixed(g.values().size(), 0);
+  for (size_t i = 0; i < g.inputs().size(); ++i) {
+    const ValueId v = g.inputs()[i];
+    if (!is_memo_input(g.node(g.value(v).producer).name)) continue;
+    memo_key_inputs_.push_back(int(i));
+    memo_key_bytes_ += g.info(v).bytes();
+    fixed[size_t(v)] = 1;
+  }
+  // Keys are compared by bytes on every run: only small inputs (a time value, a condition vector).
+  if (memo_key_inputs_.empty() || memo_key_bytes_ > 64 * 1024) {
+    memo_key_inputs_.clear();
+    return;
+  }
+  for (NodeId id : order_) {
+    const Node& n = g.node(id);
+    if (n.op == OpKind::Weight || n.op == OpKind::Constant) {
+      for (ValueId o : n.outputs) fixed[size_t(o)] = 1;
+      continue;
+    }
+    if (n.op == OpKind::Input || n.inputs.empty()) continue;
+    bool all = true;
+    for (ValueId v : n.inputs) all = all && fixed[size_t(v)];
+    if (!all) continue;
+    memo_node_[size_t(id)] = 1;
+    ++memo_node_count_;
+    for (ValueId o : n.outputs) fixed[size_t(o)] = 1;
+  }
+  // Results kept: memo values read by a node outside the memo, or graph outputs.
+  std::vector<uint8_t> kept(g.values().size(), 0);
+  for (NodeId id : order_) {
+    const Node& n = g.node(id);
+    if (memo_node_[size_t(id)] || n.op == OpKind::Weight || n.op == OpKind::Constant || n.op == OpKind::Input) continue;
+    for (ValueId v : n.inputs)
+      if (fixed[size_t(v)] && g.node(g.value(v).producer).op != OpKind::Weight &&
+          g.node(g.value(v).producer).op != OpKind::Constant && g.node(g.value(v).producer).op != OpKind::Input)
+        kept[size_t(v)] = 1;
+  }
+  for (ValueId v : g.outputs())
+    if (memo_node_[size_t(g.value(v).producer)]) kept[size_t(v)] = 1;
+  uint64_t off = align_up(memo_key_bytes_);
+  for (NodeId id : order_) {
+    if (!memo_node_[size_t(id)]) continue;
+    for (ValueId o : g.node(id).outputs) {
+      if (!kept[size_t(o)]) continue;
+      memo_results_[size_t(id)].emplace_back(o, off);
+      off += align_up(g.info(o).bytes());
+    }
+  }
+  if (memo_node_count_ == 0) {
+    memo_key_inputs_.clear();
+    return;
+  }
+  memo_slot_bytes_ = off;
+  memo_.reset(new uint8_t[size_t(memo_slot_bytes_) * size_t(options_.memo_slots)]);
+  memo_valid_.assign(size_t(options_.memo_slots), 0);
 }
 
 void Executor::set_memory(uint8_t* arena, float* scratch) {
@@ -406,6 +486,16 @@ namespace {
 struct OpProfile {
   std::atomic<int64_t> ns[256] = {};
   std::atomic<int64_t> calls[256] = {};
+  bool by_shape = false;  // VLAC_PROFILE_OPS=2: Linear nodes also by M×K×N, dtype and oneDNN impl
+  std::mutex mu;
+  std::map<std::string, std::pair<int64_t, int64_t>> linear;  // key -> (ns, calls)
+  void add_shape(const std::string& key, int64_t elapsed_ns) {
+    if (key.empty()) return;
+    std::lock_guard<std::mutex> lock(mu);
+    auto& v = linear[key];
+    v.first += elapsed_ns;
+    v.second += 1;
+  }
   ~OpProfile() {
     int64_t total = 0;
     for (const auto& v : ns) total += v.load();
@@ -415,6 +505,19 @@ struct OpProfile {
       if (ns[i].load() > 0)
         std::fprintf(stderr, "  %-16s %10.1f ms %5.1f%% %8lld calls\n", ir::op_name(OpKind(i)), double(ns[i].load()) / 1e6,
                      100.0 * double(ns[i].load()) / double(total), (long long)calls[i].load());
+    for (const auto& [key, v] : linear)
+      std::fprintf(stderr, "    %-52s %10.1f ms %8lld calls %8.1f GFLOP/s\n", key.c_str(), double(v.first) / 1e6,
+                   (long long)v.second, flops_of(key) * double(v.second) / double(v.first));
+  }
+  // 2·M·K·N from a key "MxKxN ..." (GFLOP per ns = FLOP per ns / 1e9 · 1e9).
+  static double flops_of(const std::string& key) {
+    long long m = 0, k = 0, n = 0;
+    long long s = 0, d = 0;
+    if (std::sscanf(key.c_str(), "linear %lldx%lldx%lld", &m, &k, &n) == 3) return 2.0 * double(m) * double(k) * double(n);
+    // attention T·H query rows × S keys × Dh: QKᵀ and PV
+    if (std::sscanf(key.c_str(), "attention %lldx%lldx%lldx%lld", &m, &n, &s, &d) == 4) return 4.0 * double(m * n) * double(s * d);
+    if (std::sscanf(key.c_str(), "patch_embed %lldx%lldx%lld", &m, &k, &n) == 3) return 2.0 * double(m) * double(k) * double(n);
+    return 0.0;
   }
 };
 
@@ -422,6 +525,7 @@ OpProfile* op_profile() {
   static OpProfile* p = [] {
     const char* e = std::getenv("VLAC_PROFILE_OPS");
     static OpProfile prof;
+    prof.by_shape = e && std::atoi(e) >= 2;
     return e && *e && *e != '0' ? &prof : nullptr;
   }();
   return p;
@@ -429,21 +533,98 @@ OpProfile* op_profile() {
 
 }  // namespace
 
+// VLAC_PROFILE_OPS=2's key of a node: op and shape for Linear, Attention and PatchEmbed, else "".
+std::string Executor::shape_key(ir::NodeId id) const {
+  const Node& n = graph_.node(id);
+  const auto& in = [&](size_t i) -> const ValueInfo& { return graph_.info(n.inputs[i]); };
+  switch (n.op) {
+    case OpKind::Linear:
+      return "linear " + std::to_string(in(0).numel() / last_dim(in(0))) + "x" + std::to_string(in(1).shape[1]) + "x" +
+             std::to_string(in(1).shape[0]) + " " + dtype_name(weight_dtype_[size_t(root_[size_t(n.inputs[1])])]) + " " +
+             linear_[size_t(id)]->impl();
+    case OpKind::Attention:
+      return "attention " + std::to_string(in(0).shape[0]) + "x" + std::to_string(in(0).shape[1]) + "x" +
+             std::to_string(in(1).shape[0]) + "x" + std::to_string(in(0).shape[2]) + " kv" + std::to_string(in(1).shape[1]) +
+             (attention_[size_t(id)] ? " dnnl-bf16" : " f32");
+    case OpKind::PatchEmbed:
+      return "patch_embed " + std::to_string(graph_.info(n.outputs[0]).numel() / last_dim(graph_.info(n.outputs[0]))) + "x" +
+             std::to_string(in(1).numel() / in(1).shape[0]) + "x" + std::to_string(in(1).shape[0]);
+    default:
+      return "";
+  }
+}
+
+int Executor::memo_lookup(bool* hit) {
+  *hit = false;
+  if (memo_key_inputs_.empty()) return -1;
+  const size_t slots = memo_valid_.size();
+  auto key_matches = [&](const uint8_t* slot) {
+    uint64_t at = 0;
+    for (int i : memo_key_inputs_) {
+      const ValueId v = graph_.inputs()[size_t(i)];
+      const uint64_t b = graph_.info(v).bytes();
+      if (std::memcmp(slot + at, ptr(v), b) != 0) return false;
+      at += b;
+    }
+    return true;
+  };
+  for (size_t s = 0; s < slots; ++s)
+    if (memo_valid_[s] && key_matches(memo_.get() + s * memo_slot_bytes_)) {
+      *hit = true;
+      ++memo_hits_;
+      return int(s);
+    }
+  // A new value: this run fills the next slot (valid once the run completes).
+  const size_t s = memo_next_;
+  memo_next_ = (memo_next_ + 1) % slots;
+  memo_valid_[s] = 0;
+  uint8_t* slot = memo_.get() + s * memo_slot_bytes_;
+  uint64_t at = 0;
+  for (int i : memo_key_inputs_) {
+    const ValueId v = graph_.inputs()[size_t(i)];
+    const uint64_t b = graph_.info(v).bytes();
+    std::memcpy(slot + at, ptr(v), b);
+    at += b;
+  }
+  return int(s);
+}
+
+Status Executor::run_or_reuse(NodeId id, int slot, bool hit) {
+  if (slot < 0 || !memo_node_[size_t(id)]) return run_node(id);
+  uint8_t* base = memo_.get() + size_t(slot) * memo_slot_bytes_;
+  if (hit) {
+    for (const auto& [v, off] : memo_results_[size_t(id)]) std::memcpy(ptr(v), base + off, graph_.info(v).bytes());
+    return Status::ok();
+  }
+  VLAC_RETURN_IF_ERROR(run_node(id));
+  for (const auto& [v, off] : memo_results_[size_t(id)]) std::memcpy(base + off, ptr(v), graph_.info(v).bytes());
+  return Status::ok();
+}
+
 Status Executor::run() {
   ++run_generation_;  // inputs may have changed: RoPE tables are recomputed once
   set_num_threads(options_.threads);  // OpenMP's count is per calling thread: the caller may differ
+  bool hit = false;
+  const int slot = memo_lookup(&hit);
+  VLAC_RETURN_IF_ERROR(run_nodes(slot, hit));
+  if (slot >= 0 && !hit) memo_valid_[size_t(slot)] = 1;
+  return Status::ok();
+}
+
+Status Executor::run_nodes(int slot, bool hit) {
   if (OpProfile* prof = op_profile()) {
     for (NodeId id : order_) {
       const auto t0 = std::chrono::steady_clock::now();
-      VLAC_RETURN_IF_ERROR(run_node(id));
+      VLAC_RETURN_IF_ERROR(run_or_reuse(id, slot, hit));
       const auto dt = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0);
       const size_t op = size_t(graph_.node(id).op);
       prof->ns[op] += dt.count();
       prof->calls[op] += 1;
+      if (prof->by_shape) prof->add_shape(shape_key(id), dt.count());
     }
     return Status::ok();
   }
-  for (NodeId id : order_) VLAC_RETURN_IF_ERROR(run_node(id));
+  for (NodeId id : order_) VLAC_RETURN_IF_ERROR(run_or_reuse(id, slot, hit));
   return Status::ok();
 }
 

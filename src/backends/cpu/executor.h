@@ -76,6 +76,15 @@ struct ExecutorOptions {
   /// bf16 mode computes in bf16; SigLIP's multi-head attention stays fp32. The policy sets it
   /// for bf16 runs (a per-run choice, so a partitioned package and its folder agree).
   bool bf16_mqa_attention = false;
+  /// Inputs that take few distinct values over the executor's life: pi0.5's denoise time t takes
+  /// the same num_steps values in every chunk. A name also matches a partitioned engine's boundary
+  /// input "%N:name". The nodes computed from these inputs alone (with weights and constants) are
+  /// run once per distinct value: their results used elsewhere are kept in `memo_slots` slots
+  /// (allocated in create(), reused round-robin), and a run whose memo inputs hold bytes seen
+  /// before copies them back at the point of the schedule where they were computed (so the
+  /// arena's liveness plan holds), with the same bytes. 0 slots: off.
+  std::vector<std::string> memo_inputs;
+  int memo_slots = 0;
 };
 
 class Executor {
@@ -112,11 +121,21 @@ class Executor {
   uint64_t scratch_bytes() const { return uint64_t(scratch_floats_) * 4; }
   /// Bytes of packed weight copies (ExecutorOptions::pack_weights), else 0.
   uint64_t packed_bytes() const { return packed_bytes_; }
+  /// ExecutorOptions::memo_inputs: nodes the memo covers, bytes it holds, runs that reused it.
+  size_t memo_nodes() const { return memo_node_count_; }
+  uint64_t memo_bytes() const { return memo_slot_bytes_ * memo_valid_.size(); }
+  uint64_t memo_hits() const { return memo_hits_; }
 
  private:
   Executor() = default;
   Status plan(const CpuWeights& weights);
+  void plan_memo();
   Status run_node(ir::NodeId id);
+  // Memo: the slot this run reads (*hit) or fills, -1 when off; a node run or its results copied.
+  int memo_lookup(bool* hit);
+  Status run_or_reuse(ir::NodeId id, int slot, bool hit);
+  Status run_nodes(int slot, bool hit);
+  std::string shape_key(ir::NodeId id) const;
   void* ptr(ir::ValueId v) const { return ptr_[size_t(root_[size_t(v)])]; }
 
   ir::Graph graph_;
@@ -148,6 +167,14 @@ class Executor {
   uint64_t arena_bytes_ = 0, input_bytes_ = 0;
   int64_t scratch_floats_ = 0;
   uint64_t packed_bytes_ = 0;
+  // Memo (ExecutorOptions::memo_inputs). A slot = [key: the memo inputs' bytes][results].
+  std::vector<uint8_t> memo_node_;  // by node id: computed from memo inputs, weights, constants only
+  std::vector<std::vector<std::pair<ir::ValueId, uint64_t>>> memo_results_;  // by node id: (value, offset in slot)
+  std::vector<int> memo_key_inputs_;  // indices into graph().inputs()
+  uint64_t memo_key_bytes_ = 0, memo_slot_bytes_ = 0, memo_hits_ = 0;
+  size_t memo_node_count_ = 0, memo_next_ = 0;
+  std::unique_ptr<uint8_t[]> memo_;
+  std::vector<uint8_t> memo_valid_;  // by slot
 };
 
 }  // namespace vlac::cpu
