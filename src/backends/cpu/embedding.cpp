@@ -39,21 +39,27 @@ int64_t patch_embed_scratch_floats(int64_t c, int64_t y, int64_t x, int64_t kh, 
   return (y / kh) * (x / kw) * c * kh * kw;
 }
 
+void im2col_patches(const float* img, float* cols, int64_t c, int64_t y, int64_t x, int64_t kh, int64_t kw) {
+  const int64_t ny = y / kh, nx = x / kw, patch = c * kh * kw;
+  // Row p = py*nx + px holds the patch in the weight's (C, kh, kw) order.
+#pragma omp parallel for schedule(static) if (ny * nx * patch >= kParallelMinElems)
+  for (int64_t p = 0; p < ny * nx; ++p) {
+    const int64_t py = p / nx, px = p % nx;
+    float* dst = cols + p * patch;
+    for (int64_t ci = 0; ci < c; ++ci)
+      for (int64_t ky = 0; ky < kh; ++ky) {
+        const float* src = img + (ci * y + py * kh + ky) * x + px * kw;
+        for (int64_t kx = 0; kx < kw; ++kx) *dst++ = src[kx];
+      }
+  }
+}
+
 void patch_embed(const float* img, const float* w, const float* b, float* out, int64_t c,
                  int64_t y, int64_t x, int64_t o, int64_t kh, int64_t kw, float* scratch,
                  int64_t scratch_floats) {
   const int64_t ny = y / kh, nx = x / kw, patch = c * kh * kw;
   VLAC_CHECK(scratch_floats >= ny * nx * patch);
-  // im2col: row p = py*nx + px holds the patch in the weight's (C, kh, kw) order.
-  for (int64_t py = 0; py < ny; ++py)
-    for (int64_t px = 0; px < nx; ++px) {
-      float* dst = scratch + (py * nx + px) * patch;
-      for (int64_t ci = 0; ci < c; ++ci)
-        for (int64_t ky = 0; ky < kh; ++ky) {
-          const float* src = img + (ci * y + py * kh + ky) * x + px * kw;
-          for (int64_t kx = 0; kx < kw; ++kx) *dst++ = src[kx];
-        }
-    }
+  im2col_patches(img, scratch, c, y, x, kh, kw);
   linear_f32(scratch, w, b, out, ny * nx, patch, o);
 }
 
