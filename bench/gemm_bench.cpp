@@ -1,7 +1,7 @@
 // GEMM benchmark for pi0.5's linear shapes: OpenBLAS sgemm vs vlac's Linear (oneDNN matmul on
 // weights in place) vs oneDNN with prepacked weights, fp32 and bf16 weights, on this machine.
 // Prints JSON on stdout (not a test; no timing assertions anywhere).
-// Usage: gemm_bench [--threads N] [--min-seconds S]
+// Usage: gemm_bench [--threads N] [--min-seconds S] [--shapes full|medium]
 #include <cblas.h>
 #include <omp.h>
 
@@ -145,15 +145,27 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
 int main(int argc, char** argv) {
   int threads = 2;
   double min_seconds = 0.6;
+  std::string shape_set = "full";
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--threads")) threads = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--min-seconds")) min_seconds = std::atof(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--shapes")) shape_set = argv[i + 1];
   }
   vlac::cpu::set_num_threads(threads);
   omp_set_num_threads(threads);
   auto wall0 = Clock::now();
 
-  const std::vector<Shape> shapes = {
+  // "medium": the 261M-parameter config of tools/bench_cpu_vs_lerobot.py (Gemma width 1024, expert 512).
+  const std::vector<Shape> medium = {
+      {2048, 2048, 2048, "square peak reference"},
+      {560, 1024, 4096, "medium gemma mlp gate/up, prefix of 2 cameras"},
+      {560, 4096, 1024, "medium gemma mlp down, prefix"},
+      {560, 1024, 1024, "medium gemma q_proj/o_proj, prefix"},
+      {256, 384, 1536, "medium siglip mlp fc1, one camera"},
+      {50, 512, 2048, "medium expert mlp gate/up, one denoising step"},
+      {50, 2048, 512, "medium expert mlp down, one denoising step"},
+  };
+  const std::vector<Shape> full = {
       {2048, 2048, 2048, "square peak reference"},
       {968, 2048, 16384, "gemma-2b mlp gate/up, prefix of 3 cameras"},
       {968, 2048, 2048, "gemma-2b q_proj/o_proj, prefix"},
@@ -161,6 +173,11 @@ int main(int argc, char** argv) {
       {50, 1024, 4096, "expert mlp gate/up, one denoising step"},
       {50, 1024, 2048, "expert q_proj, one denoising step"},
   };
+  if (shape_set != "full" && shape_set != "medium") {
+    std::fprintf(stderr, "gemm_bench: --shapes must be full or medium, not '%s'\n", shape_set.c_str());
+    return 2;
+  }
+  const std::vector<Shape>& shapes = shape_set == "medium" ? medium : full;
   json out;
   out["cpu"] = cpu_info(threads);
   out["openblas_config"] = openblas_get_config();
@@ -225,6 +242,21 @@ int main(int argc, char** argv) {
               {"activations", bf ? "bf16 (rounded in timing)" : "f32"},
               {"impl", lin->impl()},
               {"scratch_bytes", scratch.size()}});
+    }
+    // vlac's Linear over bf16 weights stored transposed, [K,N] (what a compile-time transpose would store).
+    {
+      std::vector<uint16_t> wt(wb.size());
+      for (int64_t nn = 0; nn < s.n; ++nn)
+        for (int64_t kk = 0; kk < s.k; ++kk) wt[size_t(kk * s.n + nn)] = wb[size_t(nn * s.k + kk)];
+      auto lin = vlac::cpu::DnnlLinear::create(s.m, s.k, s.n, vlac::DType::BF16, false, vlac::cpu::WeightLayout::KN);
+      if (lin.is_ok()) {
+        std::vector<uint8_t> scratch(lin->scratch_bytes());
+        record("vlac_linear_bf16_kn",
+               time_it([&] { (void)lin->run(x.data(), wt.data(), nullptr, y.data(), scratch.data()); }, min_seconds),
+               y_ref_bf,
+               {{"weights", "bf16 in place, stored [K,N]"}, {"activations", "bf16 (rounded in timing)"},
+                {"impl", lin->impl()}});
+      }
     }
     // 4./5. oneDNN matmul with prepacked weights, fp32 and bf16 (bf16 activations, fp32 out).
     {

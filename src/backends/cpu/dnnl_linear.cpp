@@ -110,6 +110,18 @@ Status DnnlLinear::run(const float* x, const void* w, const float* b, float* y, 
     round_to_bf16(x, staged, p.m * p.k);
     src = staged;
   }
+  return execute(src, w, b, y, base);
+}
+
+Status DnnlLinear::run_bf16_src(const uint16_t* x, const void* w, const float* b, float* y, void* scratch) const {
+  const Impl& p = *impl_;
+  VLAC_CHECK(p.bf16 && !p.gemv);
+  return execute(const_cast<uint16_t*>(x), w, b, y,
+                 reinterpret_cast<uint8_t*>(align_up(reinterpret_cast<uintptr_t>(scratch))));
+}
+
+Status DnnlLinear::execute(void* src, const void* w, const float* b, float* y, uint8_t* base) const {
+  const Impl& p = *impl_;
   dnnl_memory_set_data_handle(p.src.get(), src);
   if (p.packed_bytes == 0) dnnl_memory_set_data_handle(p.wei.get(), const_cast<void*>(w));
   dnnl_memory_set_data_handle(p.dst.get(), y);
@@ -147,8 +159,9 @@ Result<DnnlAttention> DnnlAttention::create(int64_t t, int64_t h, int64_t s, int
 }
 
 uint64_t DnnlAttention::scratch_bytes() const {
-  return kAlign + align_up(uint64_t(t_ * h_ * s_) * 4) + align_up(uint64_t(s_ * dh_) * 2) +
-         align_up(uint64_t(s_ * dv_) * 2) + std::max(qk_.scratch_bytes(), pv_.scratch_bytes());
+  return kAlign + align_up(uint64_t(t_ * h_ * s_) * 4) + align_up(uint64_t(t_ * h_ * s_) * 2) +
+         align_up(uint64_t(s_ * dh_) * 2) + align_up(uint64_t(s_ * dv_) * 2) +
+         std::max(qk_.scratch_bytes(), pv_.scratch_bytes());
 }
 
 Status DnnlAttention::run(const float* q, const float* k, const float* v, const uint8_t* allow, const float* add,
@@ -156,17 +169,21 @@ Status DnnlAttention::run(const float* q, const float* k, const float* v, const 
   auto* base = reinterpret_cast<uint8_t*>(align_up(reinterpret_cast<uintptr_t>(scratch)));
   const int64_t rows = t_ * h_, s = s_;
   auto* scores = reinterpret_cast<float*>(base);
-  auto* kb = reinterpret_cast<uint16_t*>(base + align_up(uint64_t(rows * s) * 4));
+  auto* probs = reinterpret_cast<uint16_t*>(base + align_up(uint64_t(rows * s) * 4));
+  auto* kb = reinterpret_cast<uint16_t*>(reinterpret_cast<uint8_t*>(probs) + align_up(uint64_t(rows * s) * 2));
   auto* vb = reinterpret_cast<uint16_t*>(reinterpret_cast<uint8_t*>(kb) + align_up(uint64_t(s * dh_) * 2));
   void* mm_scratch = reinterpret_cast<uint8_t*>(vb) + align_up(uint64_t(s * dv_) * 2);
   round_to_bf16(k, kb, s * dh_);
   round_to_bf16(v, vb, s * dv_);
   VLAC_RETURN_IF_ERROR(qk_.run(q, kb, nullptr, scores, mm_scratch));
   const int64_t h = h_;
+  // Softmax and the rounding of the probabilities to bf16 per row, while the row is in L1: one
+  // pass over the scores instead of two (the same bits as rounding them all afterwards).
 #pragma omp parallel for schedule(static) if (rows * s >= kParallelMinElems)
   for (int64_t r = 0; r < rows; ++r)
-    masked_softmax_row(scores + r * s, s, scale, allow ? allow + (r / h) * s : nullptr, add ? add + (r / h) * s : nullptr);
-  return pv_.run(scores, vb, nullptr, out, mm_scratch);
+    masked_softmax_row_bf16(scores + r * s, probs + r * s, s, scale, allow ? allow + (r / h) * s : nullptr,
+                            add ? add + (r / h) * s : nullptr);
+  return pv_.run_bf16_src(probs, vb, nullptr, out, mm_scratch);
 }
 
 }  // namespace vlac::cpu

@@ -38,6 +38,8 @@ class DnnlLinear {
   /// x [M,K] fp32, w [N,K] in the planned dtype, b [N] fp32 (null iff planned without bias),
   /// y [M,N] fp32. Borrowed pointers.
   Status run(const float* x, const void* w, const float* b, float* y, void* scratch) const;
+  /// run() with x already rounded to bf16 (planned with BF16 weights and M > 1).
+  Status run_bf16_src(const uint16_t* x, const void* w, const float* b, float* y, void* scratch) const;
   /// oneDNN's implementation name, e.g. "brg:avx512_core_amx_bf16".
   const std::string& impl() const;
   /// Bytes of the owned packed weights (0 when W is used in place).
@@ -46,6 +48,7 @@ class DnnlLinear {
  private:
   struct Impl;
   explicit DnnlLinear(std::unique_ptr<Impl> impl);
+  Status execute(void* src, const void* w, const float* b, float* y, uint8_t* base) const;
   std::unique_ptr<Impl> impl_;
 };
 

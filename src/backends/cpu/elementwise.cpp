@@ -267,6 +267,12 @@ void masked_softmax_row(float* row, int64_t n, float scale, const uint8_t* allow
   softmax_row(row, n);
 }
 
+void masked_softmax_row_bf16(float* row, uint16_t* out, int64_t n, float scale, const uint8_t* allow, const float* add) {
+  scale_mask_row(row, n, scale, allow, add);
+  softmax_row(row, n);
+  round_span(row, out, n);
+}
+
 void binary_op(BinaryOp op, const float* a, int64_t na, const float* b, int64_t nb, float* y, int64_t n) {
   // Same sizes, or one operand a block repeated over rows (pi0.5's gates and biases): contiguous
   // inner loops without a modulo per element; anything else (never built today) takes the modulo.
