@@ -17,6 +17,9 @@ Then for every thread count T, fp32 first, then bf16 (the most important figures
   --repeats processes (load/prefix/denoise from the report, process wall time);
 * vlac package: `vlac run policy_D.vlac --dtype D --repeat (repeats+1) --threads T`; "steady" = median of
   prefix+denoise over the iterations after the first (stage_ms, latency_ms of the last iteration kept);
+* interleaved (default; --no-interleave turns it off): after each timed lerobot chunk, one vlac package
+  process with --repeat 2 (its second iteration kept), so both see the same load of a shared host; the
+  median of the per-round ratios is the steadiest speed-up figure ("speedup_interleaved");
 * max |Δ action_normalized| vs lerobot of the same dtype; for bf16 also vs lerobot fp32 (and lerobot
   bf16 vs lerobot fp32, the error bf16 itself brings); speed-up = lerobot ms / vlac ms, and for bf16
   also lerobot fp32 ms / vlac bf16 ms (lerobot's default dtype).
@@ -176,8 +179,9 @@ def build_lerobot_bf16(m, policy_fp32):
     return p16, dict(counts)
 
 
-def time_lerobot(policy, batch, noise, repeats: int) -> dict:
-    """Warm-up once, then `repeats` timed predict_action_chunk calls; denoise_step time summed per call."""
+def time_lerobot(policy, batch, noise, repeats: int, between=None) -> dict:
+    """Warm-up once, then `repeats` timed predict_action_chunk calls; denoise_step time summed per call.
+    `between(i)`, when given, runs after timed call i (outside the timing): the interleaved vlac run."""
     model = policy.model
     orig = model.denoise_step
     acc = {"t": 0.0}
@@ -201,6 +205,8 @@ def time_lerobot(policy, batch, noise, repeats: int) -> dict:
                 totals.append(dt * 1e3)
                 denoise.append(acc["t"] * 1e3)
             act = rec["action_normalized"].to(torch.float32)
+            if i > 0 and between is not None:
+                between(i - 1)
     finally:
         model.denoise_step = orig
     return {
@@ -327,6 +333,8 @@ def main() -> int:
     ap.add_argument("--vlac-lib", default=None, help="folder prepended to LD_LIBRARY_PATH for vlac processes only")
     ap.add_argument("--vlac-env", action="append", default=[], metavar="NAME:K=V,K=V",
                     help="extra vlac variant with these environment variables (repeatable)")
+    ap.add_argument("--no-interleave", dest="interleave", action="store_false",
+                    help="do not alternate lerobot chunks with vlac package runs (see 'interleaved' in the JSON)")
     ap.add_argument("--time-budget", type=float, default=480.0,
                     help="seconds; a (dtype, T) block that would end past it (by the last block of that dtype) is skipped")
     args = ap.parse_args()
@@ -493,9 +501,27 @@ def main() -> int:
             torch.set_num_threads(T)
             row = {"dtype": D, "threads": T, "lerobot": None, "vlac": {}}
             ref, lr_ms = None, None
+            rounds = []  # interleaved: after each timed lerobot chunk, one vlac package process
+
+            def vlac_round(i, D=D, T=T, rounds=rounds):
+                if pkgs[D] is None:
+                    return
+                try:
+                    r = time_vlac_package(vlac, pkgs[D], obs_path, noise_path, work, D, T, 1, env,
+                                          f"{D}_interleaved", timeout)
+                    r.pop("action_normalized", None)
+                    rounds.append({"round": i, "vlac_steady_ms": r["steady_median_ms"]["prefix_plus_denoise"],
+                                   "vlac_prefix_ms": r["steady_median_ms"]["prefix"],
+                                   "vlac_denoise_ms": r["steady_median_ms"]["denoise"]})
+                except Exception as e:  # noqa: BLE001
+                    rounds.append({"round": i, "error": f"{type(e).__name__}: {e}"[-500:]})
+
             try:
-                lr = time_lerobot(policies[D], batch, noise, args.repeats)
+                lr = time_lerobot(policies[D], batch, noise, args.repeats,
+                                  between=vlac_round if args.interleave else None)
                 ref = lr.pop("action_normalized")
+                if rounds:
+                    row["interleaved"] = interleaved_summary(lr, rounds)
                 lr_ms = lr["median_ms"]
                 row["lerobot"] = lr
                 actions[f"lerobot.{D}.t{T}"] = ref
@@ -589,6 +615,27 @@ def main() -> int:
     return 0
 
 
+def interleaved_summary(lr: dict, rounds: list) -> dict:
+    """Round i = lerobot's timed chunk i, then at once a vlac package process (--repeat 2, the second
+    iteration kept): both see the same load on a shared host, so their ratio is steadier than the
+    ratio of medians taken minutes apart."""
+    pairs = []
+    for r in rounds:
+        if "error" in r:
+            continue
+        l_ms = lr["predict_action_chunk_ms"][r["round"]]
+        pairs.append({**r, "lerobot_ms": l_ms, "ratio": l_ms / r["vlac_steady_ms"]})
+    out = {"how": "after each timed lerobot chunk, one `vlac run PACKAGE --repeat 2` (steady = 2nd iteration)",
+           "rounds": rounds, "pairs": pairs}
+    if pairs:
+        out["median_ratio"] = median([p["ratio"] for p in pairs])
+        out["min_ratio"] = min(p["ratio"] for p in pairs)
+        out["max_ratio"] = max(p["ratio"] for p in pairs)
+        out["vlac_steady_median_ms"] = median([p["vlac_steady_ms"] for p in pairs])
+        out["lerobot_median_ms"] = median([p["lerobot_ms"] for p in pairs])
+    return out
+
+
 def summary_row(row: dict, fp32_ms) -> dict:
     """The headline figures of one (dtype, T) block, default vlac variant."""
     D, lr = row["dtype"], row["lerobot"] or {}
@@ -611,6 +658,11 @@ def summary_row(row: dict, fp32_ms) -> dict:
         "speedup_package": sp["package_steady_prefix_plus_denoise"],
         "max_abs_diff": {"folder": d["folder_vs_lerobot"], "package": d["package_vs_lerobot"]},
     })
+    il = row.get("interleaved") or {}
+    if "median_ratio" in il:
+        s["interleaved_vlac_ms"] = il["vlac_steady_median_ms"]
+        s["speedup_interleaved"] = il["median_ratio"]
+        s["speedup_interleaved_range"] = [il["min_ratio"], il["max_ratio"]]
     if D != "fp32":
         s["lerobot_fp32_ms"] = fp32_ms
         s["speedup_folder_vs_lerobot_fp32"] = sp["vs_lerobot_fp32_prefix_plus_denoise"]
@@ -636,6 +688,9 @@ def summary_line(s: dict) -> str:
              f"process {f(s['vlac_folder_process_ms'])}) x{f(s['speedup_folder'], '.2f')}"
              f" | package steady {f(s['vlac_package_steady_ms'])} x{f(s['speedup_package'], '.2f')}"
              f" | max|d| {f(d['folder'], '.2e')} pkg {f(d['package'], '.2e')}")
+    if "speedup_interleaved" in s:
+        lo, hi = s["speedup_interleaved_range"]
+        line += f" | interleaved: vlac {f(s['interleaved_vlac_ms'])} x{f(s['speedup_interleaved'], '.2f')} ({lo:.2f}-{hi:.2f})"
     if s["dtype"] != "fp32":
         line += (f" | vs lerobot fp32 {f(s['lerobot_fp32_ms'])}: x{f(s['speedup_folder_vs_lerobot_fp32'], '.2f')}"
                  f" pkg x{f(s['speedup_package_vs_lerobot_fp32'], '.2f')}, max|d| {f(d['folder_vs_lerobot_fp32'], '.2e')}"
