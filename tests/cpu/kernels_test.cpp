@@ -221,6 +221,32 @@ TEST(CpuSoftmax, MatchesReferenceAndMaskedEntriesAreExactZero) {
   for (int64_t i = 0; i < n; i += 3) EXPECT_EQ(y[size_t(i)], 0.0f);
 }
 
+// The bf16 probabilities of the attention path (AVX-512 where present, up to 4096 keys; the
+// portable loops otherwise): within one bf16 step of the fp32 softmax rounded, masked keys exactly
+// zero, for row lengths around the 16-lane boundaries and beyond the AVX-512 limit.
+TEST(CpuSoftmax, Bf16RowMatchesRoundedFp32Softmax) {
+  for (int64_t n : {1, 7, 15, 16, 17, 560, 610, 5000}) {
+    auto x = randn(size_t(n), uint32_t(20 + n), 4.0f);
+    std::vector<uint8_t> allow(size_t(n), 1);
+    std::vector<float> add(size_t(n), 0.0f);
+    for (int64_t i = 2; i < n; i += 5) allow[size_t(i)] = 0;  // key 0 always allowed
+    for (int64_t i = 0; i < n; ++i) add[size_t(i)] = allow[size_t(i)] ? 0.25f * float(i % 3) : kMaskValue;
+    for (int mode = 0; mode < 3; ++mode) {
+      const uint8_t* al = mode == 1 ? allow.data() : nullptr;
+      const float* ad = mode == 2 ? add.data() : nullptr;
+      std::vector<float> ref = x, row = x;
+      masked_softmax_row(ref.data(), n, 0.125f, al, ad);
+      std::vector<uint16_t> out(size_t(n), 0xFFFF);
+      masked_softmax_row_bf16(row.data(), out.data(), n, 0.125f, al, ad);
+      for (int64_t i = 0; i < n; ++i) {
+        const float got = bf16_to_f32(out[size_t(i)]), want = bf16_to_f32(f32_to_bf16(ref[size_t(i)]));
+        EXPECT_LE(std::abs(got - want), std::abs(want) * (1.0f / 128.0f) + 1e-30f) << n << " " << mode << " " << i;
+        if ((mode == 1 && !allow[size_t(i)]) || (mode == 2 && add[size_t(i)] == kMaskValue)) EXPECT_EQ(got, 0.0f);
+      }
+    }
+  }
+}
+
 // Naive attention in double over allowed keys only.
 std::vector<double> ref_attention(const std::vector<float>& q, const std::vector<float>& k,
                                   const std::vector<float>& v, const std::vector<uint8_t>& allow,

@@ -90,8 +90,8 @@ void softmax(float* x, int64_t rows, int64_t n);
 /// One attention score row in place: softmax(row·scale + mask), the mask row being `allow`
 /// (0 → kMaskValue added) or `add` (added) or neither (both null). Single-threaded.
 void masked_softmax_row(float* row, int64_t n, float scale, const uint8_t* allow, const float* add);
-/// masked_softmax_row, then the probabilities rounded to bf16 into `out` (while the row is in L1).
-/// Single-threaded.
+/// The probabilities of masked_softmax_row rounded to bf16 into `out`, computed in one working
+/// copy of the row in L1. `row` is scratch: afterwards it may hold intermediate values. Single-threaded.
 void masked_softmax_row_bf16(float* row, uint16_t* out, int64_t n, float scale, const uint8_t* allow, const float* add);
 
 /// Attention mask: either none, a boolean [T,S] (1 = may attend) or an additive fp32 [T,S].
