@@ -179,7 +179,7 @@ TEST(CpuRope, RotateHalfPairsAndPositions) {
   // Table + apply (the executor's path for many tensors at the same positions): the same bits.
   std::vector<float> cs(static_cast<size_t>(t * dh)), z = x;
   rope_table(pos.data(), t, dh, 10000.0f, cs.data());
-  rope_apply(z.data(), cs.data(), t, h, dh);
+  rope_apply(z.data(), z.data(), cs.data(), t, h, dh);
   EXPECT_EQ(std::memcmp(y.data(), z.data(), y.size() * 4), 0);
 }
 
@@ -241,7 +241,9 @@ TEST(CpuSoftmax, Bf16RowMatchesRoundedFp32Softmax) {
       for (int64_t i = 0; i < n; ++i) {
         const float got = bf16_to_f32(out[size_t(i)]), want = bf16_to_f32(f32_to_bf16(ref[size_t(i)]));
         EXPECT_LE(std::abs(got - want), std::abs(want) * (1.0f / 128.0f) + 1e-30f) << n << " " << mode << " " << i;
-        if ((mode == 1 && !allow[size_t(i)]) || (mode == 2 && add[size_t(i)] == kMaskValue)) EXPECT_EQ(got, 0.0f);
+        if ((mode == 1 && !allow[size_t(i)]) || (mode == 2 && add[size_t(i)] == kMaskValue)) {
+          EXPECT_EQ(got, 0.0f);
+        }
       }
     }
   }

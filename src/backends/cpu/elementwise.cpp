@@ -5,6 +5,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -198,19 +199,32 @@ void rope_table(const int64_t* pos, int64_t t, int64_t dh, float base, float* cs
   }
 }
 
-void rope_apply(float* x, const float* cs, int64_t t, int64_t h, int64_t dh) {
+void rope_apply(const float* x, float* y, const float* cs, int64_t t, int64_t h, int64_t dh) {
   const int64_t half = dh / 2;
 #pragma omp parallel for schedule(static) if (t * h * dh >= kParallelMinElems)
   for (int64_t ti = 0; ti < t; ++ti)
     for (int64_t hi = 0; hi < h; ++hi) {
-      float* xr = x + (ti * h + hi) * dh;
+      const float* xr = x + (ti * h + hi) * dh;
+      float* yr = y + (ti * h + hi) * dh;
       const float* c = cs + ti * half * 2;
       for (int64_t i = 0; i < half; ++i) {
         const float x0 = xr[i], x1 = xr[i + half];
-        xr[i] = x0 * c[2 * i] - x1 * c[2 * i + 1];
-        xr[i + half] = x1 * c[2 * i] + x0 * c[2 * i + 1];
+        yr[i] = x0 * c[2 * i] - x1 * c[2 * i + 1];
+        yr[i + half] = x1 * c[2 * i] + x0 * c[2 * i + 1];
       }
     }
+}
+
+void parallel_copy(void* dst, const void* src, uint64_t bytes) {
+  constexpr uint64_t kChunk = 64 * 1024;
+  const int64_t chunks = int64_t((bytes + kChunk - 1) / kChunk);
+  auto* d = static_cast<uint8_t*>(dst);
+  const auto* s = static_cast<const uint8_t*>(src);
+#pragma omp parallel for schedule(static) if (bytes >= 4 * kChunk)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const uint64_t at = uint64_t(c) * kChunk;
+    std::memcpy(d + at, s + at, std::min(kChunk, bytes - at));
+  }
 }
 
 void rope(float* x, const int64_t* pos, int64_t t, int64_t h, int64_t dh, float base) {
@@ -218,7 +232,7 @@ void rope(float* x, const int64_t* pos, int64_t t, int64_t h, int64_t dh, float 
   float cs[1024];
   for (int64_t ti = 0; ti < t; ++ti) {
     rope_table(pos + ti, 1, dh, base, cs);
-    rope_apply(x + ti * h * dh, cs, 1, h, dh);
+    rope_apply(x + ti * h * dh, x + ti * h * dh, cs, 1, h, dh);
   }
 }
 

@@ -267,7 +267,9 @@ Status Executor::plan(const CpuWeights& weights) {
         while (ti < rope_tables_.size() &&
                !(rope_tables_[ti].pos == n.inputs[1] && rope_tables_[ti].dh == dh && rope_tables_[ti].base == base))
           ++ti;
-        if (ti == rope_tables_.size()) rope_tables_.push_back({n.inputs[1], t, dh, base, 0, std::vector<float>(size_t(t * dh))});
+        if (ti == rope_tables_.size())
+          rope_tables_.push_back({n.inputs[1], t, dh, base, 0, false, std::vector<float>(size_t(t * dh)),
+                                  std::vector<int64_t>(size_t(t))});
         rope_table_of_[size_t(id)] = int32_t(ti);
         break;
       }
@@ -694,13 +696,19 @@ Status Executor::run_node(NodeId id) {
       geglu(f(0), f(1), out, x.numel());
       return Status::ok();
     case OpKind::RoPE: {
-      std::memcpy(out, f(0), size_t(x.bytes()));
       RopeTable& tab = rope_tables_[size_t(rope_table_of_[size_t(id)])];
       if (tab.generation != run_generation_) {  // first RoPE of this run at these positions
-        rope_table(static_cast<const int64_t*>(ptr(n.inputs[1])), tab.t, tab.dh, tab.base, tab.cs.data());
+        // The positions rarely change between runs (every denoise step has the same): the cos/sin
+        // table is refilled only when they do.
+        const auto* pos = static_cast<const int64_t*>(ptr(n.inputs[1]));
+        if (!tab.filled || std::memcmp(tab.pos_copy.data(), pos, size_t(tab.t) * sizeof(int64_t)) != 0) {
+          rope_table(pos, tab.t, tab.dh, tab.base, tab.cs.data());
+          std::memcpy(tab.pos_copy.data(), pos, size_t(tab.t) * sizeof(int64_t));
+          tab.filled = true;
+        }
         tab.generation = run_generation_;
       }
-      rope_apply(out, tab.cs.data(), x.shape[0], x.shape[1], x.shape[2]);
+      rope_apply(f(0), out, tab.cs.data(), x.shape[0], x.shape[1], x.shape[2]);
       return Status::ok();
     }
     case OpKind::Softmax: {
@@ -793,7 +801,9 @@ Status Executor::run_node(NodeId id) {
       for (ValueId in : n.inputs) {
         const uint64_t row = uint64_t(info(in).numel() / std::max<int64_t>(outer, 1)) * es;
         const uint8_t* src = static_cast<const uint8_t*>(ptr(in));
-        for (int64_t r = 0; r < outer; ++r) std::memcpy(dst + uint64_t(r) * out_row + col, src + uint64_t(r) * row, row);
+        if (outer == 1) parallel_copy(dst + col, src, row);  // pi0.5's [prefix | suffix] keys and values
+        else
+          for (int64_t r = 0; r < outer; ++r) std::memcpy(dst + uint64_t(r) * out_row + col, src + uint64_t(r) * row, row);
         col += row;
       }
       return Status::ok();

@@ -153,8 +153,10 @@ class Executor {
     ir::ValueId pos;
     int64_t t, dh;
     float base;
-    uint64_t generation;   // run_generation_ it was filled in (0: never)
+    uint64_t generation;   // run_generation_ it was last checked in (0: never)
+    bool filled;            // cs holds the table of pos_copy
     std::vector<float> cs;  // [T, Dh/2, 2] cos, sin
+    std::vector<int64_t> pos_copy;  // the positions cs was filled for
   };
   std::vector<RopeTable> rope_tables_;
   std::vector<int32_t> rope_table_of_;  // by node id: index into rope_tables_ (RoPE nodes)

@@ -75,7 +75,10 @@ void rope(float* x, const int64_t* pos, int64_t t, int64_t h, int64_t dh, float 
 /// The same in two steps, for many tensors at the same positions: rope_table fills
 /// cs[T, Dh/2, 2] with (cos a, sin a), rope_apply rotates x with it; bit-identical to rope().
 void rope_table(const int64_t* pos, int64_t t, int64_t dh, float base, float* cs);
-void rope_apply(float* x, const float* cs, int64_t t, int64_t h, int64_t dh);
+/// y = x rotated (y may be x).
+void rope_apply(const float* x, float* y, const float* cs, int64_t t, int64_t h, int64_t dh);
+/// memcpy split across the OpenMP threads for large copies (256 KiB and more).
+void parallel_copy(void* dst, const void* src, uint64_t bytes);
 /// Sin-cos time embedding out[dim] = [sin(t·ω_0..), cos(t·ω_0..)], ω_i = 2π / period_i,
 /// period_i = min_period·(max_period/min_period)^(i/(dim/2 − 1)); computed in double -> fp32.
 void time_embedding(double t, float* out, int64_t dim, double min_period, double max_period);
