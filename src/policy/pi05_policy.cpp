@@ -131,7 +131,7 @@ Result<Pi05Policy> Pi05Policy::load(const std::string& policy_dir, Pi05PolicyOpt
 uint64_t Pi05Policy::activation_bytes() const {
   uint64_t b = 0;
   for (const auto* e : {prefix_.get(), step_.get()})
-    if (e) b += e->arena_bytes() + e->input_bytes() + e->scratch_bytes();
+    if (e) b += e->arena_bytes() + e->input_bytes() + e->scratch_bytes() + e->memo_bytes();
   return b;
 }
 

@@ -255,6 +255,8 @@ Status Pi05PackagePolicy::run_stage(const std::vector<size_t>& ids, std::map<std
       e.exec->bind_input(int(i), values->at(ir::input_name(e.exec->graph(), ins[i])).data);
     uint64_t act = arena_.size() + scratch_.size() * 4;
     for (const auto& [n, b] : store_) act += b.size();
+    for (const auto& other : engines_)
+      if (other->exec) act += other->exec->memo_bytes();  // the step's time-only results
     stats_.activation_bytes = act;
     make_room(e);
     VLAC_RETURN_IF_ERROR(e.exec->run());

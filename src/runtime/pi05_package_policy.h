@@ -38,7 +38,7 @@ struct Pi05PackageStats {
   uint64_t evictions = 0;           // engine segments whose pages were dropped for the budget
   uint64_t evicted_bytes = 0;       // their size (re-read from disk when used again)
   uint64_t peak_resident_weight_bytes = 0;  // by the budget's accounting
-  uint64_t activation_bytes = 0;    // arenas + inputs + scratch of the live executors
+  uint64_t activation_bytes = 0;    // arenas + inputs + scratch + memo slots of the live executors
   uint64_t packed_weight_bytes = 0; // packed weight copies of the live executors (pack_weights)
   // Latency of the last observation by stage, milliseconds.
   std::vector<double> vision_ms;    // one per present camera
