@@ -17,6 +17,8 @@ Then for every thread count T, fp32 first, then bf16 (the most important figures
   --repeats processes (load/prefix/denoise from the report, process wall time);
 * vlac package: `vlac run policy_D.vlac --dtype D --repeat (repeats+1) --threads T`; "steady" = median of
   prefix+denoise over the iterations after the first (stage_ms, latency_ms of the last iteration kept);
+* pinned (default; --no-pin turns it off): each (dtype, T) block runs every thread of this process
+  and the vlac processes it starts on the first T allowed CPUs, so both use the very same cores;
 * interleaved (default; --no-interleave turns it off): after each timed lerobot chunk, one vlac package
   process with --repeat 2 (its second iteration kept), so both see the same load of a shared host; the
   median of the per-round ratios is the steadiest speed-up figure ("speedup_interleaved");
@@ -335,6 +337,8 @@ def main() -> int:
                     help="extra vlac variant with these environment variables (repeatable)")
     ap.add_argument("--no-interleave", dest="interleave", action="store_false",
                     help="do not alternate lerobot chunks with vlac package runs (see 'interleaved' in the JSON)")
+    ap.add_argument("--no-pin", dest="pin", action="store_false",
+                    help="do not pin each (dtype, T) block to the first T CPUs (lerobot and vlac alike)")
     ap.add_argument("--time-budget", type=float, default=480.0,
                     help="seconds; a (dtype, T) block that would end past it (by the last block of that dtype) is skipped")
     args = ap.parse_args()
@@ -484,6 +488,7 @@ def main() -> int:
     result["compile"] = result["compile_by_dtype"].get("fp32")  # the key of the fp32-only script
     dump()
 
+    all_cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     last_block_s: dict[str, float] = {}
     lerobot_fp32 = {}  # T -> (median ms, action) from the fp32 block
     fp32_ref_any = None  # an untimed fp32 reference when fp32 is not benchmarked
@@ -498,8 +503,12 @@ def main() -> int:
                 print(f"{D} T={T}: skipped (elapsed {elapsed:.0f} s, budget {args.time_budget:.0f} s)", flush=True)
                 continue
             tb = time.perf_counter()
-            torch.set_num_threads(T)
             row = {"dtype": D, "threads": T, "lerobot": None, "vlac": {}}
+            if args.pin and hasattr(os, "sched_setaffinity"):
+                # The same cores for both: on a shared host the CPUs differ in speed from one moment
+                # and one CPU to the next, so a T-thread block runs on the first T CPUs we may use.
+                row["cpus"] = pin_process(all_cpus[:T] if T <= len(all_cpus) else all_cpus)
+            torch.set_num_threads(T)
             ref, lr_ms = None, None
             rounds = []  # interleaved: after each timed lerobot chunk, one vlac package process
 
@@ -613,6 +622,17 @@ def main() -> int:
     for srow in result["summary"]:
         print("  " + summary_line(srow))
     return 0
+
+
+def pin_process(cpus: list[int]) -> list[int]:
+    """Every thread of this process (torch's pool included) onto `cpus`; vlac processes started
+    afterwards inherit the mask, so lerobot and vlac run on the very same cores. Returns the cpus."""
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except OSError:
+            pass  # a thread that ended meanwhile
+    return sorted(os.sched_getaffinity(0))
 
 
 def interleaved_summary(lr: dict, rounds: list) -> dict:
