@@ -435,6 +435,14 @@ void Executor::plan_memo() {
     bool all = true;
     for (ValueId v : n.inputs) all = all && fixed[size_t(v)];
     if (!all) continue;
+    if (n.op == OpKind::Reshape) {
+      // A view of a weight, constant or input: static, but its bytes are not ours to write back.
+      const OpKind root_op = g.node(g.value(root_[size_t(n.inputs[0])]).producer).op;
+      if (root_op == OpKind::Weight || root_op == OpKind::Constant || root_op == OpKind::Input) {
+        for (ValueId o : n.outputs) fixed[size_t(o)] = 1;
+        continue;
+      }
+    }
     memo_node_[size_t(id)] = 1;
     ++memo_node_count_;
     for (ValueId o : n.outputs) fixed[size_t(o)] = 1;
@@ -445,9 +453,7 @@ void Executor::plan_memo() {
     const Node& n = g.node(id);
     if (memo_node_[size_t(id)] || n.op == OpKind::Weight || n.op == OpKind::Constant || n.op == OpKind::Input) continue;
     for (ValueId v : n.inputs)
-      if (fixed[size_t(v)] && g.node(g.value(v).producer).op != OpKind::Weight &&
-          g.node(g.value(v).producer).op != OpKind::Constant && g.node(g.value(v).producer).op != OpKind::Input)
-        kept[size_t(v)] = 1;
+      if (memo_node_[size_t(g.value(v).producer)]) kept[size_t(v)] = 1;
   }
   for (ValueId v : g.outputs())
     if (memo_node_[size_t(g.value(v).producer)]) kept[size_t(v)] = 1;
