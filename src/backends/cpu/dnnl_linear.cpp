@@ -178,7 +178,7 @@ Status DnnlAttention::run(const float* q, const float* k, const float* v, const 
   VLAC_RETURN_IF_ERROR(qk_.run(q, kb, nullptr, scores, mm_scratch));
   const int64_t h = h_;
   // Softmax and the rounding of the probabilities to bf16 per row, while the row is in L1: one
-  // pass over the scores instead of two (the same bits as rounding them all afterwards).
+  // pass over the scores instead of two.
 #pragma omp parallel for schedule(static) if (rows * s >= kParallelMinElems)
   for (int64_t r = 0; r < rows; ++r)
     masked_softmax_row_bf16(scores + r * s, probs + r * s, s, scale, allow ? allow + (r / h) * s : nullptr,
