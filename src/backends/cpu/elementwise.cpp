@@ -67,7 +67,7 @@ VLAC_SIMD_CLONES void silu_span(const float* x, float* y, int64_t n) {
 // max of x[0..n), n >= 1. GCC does not vectorize a float max reduction without -ffast-math, so
 // AVX-512 hosts get an explicit one (a NaN in the row makes the softmax NaN either way).
 #if defined(__x86_64__) && defined(__GNUC__)
-#if !defined(__clang__)  // GCC 12 warns inside _mm512_max_ps (its _mm512_undefined_ps), a known false positive
+#if !defined(__clang__)  // GCC 12 warns inside _mm512_* (their _mm512_undefined_ps), a known false positive
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -83,9 +83,73 @@ __attribute__((target("avx512f"))) float row_max_avx512(const float* x, int64_t 
   for (; i < n; ++i) mx = x[i] > mx ? x[i] : mx;
   return mx;
 }
+
+#define VLAC_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl")))
+// fast_exp on 16 lanes: the same reduction and polynomial (with fused multiply-adds).
+VLAC_AVX512 inline __m512 fast_exp16(__m512 x) {
+  const __m512 lo = _mm512_set1_ps(-87.33f), hi = _mm512_set1_ps(88.3f);
+  const __m512 shifter = _mm512_set1_ps(12582912.0f);
+  const __m512 xc = _mm512_min_ps(_mm512_max_ps(x, lo), hi);
+  const __m512 t = _mm512_fmadd_ps(xc, _mm512_set1_ps(1.44269504088896341f), shifter);
+  const __m512 fn = _mm512_sub_ps(t, shifter);
+  const __m512i n = _mm512_sub_epi32(_mm512_castps_si512(t), _mm512_castps_si512(shifter));
+  __m512 r = _mm512_fnmadd_ps(fn, _mm512_set1_ps(0.693359375f), xc);
+  r = _mm512_fnmadd_ps(fn, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  const __m512 er = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
+  const __m512 sc = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n, _mm512_set1_epi32(127)), 23));
+  return _mm512_maskz_mul_ps(_mm512_cmp_ps_mask(x, lo, _CMP_NLT_UQ), er, sc);  // x < lo: exactly 0
+}
+
+// masked_softmax_row_bf16 in three passes over a working copy `tmp` in L1: scale + mask and max;
+// exp and sum; normalize and round to bf16 (round to nearest even, NaN kept quiet, as
+// f32_to_bf16). The score row is read once and never written (no write-back of a streamed buffer).
+VLAC_AVX512 void softmax_row_bf16_avx512(const float* row, uint16_t* out, int64_t n, float scale, const uint8_t* allow,
+                                         const float* add, float* tmp) {
+  auto lanes = [n](int64_t i) -> __mmask16 { return i + 16 <= n ? __mmask16(0xFFFF) : __mmask16((1u << (n - i)) - 1u); };
+  const __m512 vs = _mm512_set1_ps(scale), masked = _mm512_set1_ps(kMaskValue);
+  __m512 vmax = _mm512_set1_ps(-INFINITY);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = lanes(i);
+    __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, row + i), vs);
+    if (allow) {
+      const __mmask16 off = _mm_mask_cmpeq_epi8_mask(m, _mm_maskz_loadu_epi8(m, allow + i), _mm_setzero_si128());
+      x = _mm512_mask_add_ps(x, off, x, masked);
+    } else if (add) {
+      x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(m, add + i));
+    }
+    _mm512_mask_storeu_ps(tmp + i, m, x);
+    vmax = _mm512_mask_max_ps(vmax, m, vmax, x);
+  }
+  const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(vmax));
+  __m512 vsum = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = lanes(i);
+    const __m512 e = fast_exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, tmp + i), mx));
+    _mm512_mask_storeu_ps(tmp + i, m, e);
+    vsum = _mm512_mask_add_ps(vsum, m, vsum, e);
+  }
+  const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(vsum));
+  const __m512i abs_mask = _mm512_set1_epi32(0x7FFFFFFF), inf = _mm512_set1_epi32(0x7F800000);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = lanes(i);
+    const __m512i b = _mm512_castps_si512(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, tmp + i), inv));
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
+    const __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(b, abs_mask), inf);
+    r = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(b, 16), _mm512_set1_epi32(0x40));
+    _mm256_mask_storeu_epi16(out + i, m, _mm512_cvtepi32_epi16(r));
+  }
+}
 #if !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
+#define VLAC_AVX512_SOFTMAX 1
 #endif
 float row_max(const float* x, int64_t n) {
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -281,80 +345,6 @@ void masked_softmax_row(float* row, int64_t n, float scale, const uint8_t* allow
   softmax_row(row, n);
 }
 
-#if defined(__x86_64__) && defined(__GNUC__)
-#define VLAC_AVX512_SOFTMAX 1
-#if !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
-#define VLAC_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl")))
-// fast_exp on 16 lanes: the same reduction and polynomial (with fused multiply-adds).
-VLAC_AVX512 inline __m512 fast_exp16(__m512 x) {
-  const __m512 lo = _mm512_set1_ps(-87.33f), hi = _mm512_set1_ps(88.3f);
-  const __m512 shifter = _mm512_set1_ps(12582912.0f);
-  const __m512 xc = _mm512_min_ps(_mm512_max_ps(x, lo), hi);
-  const __m512 t = _mm512_fmadd_ps(xc, _mm512_set1_ps(1.44269504088896341f), shifter);
-  const __m512 fn = _mm512_sub_ps(t, shifter);
-  const __m512i n = _mm512_sub_epi32(_mm512_castps_si512(t), _mm512_castps_si512(shifter));
-  __m512 r = _mm512_fnmadd_ps(fn, _mm512_set1_ps(0.693359375f), xc);
-  r = _mm512_fnmadd_ps(fn, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  const __m512 er = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
-  const __m512 sc = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n, _mm512_set1_epi32(127)), 23));
-  return _mm512_maskz_mul_ps(_mm512_cmp_ps_mask(x, lo, _CMP_NLT_UQ), er, sc);  // x < lo: exactly 0
-}
-
-// masked_softmax_row_bf16 in three passes over a working copy `tmp` in L1: scale + mask and max;
-// exp and sum; normalize and round to bf16 (round to nearest even, NaN kept quiet, as
-// f32_to_bf16). The score row is read once and never written (no write-back of a streamed buffer).
-VLAC_AVX512 void softmax_row_bf16_avx512(const float* row, uint16_t* out, int64_t n, float scale, const uint8_t* allow,
-                                         const float* add, float* tmp) {
-  auto lanes = [n](int64_t i) -> __mmask16 { return i + 16 <= n ? __mmask16(0xFFFF) : __mmask16((1u << (n - i)) - 1u); };
-  const __m512 vs = _mm512_set1_ps(scale), masked = _mm512_set1_ps(kMaskValue);
-  __m512 vmax = _mm512_set1_ps(-INFINITY);
-  for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 m = lanes(i);
-    __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, row + i), vs);
-    if (allow) {
-      const __mmask16 off = _mm_mask_cmpeq_epi8_mask(m, _mm_maskz_loadu_epi8(m, allow + i), _mm_setzero_si128());
-      x = _mm512_mask_add_ps(x, off, x, masked);
-    } else if (add) {
-      x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(m, add + i));
-    }
-    _mm512_mask_storeu_ps(tmp + i, m, x);
-    vmax = _mm512_mask_max_ps(vmax, m, vmax, x);
-  }
-  const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(vmax));
-  __m512 vsum = _mm512_setzero_ps();
-  for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 m = lanes(i);
-    const __m512 e = fast_exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, tmp + i), mx));
-    _mm512_mask_storeu_ps(tmp + i, m, e);
-    vsum = _mm512_mask_add_ps(vsum, m, vsum, e);
-  }
-  const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(vsum));
-  const __m512i abs_mask = _mm512_set1_epi32(0x7FFFFFFF), inf = _mm512_set1_epi32(0x7F800000);
-  for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 m = lanes(i);
-    const __m512i b = _mm512_castps_si512(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, tmp + i), inv));
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
-    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
-    const __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(b, abs_mask), inf);
-    r = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(b, 16), _mm512_set1_epi32(0x40));
-    _mm256_mask_storeu_epi16(out + i, m, _mm512_cvtepi32_epi16(r));
-  }
-}
-#if !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
-#endif
-
 void masked_softmax_row_bf16(float* row, uint16_t* out, int64_t n, float scale, const uint8_t* allow, const float* add) {
 #if defined(VLAC_AVX512_SOFTMAX)
   static const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -366,8 +356,7 @@ void masked_softmax_row_bf16(float* row, uint16_t* out, int64_t n, float scale, 
     return;
   }
 #endif
-  scale_mask_row(row, n, scale, allow, add);
-  softmax_row(row, n);
+  masked_softmax_row(row, n, scale, allow, add);
   round_span(row, out, n);
 }
 

@@ -501,13 +501,13 @@ namespace {
 struct OpProfile {
   std::atomic<int64_t> ns[256] = {};
   std::atomic<int64_t> calls[256] = {};
-  bool by_shape = false;  // VLAC_PROFILE_OPS=2: Linear nodes also by M×K×N, dtype and oneDNN impl
+  bool by_shape = false;  // VLAC_PROFILE_OPS=2: Linear, Attention, PatchEmbed also by shape (and oneDNN impl)
   std::mutex mu;
-  std::map<std::string, std::pair<int64_t, int64_t>> linear;  // key -> (ns, calls)
+  std::map<std::string, std::pair<int64_t, int64_t>> shapes;  // shape_key -> (ns, calls)
   void add_shape(const std::string& key, int64_t elapsed_ns) {
     if (key.empty()) return;
     std::lock_guard<std::mutex> lock(mu);
-    auto& v = linear[key];
+    auto& v = shapes[key];
     v.first += elapsed_ns;
     v.second += 1;
   }
@@ -520,7 +520,7 @@ struct OpProfile {
       if (ns[i].load() > 0)
         std::fprintf(stderr, "  %-16s %10.1f ms %5.1f%% %8lld calls\n", ir::op_name(OpKind(i)), double(ns[i].load()) / 1e6,
                      100.0 * double(ns[i].load()) / double(total), (long long)calls[i].load());
-    for (const auto& [key, v] : linear)
+    for (const auto& [key, v] : shapes)
       std::fprintf(stderr, "    %-52s %10.1f ms %8lld calls %8.1f GFLOP/s\n", key.c_str(), double(v.first) / 1e6,
                    (long long)v.second, flops_of(key) * double(v.second) / double(v.first));
   }

@@ -120,12 +120,12 @@ void attention(const float* q, const float* k, const float* v, AttentionMask mas
 
 /// Scratch floats patch_embed needs (the im2col matrix).
 int64_t patch_embed_scratch_floats(int64_t c, int64_t y, int64_t x, int64_t kh, int64_t kw);
-/// Conv2d with stride = kernel, no padding, as a matmul: img [C,Y,X], w [O,C,kh,kw], b [O] or null
-/// -> out [(Y/kh)·(X/kw), O], patches in row-major order (patch row outer). Partial patches at
-/// the bottom/right edge are dropped, like PyTorch.
 /// The im2col matrix of patch_embed: cols [Y/kh·X/kw, C·kh·kw], each row one patch in the
 /// weight's (C, kh, kw) order. The executor multiplies it with a planned matmul.
 void im2col_patches(const float* img, float* cols, int64_t c, int64_t y, int64_t x, int64_t kh, int64_t kw);
+/// Conv2d with stride = kernel, no padding, as a matmul: img [C,Y,X], w [O,C,kh,kw], b [O] or null
+/// -> out [(Y/kh)·(X/kw), O], patches in row-major order (patch row outer). Partial patches at
+/// the bottom/right edge are dropped, like PyTorch.
 void patch_embed(const float* img, const float* w, const float* b, float* out, int64_t c,
                  int64_t y, int64_t x, int64_t o, int64_t kh, int64_t kw, float* scratch,
                  int64_t scratch_floats);
