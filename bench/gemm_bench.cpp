@@ -20,6 +20,7 @@
 #include <dnnl.hpp>
 #include <nlohmann/json.hpp>
 
+#include "backends/cpu/cpu_isa.h"
 #include "backends/cpu/dnnl_linear.h"
 #include "backends/cpu/kernels.h"
 #include "core/dtype.h"
@@ -180,6 +181,7 @@ int main(int argc, char** argv) {
   const std::vector<Shape>& shapes = shape_set == "medium" ? medium : full;
   json out;
   out["cpu"] = cpu_info(threads);
+  out["cpu"]["vlac_path"] = vlac::cpu::cpu_path_summary();
   out["openblas_config"] = openblas_get_config();
   out["min_seconds_per_case"] = min_seconds;
   // cblas_sbgemm is declared in cblas.h but Debian's libopenblas 0.3.21 is built without
@@ -264,7 +266,7 @@ int main(int argc, char** argv) {
       record("onednn_f32", time_it([&] { mm.run(); }, min_seconds), y_ref,
              {{"weights", "f32 prepacked"}, {"activations", "f32"}, {"impl", mm.impl}});
     }
-    {
+    if (vlac::cpu::cpu_isa().bf16_matmul) {  // none below AVX-512 in oneDNN 2.6 (see cpu_isa.h)
       std::vector<uint16_t> xb2(xb.size());
       DnnlMatmul mm(s, true, wb.data(), xb2.data(), y.data());
       record("onednn_bf16",

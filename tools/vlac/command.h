@@ -25,6 +25,11 @@ void add_common_options(CLI::App* sub, CommonOptions* opts);
 void run_command(const std::string& name, const CommonOptions& opts,
                  const std::function<Status(MemMeter&)>& body);
 
+/// Checks VLAC_MAX_CPU_ISA (a bad value is the command's error), records the CPU path in the
+/// report (cpu_isa, cpu_isa_native, cpu_isa_cap, onednn_isa, bf16_matmul, bf16_path) and returns
+/// its one-line description (cpu_path.cpp).
+Result<std::string> cpu_path(MemMeter& meter);
+
 /// The exit code main() returns (set by run_command).
 int& exit_code();
 

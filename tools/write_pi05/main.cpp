@@ -88,12 +88,25 @@ Status write_observation(const std::string& dir, const std::string& path, int64_
   return Status::ok();
 }
 
+// ~260 M parameters (about 1 GB in fp32) with the real structure: the "medium" size of
+// tools/bench_cpu_vs_lerobot.py (SigLIP 384x6, Gemma 1024x8, expert 512x8, vocab 32000), for
+// benchmarks that must finish in minutes on 2 cores.
+Pi05Dims medium_dims() {
+  Pi05Dims d;
+  d.vision_width = 384, d.vision_depth = 6, d.vision_mlp = 1536, d.vision_heads = 6;
+  d.lm_width = 1024, d.lm_depth = 8, d.lm_mlp = 4096, d.head_dim = 128, d.lm_heads = 8, d.kv_heads = 1;
+  d.vocab = 32000;
+  d.expert_width = 512, d.expert_mlp = 2048, d.expert_heads = 8;
+  return d;
+}
+
 Status run(const Flags& f) {
-  if (f.size != "full" && f.size != "demo") return invalid_argument("--size must be full or demo, got '" + f.size + "'");
+  if (f.size != "full" && f.size != "medium" && f.size != "demo")
+    return invalid_argument("--size must be full, medium or demo, got '" + f.size + "'");
   if (f.layout != "finetune" && f.layout != "base")
     return invalid_argument("--layout must be finetune or base, got '" + f.layout + "'");
   if (f.obs_only && f.write_obs.empty()) return invalid_argument("--obs-only needs --write-obs FILE");
-  const Pi05Dims dims = f.size == "full" ? Pi05Dims::full() : Pi05Dims::demo();
+  const Pi05Dims dims = f.size == "full" ? Pi05Dims::full() : f.size == "medium" ? medium_dims() : Pi05Dims::demo();
   const Pi05Layout layout = f.layout == "base" ? Pi05Layout::Base : Pi05Layout::FineTune;
   if (!f.obs_only) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -118,7 +131,7 @@ int main(int argc, char** argv) {
   CLI::App app{"vlac_write_pi05: write a random-weight pi0.5 policy folder (lerobot layout, fp32) and observations"};
   app.add_option("--out", f.out, "policy folder to write (created if missing; with --obs-only: an existing one)")
       ->required();
-  app.add_option("--size", f.size, "full (PaliGemma-3B + gemma_300m, about 16.5 GB) or demo (default)");
+  app.add_option("--size", f.size, "full (PaliGemma-3B + gemma_300m, about 16.5 GB), medium (about 1 GB) or demo (default)");
   app.add_option("--layout", f.layout, "finetune (lerobot save_pretrained: model. prefix, default) or base");
   app.add_option("--seed", f.seed, "seed of the random weights and the observation (default 0)");
   app.add_option("--write-obs", f.write_obs, "also write an observation safetensors for the folder's config");

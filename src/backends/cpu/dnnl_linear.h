@@ -1,4 +1,5 @@
-// A linear layer y = x·Wᵀ + b through oneDNN's matmul (AVX-512 for fp32, AMX for bf16), with W
+// A linear layer y = x·Wᵀ + b through oneDNN's matmul (AVX-512 for fp32, AMX for bf16; where
+// oneDNN has no bf16 matmul, vlac's blocked bf16→fp32 kernels, see dnnl_linear.cpp), with W
 // used in place in its stored row-major [N,K] layout: nothing is copied or repacked, so weights
 // mapped from a package stay shared with the page cache. The primitive is created once for a
 // fixed M; run() takes the caller's scratch (staging for bf16 activations + oneDNN's scratchpad)
@@ -44,18 +45,25 @@ class DnnlLinear {
   const std::string& impl() const;
   /// Bytes of the owned packed weights (0 when W is used in place).
   uint64_t packed_bytes() const;
+  /// Whether bf16 weights run on vlac's blocked bf16→fp32 path (or, packed, widened to fp32)
+  /// because oneDNN has no bf16 matmul on this CPU (see cpu_isa.h).
+  bool bf16_fallback() const;
 
  private:
   struct Impl;
   explicit DnnlLinear(std::unique_ptr<Impl> impl);
   Status execute(void* src, const void* w, const float* b, float* y, uint8_t* base) const;
+  static void plan_blocked(Impl& p);
+  Status run_blocked(const float* xr, const void* w, const float* b, float* y, uint8_t* base) const;
   std::unique_ptr<Impl> impl_;
 };
 
 /// Attention with one KV head shared by H query heads (pi0.5's Gemma and expert) with its two
-/// matmuls in bf16 on AMX, as lerobot's bf16 mode computes them: q, k, v and the probabilities are
-/// rounded to bf16, scores and softmax stay fp32 (scale and mask applied in fp32). All T·H query
-/// rows in one block: scratch holds the [T·H, S] scores.
+/// matmuls in bf16 (AMX/AVX-512), as lerobot's bf16 mode computes them: q, k, v and the
+/// probabilities are rounded to bf16, scores and softmax stay fp32 (scale and mask applied in
+/// fp32). Where oneDNN has no bf16 matmul the same rounding is done in fp32 staging and the two
+/// matmuls run in fp32 (exact products of bf16 values, fp32 accumulation). All T·H query rows in
+/// one block: scratch holds the [T·H, S] scores.
 class DnnlAttention {
  public:
   static Result<DnnlAttention> create(int64_t t, int64_t h, int64_t s, int64_t dh, int64_t dv);
@@ -64,11 +72,14 @@ class DnnlAttention {
   /// q [T,H,Dh], k [S,1,Dh], v [S,1,Dv] fp32, mask as attention(), out [T,H,Dv] fp32.
   Status run(const float* q, const float* k, const float* v, const uint8_t* allow, const float* add,
              float* out, float scale, void* scratch) const;
+  /// Whether it runs as fp32 matmuls over bf16-rounded operands (no oneDNN bf16 matmul here).
+  bool bf16_fallback() const;
 
  private:
   DnnlAttention(DnnlLinear qk, DnnlLinear pv) : qk_(std::move(qk)), pv_(std::move(pv)) {}
   DnnlLinear qk_, pv_;
   int64_t t_ = 0, h_ = 0, s_ = 0, dh_ = 0, dv_ = 0;
+  bool fallback_ = false;
 };
 
 }  // namespace vlac::cpu

@@ -1,7 +1,13 @@
 // Elementwise kernels (GELU-tanh, GeGLU, SiLU), RoPE, softmax, time embedding and Euler step.
 // fp32 math; never allocates. Loops over large arrays are split across the OpenMP threads
 // (set_num_threads); each element is computed the same way whatever the thread count.
+//
+// ISA dispatch: the span kernels below are compiled once per instruction set (x86-64: AVX-512,
+// AVX2+FMA and the baseline; aarch64: the baseline, whose Advanced SIMD the compiler uses) and one
+// set is chosen at first use from cpu_isa().active, so VLAC_MAX_CPU_ISA takes the AVX-512 code off
+// too (GCC's target_clones pick by hardware alone and cannot be capped).
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -11,8 +17,16 @@
 #include <immintrin.h>
 #endif
 
+#include "backends/cpu/cpu_isa.h"
 #include "backends/cpu/kernels.h"
 #include "core/dtype.h"
+
+// Bodies are forced inline into each ISA's wrapper, so each is compiled with that ISA's flags.
+#if defined(__GNUC__)
+#define VLAC_INLINE inline __attribute__((always_inline))
+#else
+#define VLAC_INLINE inline
+#endif
 
 namespace vlac::cpu {
 namespace {
@@ -22,7 +36,7 @@ namespace {
 // coefficients), 2^n put into the exponent bits. Within 2 ulp of expf over the range; below
 // exp's underflow it returns exactly 0 (masked logits must get zero probability), above it
 // saturates at e^88.3 (callers only divide by 1 + that).
-inline float fast_exp(float x) {
+VLAC_INLINE float fast_exp(float x) {
   constexpr float kLo = -87.33f, kHi = 88.3f;
   const float xc = std::min(std::max(x, kLo), kHi);
   const float shifter = 12582912.0f;  // 1.5·2^23: adding it rounds to the nearest integer
@@ -43,36 +57,154 @@ inline float fast_exp(float x) {
 }
 
 // 0.5·v·(1 + tanh(z)) = v / (1 + e^(−2z)), z = √(2/π)·(v + 0.044715·v³)
-inline float gelu_tanh_1(float v) {
+VLAC_INLINE float gelu_tanh_1(float v) {
   constexpr float kC2 = 2.0f * 0.7978845608028654f;
   return v / (1.0f + fast_exp(-kC2 * (v + 0.044715f * v * v * v)));
 }
 
-// Spans run on one thread each; the clones let the same binary use AVX-512/AVX2 where present.
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define VLAC_SIMD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define VLAC_SIMD_CLONES
-#endif
+constexpr int64_t kLanes = 16;
 
-VLAC_SIMD_CLONES void gelu_span(const float* x, float* y, int64_t n) {
+// The ISA-independent bodies (plain loops the compiler vectorizes for the wrapper's ISA).
+namespace body {
+
+VLAC_INLINE void gelu_span(const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = gelu_tanh_1(x[i]);
 }
-VLAC_SIMD_CLONES void geglu_span(const float* gate, const float* up, float* y, int64_t n) {
+VLAC_INLINE void geglu_span(const float* gate, const float* up, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = gelu_tanh_1(gate[i]) * up[i];
 }
-VLAC_SIMD_CLONES void silu_span(const float* x, float* y, int64_t n) {
+VLAC_INLINE void silu_span(const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] / (1.0f + fast_exp(-x[i]));
 }
 // max of x[0..n), n >= 1. GCC does not vectorize a float max reduction without -ffast-math, so
-// AVX-512 hosts get an explicit one (a NaN in the row makes the softmax NaN either way).
+// the x86 sets have explicit ones (a NaN in the row makes the softmax NaN either way).
+VLAC_INLINE float row_max(const float* x, int64_t n) {
+  float mx = x[0];
+  for (int64_t i = 1; i < n; ++i) mx = x[i] > mx ? x[i] : mx;
+  return mx;
+}
+// One softmax row in place given its max: exp(x - max) and sum, scale. The sum keeps 16 partial
+// lanes (a fixed order, so the compiler may vectorize it without -ffast-math).
+VLAC_INLINE void softmax_row(float* x, int64_t n, float mx) {
+  float lane_sum[kLanes] = {};
+  const int64_t full = n / kLanes * kLanes;
+  for (int64_t i = 0; i < full; i += kLanes)
+    for (int64_t l = 0; l < kLanes; ++l) lane_sum[l] += (x[i + l] = fast_exp(x[i + l] - mx));
+  float sum = 0.0f;
+  for (int64_t l = 0; l < kLanes; ++l) sum += lane_sum[l];
+  for (int64_t i = full; i < n; ++i) sum += (x[i] = fast_exp(x[i] - mx));
+  const float inv = 1.0f / sum;
+  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+}
+VLAC_INLINE void round_span(const float* x, uint16_t* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = f32_to_bf16(x[i]);
+}
+VLAC_INLINE void round_f32_span(const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = bf16_to_f32(f32_to_bf16(x[i]));
+}
+VLAC_INLINE void widen_span(const uint16_t* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = bf16_to_f32(x[i]);
+}
+// row = row·scale + mask row.
+VLAC_INLINE void scale_mask_row(float* row, int64_t n, float scale, const uint8_t* allow, const float* add) {
+  if (allow) {
+    for (int64_t j = 0; j < n; ++j) row[j] = row[j] * scale + (allow[j] ? 0.0f : kMaskValue);
+  } else if (add) {
+    for (int64_t j = 0; j < n; ++j) row[j] = row[j] * scale + add[j];
+  } else if (scale != 1.0f) {
+    for (int64_t j = 0; j < n; ++j) row[j] *= scale;
+  }
+}
+// Dot products of x with rows [0, rows) of W: 16 partial lanes, then their sum.
+template <typename W>
+VLAC_INLINE void gemv_rows(const float* x, const W* w, float* y, int64_t k, int64_t rows) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const W* wr = w + r * k;
+    float lane[kLanes] = {};
+    const int64_t full = k / kLanes * kLanes;
+    for (int64_t i = 0; i < full; i += kLanes)
+      for (int64_t l = 0; l < kLanes; ++l) {
+        float wv;
+        if constexpr (sizeof(W) == 2) wv = bf16_to_f32(wr[i + l]);
+        else wv = wr[i + l];
+        lane[l] += x[i + l] * wv;
+      }
+    float sum = 0.0f;
+    for (int64_t l = 0; l < kLanes; ++l) sum += lane[l];
+    for (int64_t i = full; i < k; ++i) {
+      if constexpr (sizeof(W) == 2) sum += x[i] * bf16_to_f32(wr[i]);
+      else sum += x[i] * wr[i];
+    }
+    y[r] = sum;
+  }
+}
+
+}  // namespace body
+
+// One ISA's kernels, chosen once (see kernels()).
+struct SpanKernels {
+  CpuIsa isa;
+  void (*gelu)(const float*, float*, int64_t);
+  void (*geglu)(const float*, const float*, float*, int64_t);
+  void (*silu)(const float*, float*, int64_t);
+  float (*row_max)(const float*, int64_t);
+  void (*softmax_row)(float*, int64_t);
+  void (*round)(const float*, uint16_t*, int64_t);
+  void (*round_f32)(const float*, float*, int64_t);
+  void (*widen)(const uint16_t*, float*, int64_t);
+  void (*scale_mask_row)(float*, int64_t, float, const uint8_t*, const float*);
+  void (*gemv_f32)(const float*, const float*, float*, int64_t, int64_t);
+  void (*gemv_bf16)(const float*, const uint16_t*, float*, int64_t, int64_t);
+  // The softmax row rounded to bf16 in one fused pass (null: softmax_row, then round).
+  void (*softmax_row_bf16)(const float*, uint16_t*, int64_t, float, const uint8_t*, const float*, float*);
+};
+
+// Wrappers of the bodies with one ISA's target attribute, and that ISA's table.
+#define VLAC_SPAN_KERNELS(NS, ISA, ATTR, ROW_MAX, SOFTMAX_BF16)                                                  \
+  namespace NS {                                                                                               \
+  ATTR void gelu(const float* x, float* y, int64_t n) { body::gelu_span(x, y, n); }                            \
+  ATTR void geglu(const float* g, const float* u, float* y, int64_t n) { body::geglu_span(g, u, y, n); }       \
+  ATTR void silu(const float* x, float* y, int64_t n) { body::silu_span(x, y, n); }                            \
+  ATTR void softmax_row(float* x, int64_t n) { body::softmax_row(x, n, ROW_MAX(x, n)); }                       \
+  ATTR void round(const float* x, uint16_t* y, int64_t n) { body::round_span(x, y, n); }                       \
+  ATTR void round_f32(const float* x, float* y, int64_t n) { body::round_f32_span(x, y, n); }                  \
+  ATTR void widen(const uint16_t* x, float* y, int64_t n) { body::widen_span(x, y, n); }                       \
+  ATTR void scale_mask_row(float* r, int64_t n, float s, const uint8_t* a, const float* d) {                   \
+    body::scale_mask_row(r, n, s, a, d);                                                                       \
+  }                                                                                                            \
+  ATTR void gemv_f32(const float* x, const float* w, float* y, int64_t k, int64_t rows) {                      \
+    body::gemv_rows(x, w, y, k, rows);                                                                         \
+  }                                                                                                            \
+  ATTR void gemv_bf16(const float* x, const uint16_t* w, float* y, int64_t k, int64_t rows) {                  \
+    body::gemv_rows(x, w, y, k, rows);                                                                         \
+  }                                                                                                            \
+  constexpr SpanKernels kSet = {ISA,   gelu,  geglu,     silu,           ROW_MAX,  softmax_row, round,            \
+                                round_f32, widen, scale_mask_row, gemv_f32, gemv_bf16,    SOFTMAX_BF16};          \
+  }
+
+VLAC_SPAN_KERNELS(base, kIsX86 ? CpuIsa::Scalar : CpuIsa::Neon, , body::row_max, nullptr)
+
 #if defined(__x86_64__) && defined(__GNUC__)
+#define VLAC_AVX2 __attribute__((target("avx2,fma")))
+#define VLAC_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")))
 #if !defined(__clang__)  // GCC 12 warns inside _mm512_* (their _mm512_undefined_ps), a known false positive
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
-__attribute__((target("avx512f"))) float row_max_avx512(const float* x, int64_t n) {
+VLAC_AVX2 float row_max_avx2(const float* x, int64_t n) {
+  __m256 m = _mm256_set1_ps(x[0]);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(x + i));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, m);
+  float mx = x[0];
+  for (float l : lanes) mx = l > mx ? l : mx;
+  for (; i < n; ++i) mx = x[i] > mx ? x[i] : mx;
+  return mx;
+}
+
+VLAC_AVX512 float row_max_avx512(const float* x, int64_t n) {
   __m512 m = _mm512_set1_ps(x[0]);
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) m = _mm512_max_ps(m, _mm512_loadu_ps(x + i));
@@ -84,7 +216,6 @@ __attribute__((target("avx512f"))) float row_max_avx512(const float* x, int64_t 
   return mx;
 }
 
-#define VLAC_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl")))
 // fast_exp on 16 lanes: the same reduction and polynomial (with fused multiply-adds).
 VLAC_AVX512 inline __m512 fast_exp16(__m512 x) {
   const __m512 lo = _mm512_set1_ps(-87.33f), hi = _mm512_set1_ps(88.3f);
@@ -146,81 +277,33 @@ VLAC_AVX512 void softmax_row_bf16_avx512(const float* row, uint16_t* out, int64_
     _mm256_mask_storeu_epi16(out + i, m, _mm512_cvtepi32_epi16(r));
   }
 }
+
+VLAC_SPAN_KERNELS(avx2, CpuIsa::Avx2, VLAC_AVX2, row_max_avx2, nullptr)
+VLAC_SPAN_KERNELS(avx512, CpuIsa::Avx512, VLAC_AVX512, row_max_avx512, softmax_row_bf16_avx512)
 #if !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
-#define VLAC_AVX512_SOFTMAX 1
 #endif
-float row_max(const float* x, int64_t n) {
+
+const SpanKernels* pick(CpuIsa isa) {
 #if defined(__x86_64__) && defined(__GNUC__)
-  static const bool avx512 = __builtin_cpu_supports("avx512f");
-  if (avx512) return row_max_avx512(x, n);
+  if (isa >= CpuIsa::Avx512) return &avx512::kSet;
+  if (isa >= CpuIsa::Avx2) return &avx2::kSet;
 #endif
-  float mx = x[0];
-  for (int64_t i = 1; i < n; ++i) mx = x[i] > mx ? x[i] : mx;
-  return mx;
+  (void)isa;
+  return &base::kSet;
 }
 
-// One softmax row in place: max, exp(x - max) and sum, scale. The sum keeps 16 partial lanes (a
-// fixed order, so the compiler may vectorize it without -ffast-math).
-constexpr int64_t kLanes = 16;
-VLAC_SIMD_CLONES void softmax_row(float* x, int64_t n) {
-  float lane_sum[kLanes] = {};
-  const int64_t full = n / kLanes * kLanes;
-  const float mx = row_max(x, n);
-  for (int64_t i = 0; i < full; i += kLanes)
-    for (int64_t l = 0; l < kLanes; ++l) lane_sum[l] += (x[i + l] = fast_exp(x[i + l] - mx));
-  float sum = 0.0f;
-  for (int64_t l = 0; l < kLanes; ++l) sum += lane_sum[l];
-  for (int64_t i = full; i < n; ++i) sum += (x[i] = fast_exp(x[i] - mx));
-  const float inv = 1.0f / sum;
-  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
-}
+std::atomic<const SpanKernels*> g_kernels{nullptr};
 
-VLAC_SIMD_CLONES void round_span(const float* x, uint16_t* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] = f32_to_bf16(x[i]);
-}
-
-// row = row·scale + mask row, then softmax.
-VLAC_SIMD_CLONES void scale_mask_row(float* row, int64_t n, float scale, const uint8_t* allow, const float* add) {
-  if (allow) {
-    for (int64_t j = 0; j < n; ++j) row[j] = row[j] * scale + (allow[j] ? 0.0f : kMaskValue);
-  } else if (add) {
-    for (int64_t j = 0; j < n; ++j) row[j] = row[j] * scale + add[j];
-  } else if (scale != 1.0f) {
-    for (int64_t j = 0; j < n; ++j) row[j] *= scale;
+// The set for cpu_isa().active, chosen at the first call.
+const SpanKernels& kernels() {
+  const SpanKernels* k = g_kernels.load(std::memory_order_acquire);
+  if (!k) {
+    k = pick(cpu_isa().active);
+    g_kernels.store(k, std::memory_order_release);
   }
-}
-
-// Dot products of x with rows [0, rows) of W: 16 partial lanes, then their sum.
-template <typename W>
-inline void gemv_rows(const float* x, const W* w, float* y, int64_t k, int64_t rows) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const W* wr = w + r * k;
-    float lane[kLanes] = {};
-    const int64_t full = k / kLanes * kLanes;
-    for (int64_t i = 0; i < full; i += kLanes)
-      for (int64_t l = 0; l < kLanes; ++l) {
-        float wv;
-        if constexpr (sizeof(W) == 2) wv = bf16_to_f32(wr[i + l]);
-        else wv = wr[i + l];
-        lane[l] += x[i + l] * wv;
-      }
-    float sum = 0.0f;
-    for (int64_t l = 0; l < kLanes; ++l) sum += lane[l];
-    for (int64_t i = full; i < k; ++i) {
-      if constexpr (sizeof(W) == 2) sum += x[i] * bf16_to_f32(wr[i]);
-      else sum += x[i] * wr[i];
-    }
-    y[r] = sum;
-  }
-}
-
-VLAC_SIMD_CLONES void gemv_rows_f32(const float* x, const float* w, float* y, int64_t k, int64_t rows) {
-  gemv_rows(x, w, y, k, rows);
-}
-VLAC_SIMD_CLONES void gemv_rows_bf16(const float* x, const uint16_t* w, float* y, int64_t k, int64_t rows) {
-  gemv_rows(x, w, y, k, rows);
+  return *k;
 }
 
 // Splits [0, n) into equal spans, one per thread (same per-element math whatever the split).
@@ -234,16 +317,29 @@ void for_spans(int64_t n, Fn fn) {
 
 }  // namespace
 
+const char* kernel_isa() { return cpu_isa_name(kernels().isa); }
+
+Status set_kernel_isa(CpuIsa isa) {
+  if (isa > cpu_isa().native || (kIsX86 && isa == CpuIsa::Neon) || (!kIsX86 && isa > CpuIsa::Neon))
+    return unsupported(std::string("cpu kernels: this CPU cannot run ") + cpu_isa_name(isa) + " (native " +
+                       cpu_isa().native_name + ")");
+  g_kernels.store(pick(isa), std::memory_order_release);
+  return Status::ok();
+}
+
 void gelu_tanh(const float* x, float* y, int64_t n) {
-  for_spans(n, [&](int64_t i, int64_t len) { gelu_span(x + i, y + i, len); });
+  const auto f = kernels().gelu;
+  for_spans(n, [&](int64_t i, int64_t len) { f(x + i, y + i, len); });
 }
 
 void geglu(const float* gate, const float* up, float* y, int64_t n) {
-  for_spans(n, [&](int64_t i, int64_t len) { geglu_span(gate + i, up + i, y + i, len); });
+  const auto f = kernels().geglu;
+  for_spans(n, [&](int64_t i, int64_t len) { f(gate + i, up + i, y + i, len); });
 }
 
 void silu(const float* x, float* y, int64_t n) {
-  for_spans(n, [&](int64_t i, int64_t len) { silu_span(x + i, y + i, len); });
+  const auto f = kernels().silu;
+  for_spans(n, [&](int64_t i, int64_t len) { f(x + i, y + i, len); });
 }
 
 void rope_table(const int64_t* pos, int64_t t, int64_t dh, float base, float* cs) {
@@ -319,45 +415,63 @@ void euler_step(float* x, const float* v, float dt, int64_t n) {
 }
 
 void softmax(float* x, int64_t rows, int64_t n) {
+  const auto f = kernels().softmax_row;
 #pragma omp parallel for schedule(static) if (rows * n >= kParallelMinElems && rows > 1)
-  for (int64_t r = 0; r < rows; ++r) softmax_row(x + r * n, n);
+  for (int64_t r = 0; r < rows; ++r) f(x + r * n, n);
 }
 
 void round_to_bf16(const float* x, uint16_t* y, int64_t n) {
-  for_spans(n, [&](int64_t i, int64_t len) { round_span(x + i, y + i, len); });
+  const auto f = kernels().round;
+  for_spans(n, [&](int64_t i, int64_t len) { f(x + i, y + i, len); });
 }
+
+void round_to_bf16_f32(const float* x, float* y, int64_t n) {
+  const auto f = kernels().round_f32;
+  for_spans(n, [&](int64_t i, int64_t len) { f(x + i, y + i, len); });
+}
+
+void widen_bf16(const uint16_t* x, float* y, int64_t n) { kernels().widen(x, y, n); }
+
+void round_to_bf16_f32_1t(const float* x, float* y, int64_t n) { kernels().round_f32(x, y, n); }
 
 void gemv(const float* x, const void* w, bool w_bf16, const float* b, float* y, int64_t k, int64_t n) {
   constexpr int64_t kRows = 16;  // rows per task
   const int64_t tasks = (n + kRows - 1) / kRows;
+  const SpanKernels& ks = kernels();
 #pragma omp parallel for schedule(static) if (n * k >= 8 * kParallelMinElems)
   for (int64_t t = 0; t < tasks; ++t) {
     const int64_t r0 = t * kRows, rows = std::min(kRows, n - r0);
-    if (w_bf16) gemv_rows_bf16(x, static_cast<const uint16_t*>(w) + r0 * k, y + r0, k, rows);
-    else gemv_rows_f32(x, static_cast<const float*>(w) + r0 * k, y + r0, k, rows);
+    if (w_bf16) ks.gemv_bf16(x, static_cast<const uint16_t*>(w) + r0 * k, y + r0, k, rows);
+    else ks.gemv_f32(x, static_cast<const float*>(w) + r0 * k, y + r0, k, rows);
     if (b)
       for (int64_t r = r0; r < r0 + rows; ++r) y[r] += b[r];
   }
 }
 
 void masked_softmax_row(float* row, int64_t n, float scale, const uint8_t* allow, const float* add) {
-  scale_mask_row(row, n, scale, allow, add);
-  softmax_row(row, n);
+  const SpanKernels& ks = kernels();
+  ks.scale_mask_row(row, n, scale, allow, add);
+  ks.softmax_row(row, n);
 }
 
 void masked_softmax_row_bf16(float* row, uint16_t* out, int64_t n, float scale, const uint8_t* allow, const float* add) {
-#if defined(VLAC_AVX512_SOFTMAX)
-  static const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                             __builtin_cpu_supports("avx512vl");
-  constexpr int64_t kMaxRow = 4096;  // the row's working copy lives on the stack (in L1)
-  if (avx512 && n > 0 && n <= kMaxRow) {
+  const SpanKernels& ks = kernels();
+  constexpr int64_t kMaxRow = 4096;  // the fused pass's working copy lives on the stack (in L1)
+  if (ks.softmax_row_bf16 && n > 0 && n <= kMaxRow) {
     alignas(64) float tmp[kMaxRow];
-    softmax_row_bf16_avx512(row, out, n, scale, allow, add, tmp);
+    ks.softmax_row_bf16(row, out, n, scale, allow, add, tmp);
     return;
   }
-#endif
-  masked_softmax_row(row, n, scale, allow, add);
-  round_span(row, out, n);
+  ks.scale_mask_row(row, n, scale, allow, add);
+  ks.softmax_row(row, n);
+  ks.round(row, out, n);
+}
+
+void masked_softmax_row_bf16_f32(float* row, int64_t n, float scale, const uint8_t* allow, const float* add) {
+  const SpanKernels& ks = kernels();
+  ks.scale_mask_row(row, n, scale, allow, add);
+  ks.softmax_row(row, n);
+  ks.round_f32(row, row, n);
 }
 
 void binary_op(BinaryOp op, const float* a, int64_t na, const float* b, int64_t nb, float* y, int64_t n) {

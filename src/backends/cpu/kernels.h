@@ -10,6 +10,7 @@
 
 #include <cstdint>
 
+#include "backends/cpu/cpu_isa.h"
 #include "core/status.h"
 
 namespace vlac::cpu {
@@ -36,6 +37,19 @@ void linear_f32(const float* x, const float* w, const float* b, float* y, int64_
 void gemv(const float* x, const void* w, bool w_bf16, const float* b, float* y, int64_t k, int64_t n);
 /// y[i] = bf16(x[i]) (round to nearest even), threaded.
 void round_to_bf16(const float* x, uint16_t* y, int64_t n);
+/// y[i] = fp32(bf16(x[i])): the same rounding kept in fp32 (y may be x), threaded; and the
+/// single-threaded form for use inside a parallel region.
+void round_to_bf16_f32(const float* x, float* y, int64_t n);
+void round_to_bf16_f32_1t(const float* x, float* y, int64_t n);
+/// y[i] = fp32(x[i]) for bf16 x (exact), single-threaded.
+void widen_bf16(const uint16_t* x, float* y, int64_t n);
+
+/// The ISA whose elementwise/softmax/GEMV kernels run ("avx512", "avx2", "scalar", "neon"):
+/// cpu_isa().active, chosen at the first kernel call.
+const char* kernel_isa();
+/// For tests: switch those kernels to `isa` (an ISA this CPU has); Unsupported names what is
+/// missing otherwise.
+Status set_kernel_isa(CpuIsa isa);
 
 // ---------------------------------------------------------------------------------------------
 // Normalization (statistics in fp32 or better; row = last dim)
@@ -96,6 +110,9 @@ void masked_softmax_row(float* row, int64_t n, float scale, const uint8_t* allow
 /// The probabilities of masked_softmax_row rounded to bf16 into `out`, computed in one working
 /// copy of the row in L1. `row` is scratch: afterwards it may hold intermediate values. Single-threaded.
 void masked_softmax_row_bf16(float* row, uint16_t* out, int64_t n, float scale, const uint8_t* allow, const float* add);
+/// The same probabilities rounded to bf16 but kept in fp32, in place (the bf16 attention's
+/// fallback where oneDNN has no bf16 matmul). Single-threaded.
+void masked_softmax_row_bf16_f32(float* row, int64_t n, float scale, const uint8_t* allow, const float* add);
 
 /// Attention mask: either none, a boolean [T,S] (1 = may attend) or an additive fp32 [T,S].
 /// The boolean form is applied as the additive kMaskValue, exactly as lerobot does.
