@@ -136,7 +136,7 @@ TEST(WritePi05, BadInputExitsTwoWithOneLine) {
   TempDir dir;
   ProcRun a = run(dir, writer(), "--out '" + dir.file("x") + "' --size huge");
   EXPECT_EQ(a.rc, 2);
-  EXPECT_NE(a.err.find("--size must be full or demo"), std::string::npos) << a.err;
+  EXPECT_NE(a.err.find("--size must be full, medium or demo"), std::string::npos) << a.err;
   EXPECT_FALSE(std::filesystem::exists(dir.file("x")));
   ProcRun b = run(dir, writer(), "--out '" + dir.file("missing") + "' --obs-only --write-obs '" + dir.file("o.safetensors") + "'");
   EXPECT_EQ(b.rc, 2) << b.err;
