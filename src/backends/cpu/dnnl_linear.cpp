@@ -164,13 +164,18 @@ Status DnnlLinear::run_bf16_src(const uint16_t* x, const void* w, const float* b
 }
 
 void DnnlLinear::plan_blocked(Impl& p) {
-  // A block of nb rows widened to fp32 takes nb·K·4 bytes: at most kBlockBytes (half of a 512 KiB
-  // L2, the smallest of the x86 and arm cores we target), in multiples of 16 rows (the sgemm's
-  // register tile), and at least one block per thread.
-  constexpr int64_t kBlockBytes = 256 * 1024;
+  // Few rows (the expert's M = 50: memory-bound): a block of nb rows widened to fp32 takes
+  // nb·K·4 bytes, at most kBlockBytes (half of a 512 KiB L2, the smallest of the x86 and arm cores
+  // we target), in multiples of 16 rows. Many rows (the prefix: compute-bound): each block's
+  // sgemm packs all of x again, so blocks get at least kWideRows rows to keep that cost a small
+  // fraction of the block's flops (the block then sits in L2/L3, and sgemm packs it for itself;
+  // 512 rows matched the fp32 matmul on AVX2 where 256 ran 10-15% slower), up to kWideBytes a
+  // thread. At least one block per thread.
+  constexpr int64_t kBlockBytes = 256 * 1024, kWideRows = 512, kWideBytes = 4 << 20, kFewRows = 64;
   p.blocked = true;
   p.threads = std::max(1, omp_get_max_threads());
   int64_t nb = std::max<int64_t>(16, kBlockBytes / (p.k * 4) / 16 * 16);
+  if (p.m > kFewRows) nb = std::max(nb, std::min<int64_t>(kWideRows, kWideBytes / (p.k * 4) / 16 * 16));
   const int64_t per_thread = (p.n + p.threads - 1) / p.threads;
   nb = std::min(nb, std::max<int64_t>(16, (per_thread + 15) / 16 * 16));
   p.nb = std::min(nb, p.n);
