@@ -41,6 +41,9 @@ note() { echo "cpu_isa_bench: $*" >&2; }
 [[ "$size" == medium || "$size" == full || "$size" == demo ]] || { note "SIZE must be medium, full or demo"; exit 2; }
 [[ -x "$vlac" ]] || { note "no vlac binary at $vlac (build first)"; exit 1; }
 command -v python3 >/dev/null || { note "python3 is needed to read the reports"; exit 1; }
+timev=(/usr/bin/time -v -o)  # peak RSS and CPU seconds per run; the meter's report where it is missing
+[[ -x /usr/bin/time ]] || { note "no /usr/bin/time: peak RSS from vlac's meter only"; timev=(); }
+tv() { if ((${#timev[@]})); then "${timev[@]}" "$@"; else shift; "$@"; fi; }
 
 dir=$(mktemp -d "$work/vlac-cpu-isa-bench.XXXXXX")
 trap 'rm -rf "$dir"' EXIT
@@ -57,7 +60,7 @@ else
 fi
 for dt in bf16 fp32; do
   note "compiling the $dt package"
-  /usr/bin/time -v -o "$dir/compile_$dt.t.txt" "$vlac" compile "$folder" -o "$dir/pi05_$dt.vlac" --dtype "$dt" \
+  tv "$dir/compile_$dt.t.txt" "$vlac" compile "$folder" -o "$dir/pi05_$dt.vlac" --dtype "$dt" \
     --report-json "$dir/compile_$dt.r.json" --quiet >&2
 done
 
@@ -67,7 +70,7 @@ for cap in $caps; do
     env=()
     [[ "$cap" == native ]] || env=(VLAC_MAX_CPU_ISA="$cap")
     note "$tag: run --repeat $repeat"
-    env "${env[@]}" /usr/bin/time -v -o "$dir/$tag.t.txt" "$vlac" run "$dir/pi05_$dt.vlac" --obs "$dir/obs.safetensors" \
+    tv "$dir/$tag.t.txt" env "${env[@]}" "$vlac" run "$dir/pi05_$dt.vlac" --obs "$dir/obs.safetensors" \
       --out "$dir/$tag.out.safetensors" --repeat "$repeat" --threads "$threads" --report-json "$dir/$tag.r.json" \
       >"$dir/$tag.stdout.txt" 2>"$dir/$tag.err.txt" || { note "$tag failed: $(tail -n 3 "$dir/$tag.err.txt")"; exit 1; }
     grep -E '^  (cpu|latency)' "$dir/$tag.stdout.txt" >&2 || true
@@ -79,7 +82,11 @@ import json, os, re, time, datetime, subprocess
 d = os.environ["DIR"]
 def time_v(path):
     out = {}
+    if not os.path.exists(path):
+        return out
     for line in open(path):
+        m = re.match(r"\s*(User|System) time \(seconds\): ([\d.]+)", line)
+        if m: out["cpu_seconds"] = out.get("cpu_seconds", 0.0) + float(m.group(2))
         m = re.match(r"\s*Maximum resident set size \(kbytes\): (\d+)", line)
         if m: out["peak_rss_bytes_time_v"] = int(m.group(1)) * 1024
         m = re.match(r"\s*Elapsed \(wall clock\) time.*: (.*)", line)
