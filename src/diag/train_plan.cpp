@@ -463,7 +463,8 @@ Result<TrainPlan> plan_training(const PolicyArch& arch, const TrainOptions& o) {
   // one or two dtype groups of these policies that is one copy of every updated parameter.
   // Measured: optimizer-step peak - (weights + state) - gradients = the gradients' size again
   // (pi0.5 fp32 batch 1: 24.21 GiB = 12.17 GiB gradients + 12.04 GiB).
-  const bool foreach_temp = o.optimizer == OptimizerKind::AdamW;
+  // openpi's JAX trainer runs optax under XLA (buffers donated, no torch foreach): not charged.
+  const bool foreach_temp = o.optimizer == OptimizerKind::AdamW && !o.openpi;
   for (size_t m = 0; m < nm; ++m) {
     ModulePlan& mp = plan.modules[m];
     mp.weight_bytes = s3 ? div(stored_bytes[m]) : stored_bytes[m];
