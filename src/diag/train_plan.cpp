@@ -121,6 +121,7 @@ Status apply_lerobot_train_config(const nlohmann::json& c, const std::string& pa
   VLAC_RETURN_IF_ERROR(flag("gradient_checkpointing", &o->gradient_checkpointing));
   VLAC_RETURN_IF_ERROR(flag("freeze_vision_encoder", &o->freeze_vision));
   VLAC_RETURN_IF_ERROR(flag("train_expert_only", &o->train_expert_only));
+  VLAC_RETURN_IF_ERROR(flag("load_vlm_weights", &o->vlm_bf16));
   if (auto it = c.find("dtype"); it != c.end() && !it->is_null()) {
     if (!it->is_string()) return invalid_format(path + ": 'dtype' must be a string");
     auto d = parse_weight_dtype(it->get<std::string>());
@@ -182,7 +183,7 @@ Result<GpuSpec> parse_gpu(const std::string& text) {
 
 // ---- activations -------------------------------------------------------------------------
 
-uint64_t block_activation_bytes(const ActBlock& b, int e) {
+uint64_t block_activation_bytes(const ActBlock& b, int e, bool frozen) {
   // Korthikanti et al. 2022 (arXiv:2205.05198, section 4.1), per layer with 16-bit activations:
   // attention 11sbh + 5as^2b, MLP 19sbh, two LayerNorms 4sbh -> sbh(34 + 5as/h). Generalised
   // term by term so that a GPT block (h_q = h_kv = h, MLP 4h, GeLU, dropout) gives exactly that:
@@ -191,22 +192,42 @@ uint64_t block_activation_bytes(const ActBlock& b, int e) {
   //   MLP input sbh, `ffn_tensors` f-wide tensors (2: fc1 out + GeLU out; 4 for gated MLPs:
   //   gate, up, act(gate), product), dropout mask sbh; `norms` norm inputs sbh each.
   // Fused attention (FlashAttention/SDPA) stores no a*s^2 terms (the paper's "selective" row).
+  // A frozen block in the gradient path keeps no Linear inputs: autograd saves a matmul's input
+  // only to form the weight's gradient (the input's gradient needs the weight alone). Those are
+  // the attention input (QKV), the attention output (o_proj), the MLP input and the last f-wide
+  // tensor (down/fc2 input), and a cross-attention's K/V source. Measured: pi0.5 expert-only
+  // keeps 24.1 GiB at batch 8 against 31.9 GiB with the same VLM trainable (freeze-vision).
   if (!b.transformer) return static_cast<uint64_t>(b.raw_elements) * e + static_cast<uint64_t>(b.raw_extra_bytes);
   const uint64_t sq = b.seqs * b.tokens_q, skv = b.seqs * b.tokens_kv;
   const uint64_t scores = static_cast<uint64_t>(b.seqs) * b.heads * b.tokens_q * b.tokens_kv;
-  uint64_t elems = 0, mask = 0;
+  const uint64_t keep_lin = frozen ? 0 : 1;
+  uint64_t elems = 0, bytes = 0, mask = 0;
   if (b.q_width > 0) {
-    elems += sq * b.width + 2 * sq * b.q_width + 2 * skv * b.kv_width;
-    if (b.kv_in_width > 0) elems += skv * b.kv_in_width;  // cross-attention keeps its K/V source
-    if (!b.flash) elems += scores * (b.dropout ? 2 : 1);
+    elems += keep_lin * sq * b.width + sq * b.q_width + keep_lin * sq * b.q_width + 2 * skv * b.kv_width;
+    if (b.kv_in_width > 0) elems += keep_lin * skv * b.kv_in_width;  // cross-attention keeps its K/V source
+    if (!b.flash) {
+      elems += scores * (b.dropout ? 2 : 1);
+      // transformers' eager attention: softmax(dtype=float32) then .to(q.dtype): the fp32 softmax
+      // output is what softmax's backward keeps, the cast what attn @ V keeps.
+      if (b.softmax_fp32 && e < 4) bytes += scores * 4;
+    }
+    if (b.qk_fp32 && e < 4) bytes += (sq * b.q_width + skv * b.kv_width) * 2;  // fp32 Q, K over the 16-bit ones
     if (b.dropout) mask += (b.flash ? 0 : scores) + sq * b.width;
   }
   if (b.ffn_width > 0) {
-    elems += sq * b.width + static_cast<uint64_t>(b.ffn_tensors) * sq * b.ffn_width;
+    elems += keep_lin * sq * b.width + static_cast<uint64_t>(b.ffn_tensors - (frozen ? 1 : 0)) * sq * b.ffn_width;
     if (b.dropout) mask += sq * b.width;
   }
   elems += static_cast<uint64_t>(b.norms) * sq * b.width;
-  return elems * e + mask;
+  if (b.fp32_norms) {
+    // PiGemmaRMSNorm (lerobot pi_gemma.py) normalises x.float(): per norm it keeps the fp32
+    // normalised input (for the weight's gradient, so not when frozen) and the fp32 scaled
+    // output; in a bf16 run also the fp32 upcast and the bf16 cast of the output (the measured
+    // sites pi_gemma.py:106/108/120: 2.24 + 2.24 + 1.09 GiB at batch 8).
+    const uint64_t per = (e < 4 ? 10 : 8) - (frozen ? 4 : 0);
+    bytes += static_cast<uint64_t>(b.norms) * sq * b.width * per;
+  }
+  return elems * e + bytes + mask;
 }
 
 uint64_t block_checkpoint_bytes(const ActBlock& b, int e) {
@@ -227,12 +248,18 @@ struct Target {
   std::string linear;  // "*" = any Linear weight
 };
 
-std::vector<std::string> default_lora_targets(PolicyKind kind) {
+std::vector<std::string> default_lora_targets(PolicyKind kind, bool openpi) {
+  if (openpi) return {"language.*", "expert.*"};  // gemma_2b_lora / gemma_300m_lora: attention + MLP
   switch (kind) {
     case PolicyKind::Pi05:
+      // lerobot PI05Policy._get_default_peft_targets: the expert's q/v projections and the
+      // projections outside the VLM (pi0.5 has no state_proj; its time MLP is not matched).
+      // Measured: 1,287,168 adapter parameters at r=16.
+      return {"expert.q_proj", "expert.v_proj", "heads.action_in_proj", "heads.action_out_proj"};
     case PolicyKind::Pi0:
+      return {"expert.q_proj", "expert.v_proj", "heads.state_proj", "heads.action_in_proj", "heads.action_out_proj",
+              "heads.action_time_mlp_in", "heads.action_time_mlp_out"};
     case PolicyKind::SmolVla:
-      // openpi's gemma_2b_lora / gemma_300m_lora: attention and MLP of both transformers.
       return {"language.*", "expert.*"};
     case PolicyKind::Act: return {"encoder.*", "decoder.*"};
     case PolicyKind::GrootN17: return {"dit.*"};  // N1.5's --lora-rank adapted the action head
@@ -312,18 +339,21 @@ Result<TrainPlan> plan_training(const PolicyArch& arch, const TrainOptions& o) {
     if (o.train_expert_only &&
         (s.role == ModuleRole::Vision || s.role == ModuleRole::Projector || s.role == ModuleRole::Language))
       t = false;
+    // lerobot's wrap_with_peft sets requires_grad=False on every parameter before adding the
+    // adapters: only adapters train (openpi's freeze filter covers the LLMs only).
+    if (o.lora_r > 0 && !o.openpi) t = false;
     trainable[m] = t;
   }
   std::vector<Target> targets;
   if (o.lora_r > 0) {
-    VLAC_ASSIGN_OR_RETURN(targets, parse_targets(o.lora_targets.empty() ? default_lora_targets(arch.kind) : o.lora_targets, arch));
+    VLAC_ASSIGN_OR_RETURN(targets, parse_targets(o.lora_targets.empty() ? default_lora_targets(arch.kind, o.openpi) : o.lora_targets, arch));
   }
   // Weight storage per module.
   auto weight_bytes_of = [&](size_t m) -> int {
     switch (arch.modules[m].dtype_rule) {
       case DtypeRule::Follow: return dtype_bytes(o.dtype);
       case DtypeRule::Fp32InBf16: return (o.dtype == WeightDtype::Bf16 && !mixed) ? 4 : dtype_bytes(o.dtype);
-      case DtypeRule::AlwaysBf16: return 2;
+      case DtypeRule::AlwaysBf16: return o.vlm_bf16 ? 2 : dtype_bytes(o.dtype);  // SmolVLM2: load_vlm_weights
     }
     return 4;
   };
@@ -369,7 +399,14 @@ Result<TrainPlan> plan_training(const PolicyArch& arch, const TrainOptions& o) {
     if (o.openpi && arch.modules[m].role == ModuleRole::Unused) continue;  // not in the JAX model
     ModulePlan& mp = plan.modules[m];
     const uint64_t n = p.numel();
-    const int wb = weight_bytes_of(m);
+    int wb = weight_bytes_of(m);
+    // lerobot pi0/pi0.5 with dtype=bfloat16 cast paligemma_with_expert to bf16, then back to fp32
+    // every tensor whose name holds one of its params_to_keep_float32 selectors: the norms too
+    // (the expert's adaRMS norms are 3E x E Linear layers: 116.7M fp32 parameters, measured).
+    if ((arch.kind == PolicyKind::Pi05 || arch.kind == PolicyKind::Pi0) && o.dtype == WeightDtype::Bf16 && !mixed &&
+        (p.name.find("input_layernorm") != std::string::npos || p.name.find("post_attention_layernorm") != std::string::npos ||
+         p.name.find("model.norm") != std::string::npos))
+      wb = 4;
     if (p.is_buffer) {
       stored_bytes[m] += n * 4;
       continue;
@@ -389,7 +426,9 @@ Result<TrainPlan> plan_training(const PolicyArch& arch, const TrainOptions& o) {
     if (lora_params[m] == 0) continue;
     plan.modules[m].lora_params = lora_params[m];
     plan.modules[m].trainable_params += lora_params[m];
-    (weight_bytes_of(m) == 4 ? train32 : train16)[m] += lora_params[m];
+    // PEFT builds adapters in the base layer's dtype but autocast_adapter_dtype=True (its
+    // default) keeps bf16/fp16 adapters in fp32 (measured: 1,287,168 fp32 adapter parameters).
+    (weight_bytes_of(m) == 4 || !o.openpi ? train32 : train16)[m] += lora_params[m];
   }
 
   // Bytes per trainable parameter. Hugging Face "Anatomy of Model's Memory"
@@ -418,6 +457,14 @@ Result<TrainPlan> plan_training(const PolicyArch& arch, const TrainOptions& o) {
     if (o.ema) b += sb;  // EMA copy, kept with the optimizer state
     return b;
   };
+  // AdamW's foreach step (torch.optim defaults to foreach on CUDA): _multi_tensor_adam takes
+  // exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs) per (device, dtype) group, a new tensor
+  // per parameter, and the next group's is made before the previous one is released; with the
+  // one or two dtype groups of these policies that is one copy of every updated parameter.
+  // Measured: optimizer-step peak - (weights + state) - gradients = the gradients' size again
+  // (pi0.5 fp32 batch 1: 24.21 GiB = 12.17 GiB gradients + 12.04 GiB).
+  // openpi's JAX trainer runs optax under XLA (buffers donated, no torch foreach): not charged.
+  const bool foreach_temp = o.optimizer == OptimizerKind::AdamW && !o.openpi;
   for (size_t m = 0; m < nm; ++m) {
     ModulePlan& mp = plan.modules[m];
     mp.weight_bytes = s3 ? div(stored_bytes[m]) : stored_bytes[m];
@@ -426,11 +473,19 @@ Result<TrainPlan> plan_training(const PolicyArch& arch, const TrainOptions& o) {
       if (n == 0) continue;
       if (mixed) {
         // fp32 master + 16-bit working copy (bf16-stored params: the fp32 master is the extra).
+        // For fp32-stored params under autocast the copy is the cast cache: alive from the first
+        // forward use to the end of backward, not at the optimizer step (autocast_copy_bytes).
         const uint64_t working = (wb == 4 && (!o.half_copy || o.openpi)) ? 0 : 2;
         const uint64_t master = 4;
         const uint64_t opt = moments(4);
+        if (foreach_temp) plan.optimizer_temp_bytes += s1 ? div(n * 4) : n * 4;
         if (!s1) {
-          mp.weight_bytes += n * (master + working);
+          if (wb == 4) {
+            mp.weight_bytes += n * master;
+            plan.autocast_copy_bytes += n * working;
+          } else {
+            mp.weight_bytes += n * (master + working);
+          }
           mp.grad_bytes += n * 4;
           mp.optimizer_bytes += n * opt;
         } else if (!s2) {  // zero1
@@ -448,6 +503,7 @@ Result<TrainPlan> plan_training(const PolicyArch& arch, const TrainOptions& o) {
         }
       } else {
         const uint64_t w = n * wb, g = n * wb, opt = n * moments(static_cast<uint64_t>(wb));
+        if (foreach_temp) plan.optimizer_temp_bytes += s1 ? div(w) : w;
         mp.weight_bytes += s3 ? div(w) : w;
         mp.grad_bytes += s2 ? div(g) : g;
         mp.optimizer_bytes += s1 ? div(opt) : opt;
@@ -461,17 +517,19 @@ Result<TrainPlan> plan_training(const PolicyArch& arch, const TrainOptions& o) {
   for (const ActBlock& b : arch.blocks) {
     const size_t m = static_cast<size_t>(b.module);
     const int e = act_bytes_of(m);
-    const uint64_t full = block_activation_bytes(b, e);
+    const bool frozen = in_path[m] && !plan.modules[m].trainable;
+    const uint64_t full = block_activation_bytes(b, e, frozen);
     if (in_path[m]) {
       const uint64_t saved = o.gradient_checkpointing ? block_checkpoint_bytes(b, e) : full;
       plan.modules[m].activation_bytes += B * saved * static_cast<uint64_t>(b.count);
       if (b.transformer) working = std::max(working, B * full);
     } else if (b.transformer) {
       // Frozen, outside the gradient path: nothing is saved, but the forward still holds a
-      // layer's input, output and widest intermediates at once.
-      const uint64_t sq = b.seqs * b.tokens_q;
+      // layer's input, output and widest intermediates at once -- for one sequence: pi0.5 and
+      // SmolVLA embed the cameras one at a time (embed_prefix loops over the images).
+      const uint64_t sq = b.tokens_q;
       uint64_t transient = sq * b.width * 3 + 2 * sq * b.ffn_width;
-      if (!b.flash && b.q_width > 0) transient += static_cast<uint64_t>(b.seqs) * b.heads * b.tokens_q * b.tokens_kv;
+      if (!b.flash && b.q_width > 0) transient += static_cast<uint64_t>(b.heads) * b.tokens_q * b.tokens_kv;
       working = std::max(working, B * transient * e);
     }
   }
@@ -513,19 +571,32 @@ Result<TrainPlan> plan_training(const PolicyArch& arch, const TrainOptions& o) {
   // 1.13) a few hundred MiB (Hugging Face's anatomy page measured ~1.3 GB with eager loading).
   // Measured for this project on an H200 with torch 2.11.0+cu130: NVML's figure for the process
   // minus torch's reserved bytes was 610 MiB after the first tensor and 684 MiB after the first
-  // bf16 cuBLAS matmul and cuDNN conv. We charge 640 MiB of context + 32 MiB cuBLAS workspace
-  // (PyTorch's CUBLAS_WORKSPACE_CONFIG default on Hopper, ":4096:8").
-  // Allocator: the caching allocator rounds blocks (2 MiB / 20 MiB buffers) and fragments most
-  // where activations come and go each step; torchtune measured 16.39 -> 10.83 GiB peak reserved
-  // just from expandable segments (meta-pytorch/torchtune#1185). We charge 5% on persistent
-  // tensors and 15% on per-step ones: our choice, stated in docs/mem-plan.md.
+  // bf16 cuBLAS matmul and cuDNN conv; 0.74-0.76 GiB after the training runs of
+  // tests/fixtures/train_memory (cuDNN/cuBLAS handles, kernels loaded). We charge 640 MiB of
+  // context + 32 MiB cuBLAS workspace (PyTorch's CUBLAS_WORKSPACE_CONFIG default on Hopper,
+  // ":4096:8"; the workspace comes from the caching allocator, so it is inside torch's counters).
   plan.cuda_context_bytes = o.cuda_context_bytes;
   plan.workspace_bytes = o.workspace_bytes;
-  const uint64_t persistent = plan.weight_bytes + plan.grad_bytes + plan.optimizer_bytes + plan.ddp_bucket_bytes + plan.gather_bytes;
-  const uint64_t per_step = plan.activation_bytes + plan.working_bytes + plan.input_bytes;
-  plan.allocator_bytes = static_cast<uint64_t>(static_cast<double>(persistent) * o.allocator_persistent_fraction +
-                                               static_cast<double>(per_step) * o.allocator_activation_fraction);
-  plan.total_bytes = persistent + per_step + plan.cuda_context_bytes + plan.workspace_bytes + plan.allocator_bytes;
+  // The step's peak (see train_plan.h): the activations are gone when the optimizer runs, and
+  // zero_grad() frees the gradients before the next forward, so the peak is the larger of the
+  // two phases, not their sum. Checked against 20 measured lerobot runs (train_plan_test.cpp).
+  plan.persistent_bytes = plan.weight_bytes + plan.optimizer_bytes + plan.ddp_bucket_bytes + plan.gather_bytes;
+  const uint64_t per_step = plan.activation_bytes + plan.working_bytes + plan.autocast_copy_bytes;
+  plan.forward_peak_bytes = plan.persistent_bytes + plan.input_bytes + per_step + plan.workspace_bytes;
+  plan.optimizer_peak_bytes =
+      plan.persistent_bytes + plan.input_bytes + plan.grad_bytes + plan.optimizer_temp_bytes + plan.workspace_bytes;
+  plan.peak_allocated_bytes = std::max(plan.forward_peak_bytes, plan.optimizer_peak_bytes);
+  // Allocator: the caching allocator rounds blocks (2 MiB / 20 MiB buffers) and fragments most
+  // where activations come and go each step; torchtune measured 16.39 -> 10.83 GiB peak reserved
+  // just from expandable segments (meta-pytorch/torchtune#1185). Measured here: peak reserved
+  // exceeded peak allocated by 1-28 % (median 4 %). We charge 5 % on persistent tensors and
+  // 15 % on the per-step ones: a margin for the fit, our choice, not a fitted model.
+  plan.allocator_bytes = static_cast<uint64_t>(static_cast<double>(plan.persistent_bytes + plan.grad_bytes) *
+                                                   o.allocator_persistent_fraction +
+                                               static_cast<double>(per_step + plan.input_bytes) *
+                                                   o.allocator_activation_fraction);
+  plan.peak_reserved_bytes = plan.peak_allocated_bytes + plan.allocator_bytes;
+  plan.total_bytes = plan.peak_reserved_bytes + plan.cuda_context_bytes;
   return plan;
 }
 
@@ -781,7 +852,7 @@ nlohmann::json plan_to_json(const TrainPlan& p) {
                   {"optimizer", to_string(o.optimizer)}, {"batch", o.batch}, {"grad_accum", o.grad_accum},
                   {"gradient_checkpointing", o.gradient_checkpointing}, {"freeze_vision", o.freeze_vision},
                   {"train_expert_only", o.train_expert_only}, {"tune_vision", o.tune_vision},
-                  {"tune_llm", o.tune_llm}, {"lora_r", o.lora_r}, {"ema", o.ema}, {"openpi", o.openpi}, {"gpus", o.gpus},
+                  {"tune_llm", o.tune_llm}, {"lora_r", o.lora_r}, {"ema", o.ema}, {"vlm_bf16", o.vlm_bf16}, {"openpi", o.openpi}, {"gpus", o.gpus},
                   {"shard", to_string(o.shard)}};
   json mods = json::array();
   for (const ModulePlan& m : p.modules)
@@ -801,6 +872,13 @@ nlohmann::json plan_to_json(const TrainPlan& p) {
   j["input_bytes"] = p.input_bytes;
   j["ddp_bucket_bytes"] = p.ddp_bucket_bytes;
   j["gather_bytes"] = p.gather_bytes;
+  j["autocast_copy_bytes"] = p.autocast_copy_bytes;
+  j["optimizer_temp_bytes"] = p.optimizer_temp_bytes;
+  j["persistent_bytes"] = p.persistent_bytes;
+  j["forward_peak_bytes"] = p.forward_peak_bytes;
+  j["optimizer_peak_bytes"] = p.optimizer_peak_bytes;
+  j["peak_allocated_bytes"] = p.peak_allocated_bytes;
+  j["peak_reserved_bytes"] = p.peak_reserved_bytes;
   j["cuda_context_bytes"] = p.cuda_context_bytes;
   j["workspace_bytes"] = p.workspace_bytes;
   j["allocator_bytes"] = p.allocator_bytes;
@@ -867,15 +945,24 @@ std::string plan_to_text(const TrainPlan& p) {
   auto line = [&](const std::string& what, uint64_t b) {
     if (b > 0) out += "  " + pad(what, 46, false) + pad(format_bytes(b), 12) + "\n";
   };
-  line("weights, gradients, optimizer state", p.weight_bytes + p.grad_bytes + p.optimizer_bytes);
-  line("activations kept for backward", p.activation_bytes);
-  line("one block live (recompute / backward)", p.working_bytes);
-  line("the batch on the GPU", p.input_bytes);
+  line("weights (+ buffers)", p.weight_bytes);
+  line("optimizer state", p.optimizer_bytes);
   line("DDP gradient buckets", p.ddp_bucket_bytes);
   line("ZeRO-3/FSDP gathered unit", p.gather_bytes);
-  line("CUDA context", p.cuda_context_bytes);
+  line("the batch on the GPU", p.input_bytes);
   line("cuBLAS workspace", p.workspace_bytes);
+  out += "  forward/backward adds:\n";
+  line("  activations kept for backward", p.activation_bytes);
+  line("  one block live (recompute / backward)", p.working_bytes);
+  line("  autocast copies of trainable weights", p.autocast_copy_bytes);
+  out += "  optimizer step adds:\n";
+  line("  gradients", p.grad_bytes);
+  line("  AdamW foreach temporary", p.optimizer_temp_bytes);
+  line("peak in forward/backward", p.forward_peak_bytes);
+  line("peak in the optimizer step", p.optimizer_peak_bytes);
+  line("peak allocated (torch.cuda.max_memory_allocated)", p.peak_allocated_bytes);
   line("allocator overhead (5% / 15% per-step)", p.allocator_bytes);
+  line("CUDA context", p.cuda_context_bytes);
   out += "  " + pad("total", 46, false) + pad(format_bytes(p.total_bytes), 12) + "\n";
   if (p.gpu) {
     out += "\n" + p.gpu->name + " (" + format_bytes(p.gpu->bytes) + "): " +

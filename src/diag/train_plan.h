@@ -44,6 +44,10 @@ struct TrainOptions {
   int64_t lora_r = 0;                         // >0: LoRA adapters; the targeted modules' base is frozen
   std::vector<std::string> lora_targets;      // "[module.]linear" ("*" = every Linear); empty = policy default
   bool ema = false;                           // one more copy of the trainable weights (openpi default 0.99)
+  /// SmolVLA: lerobot's load_vlm_weights=True (AutoModelForImageTextToText.from_pretrained with
+  /// torch_dtype=bfloat16) leaves the SmolVLM2 backbone in bf16; the default (False) builds it
+  /// from its config in fp32 (measured: 1.70 GiB of weights, tests/fixtures/train_memory).
+  bool vlm_bf16 = false;
   /// Under mixed precision, whether a 16-bit working copy of the trainable weights stays alive
   /// (PyTorch autocast's cast cache; Hugging Face's 6 bytes/param). JAX casts per op inside
   /// rematerialised layers and keeps none.
@@ -71,7 +75,8 @@ TrainOptions default_train_options(PolicyKind kind);
 TrainOptions openpi_train_options(bool lora);
 
 /// Reads lerobot's training flags from a policy config.json object into `opts`: dtype,
-/// gradient_checkpointing, freeze_vision_encoder, train_expert_only. Wrong types -> InvalidFormat.
+/// gradient_checkpointing, freeze_vision_encoder, train_expert_only, load_vlm_weights.
+/// Wrong types -> InvalidFormat.
 Status apply_lerobot_train_config(const nlohmann::json& config, const std::string& path, TrainOptions* opts);
 
 struct GpuSpec {
@@ -90,7 +95,7 @@ struct ModulePlan {
   uint64_t params = 0;            // parameters (buffers excluded)
   uint64_t trainable_params = 0;  // requires_grad (incl. LoRA adapters)
   uint64_t lora_params = 0;
-  uint64_t weight_bytes = 0;      // stored weights (+ fp32 master / 16-bit working copy, buffers)
+  uint64_t weight_bytes = 0;      // stored weights (+ fp32 master under mixed precision, buffers)
   uint64_t grad_bytes = 0;
   uint64_t optimizer_bytes = 0;   // optimizer state (+ EMA copy)
   uint64_t activation_bytes = 0;  // saved for backward, whole micro-batch
@@ -117,10 +122,26 @@ struct TrainPlan {
   uint64_t weight_bytes = 0, grad_bytes = 0, optimizer_bytes = 0, activation_bytes = 0;
   uint64_t working_bytes = 0;        // one transformer block's full activations live (recompute/backward)
   uint64_t input_bytes = 0;          // the micro-batch itself on the GPU (fp32 images, targets)
+  /// Under autocast: the 16-bit copies of the trainable fp32 weights (the autocast cast cache,
+  /// kept by backward). Alive in forward/backward only, not at the optimizer step.
+  uint64_t autocast_copy_bytes = 0;
+  /// torch.optim.AdamW's foreach step (the CUDA default): torch._foreach_sqrt(exp_avg_sq) makes
+  /// one temporary as large as the parameters it updates, alive with the gradients.
+  uint64_t optimizer_temp_bytes = 0;
+  // The step's two peaks, as torch.cuda.max_memory_allocated sees them (tested against
+  // measurements: tests/fixtures/train_memory): forward/backward = weights + optimizer state +
+  // batch + activations + working set (+ autocast copies); optimizer step = weights + optimizer
+  // state + batch + gradients + AdamW's temporary. Activations are freed before the step and
+  // gradients set to None after it (zero_grad), so the two never add up.
+  uint64_t persistent_bytes = 0;     // weights + optimizer state (+ DDP buckets, gathered unit)
+  uint64_t forward_peak_bytes = 0;
+  uint64_t optimizer_peak_bytes = 0;
+  uint64_t peak_allocated_bytes = 0;  // max of the two
   uint64_t ddp_bucket_bytes = 0;     // DDP gradient buckets (gradient_as_bucket_view=False)
   uint64_t gather_bytes = 0;         // ZeRO-3/FSDP: one gathered unit's params + grads
   uint64_t cuda_context_bytes = 0, workspace_bytes = 0, allocator_bytes = 0;
-  uint64_t total_bytes = 0;
+  uint64_t peak_reserved_bytes = 0;  // peak allocated + allocator overhead (an estimate, see docs)
+  uint64_t total_bytes = 0;          // peak reserved + CUDA context: what the card must hold
   // Against a GPU (set by plan_for_gpu).
   std::optional<GpuSpec> gpu;
   bool fits = false;
@@ -138,7 +159,9 @@ Result<TrainPlan> plan_for_gpu(PolicyKind kind, const PolicyInputs& inputs, cons
                                const std::string& config_path, const TrainOptions& opts, const GpuSpec& gpu);
 
 /// Korthikanti et al. 2022 generalised: bytes one sample's block saves for backward (no recompute).
-uint64_t block_activation_bytes(const ActBlock& b, int element_bytes);
+/// `frozen`: the block's weights need no gradient but its inputs do (a frozen module coupled into
+/// the gradient path): the tensors autograd keeps only for weight gradients (Linear inputs) go.
+uint64_t block_activation_bytes(const ActBlock& b, int element_bytes, bool frozen = false);
 /// With full recomputation: only the block input (2sbh at 16 bits).
 uint64_t block_checkpoint_bytes(const ActBlock& b, int element_bytes);
 

@@ -1,15 +1,18 @@
-// GR00T N1.7 tensor table. Sources (read 2026): NVIDIA/Isaac-GR00T gr00t/configs/model/gr00t_n1d7.py
-// (Cosmos-Reason2-2B backbone, select_layer 12, DiT 16 layers x 32 heads x 48, hidden 1024,
-// input_embedding_dim 1536, max_state/action_dim 132, 32 embodiments, tune_* defaults),
-// gr00t/model/modules/qwen3_backbone.py (LLM layers beyond select_layer are popped; visual and
-// language_model frozen unless tune_visual / tune_llm), gr00t/model/modules/dit.py (block layout:
-// AdaLayerNorm linear D->2D, diffusers Attention with biases, even blocks cross-attend to the
-// 2048-wide backbone features, FeedForward 4x GELU, proj_out_1/2), gr00t_n1d7.py (state/action
-// encoders, decoder, vlln, position embedding). The Qwen3-VL-2B sizes (vision depth 24 x 1024,
-// MLP 4096, patch 16, merge 2, 3 deepstack mergers; text 2048 wide, 16/8 heads of 128, MLP 6144,
-// vocab 151936, tied lm_head) come from the public Qwen3-VL configs, not from the gated
-// Cosmos-Reason2-2B file itself, and the CategorySpecific MLP shapes from the N1.5/N1.6 module of
-// the same name: treat the table as documented sizes, not a checked tensor list.
+// GR00T N1.7 tensor table, checked against the model code's own tensor list: lerobot 0.6.1's
+// port (policies/groot/groot_n1_7.py, "mirrors the public N1.7 checkpoint config") built on the
+// device from GR00TN17Config's defaults with the hard-coded Cosmos-Reason2-2B (Qwen3-VL-2B)
+// config, its named_parameters() dumped (tests/fixtures/train_memory/groot_n17_tensors.json):
+// 3,144,016,000 parameters, 1,523,500,032 frozen backbone + 1,620,515,968 trained head; the
+// test GrootTableMatchesTheModelCode holds this table to that list. Module layout follows
+// NVIDIA/Isaac-GR00T (gr00t/configs/model/gr00t_n1d7.py, qwen3_backbone.py, dit.py): LLM layers
+// beyond select_layer are popped, visual + language_model frozen unless tune_visual / tune_llm,
+// even DiT blocks cross-attend to the 2048-wide backbone features, the lm_head is tied to
+// embed_tokens (one tensor). The checkpoint config differs from the Gr00tN1d7Config dataclass
+// defaults (select_layer 16 not 12, 32 DiT blocks not 16, plus 4 vl_self_attention blocks).
+// Dtypes at load: Isaac-GR00T's launcher has load_bf16=False (from_pretrained without a dtype:
+// fp32 under transformers 4.x) and backbone_trainable_params_fp32=True; lerobot's GrootPolicy
+// casts every parameter to fp32 (model_params_fp32=True). Either way: fp32 parameters, bf16
+// autocast compute.
 #include "models/groot_arch.h"
 
 #include <string>
@@ -88,6 +91,18 @@ Result<PolicyArch> groot_policy_arch(const GrootDims& d, const PolicyInputs& in)
   add(lm + "norm.weight", {L}, 1);
 
   layernorm("action_head.vlln", d.backbone_embedding_dim, 2);
+  const int64_t S = d.vl_sa_heads * d.vl_sa_head_dim, BE = d.backbone_embedding_dim;
+  for (int64_t i = 0; i < d.vl_sa_layers; ++i) {
+    const std::string b = "action_head.vl_self_attention.transformer_blocks." + std::to_string(i) + ".";
+    layernorm(b + "norm1", BE, 2);
+    linear(b + "attn1.to_q", S, BE, 2);
+    linear(b + "attn1.to_k", S, BE, 2);
+    linear(b + "attn1.to_v", S, BE, 2);
+    linear(b + "attn1.to_out.0", BE, S, 2);
+    layernorm(b + "norm3", BE, 2);
+    linear(b + "ff.net.0.proj", 4 * BE, BE, 2);
+    linear(b + "ff.net.2", BE, 4 * BE, 2);
+  }
 
   const std::string dit = "action_head.model.";
   const int64_t D = d.dit_heads * d.dit_head_dim;  // inner_dim 1536
@@ -172,6 +187,18 @@ Result<PolicyArch> groot_policy_arch(const GrootDims& d, const PolicyInputs& in)
   ln.transformer = false;
   ln.raw_elements = prefix * d.backbone_embedding_dim;
   a.blocks.push_back(ln);
+  ActBlock vs;  // diffusers BasicTransformerBlock: SDPA, dropout 0.2, GELU FFN 4x
+  vs.name = "VL self-attention block";
+  vs.module = 2;
+  vs.count = d.vl_sa_layers;
+  vs.tokens_q = vs.tokens_kv = prefix;
+  vs.width = BE;
+  vs.q_width = vs.kv_width = S;
+  vs.heads = d.vl_sa_heads;
+  vs.ffn_width = 4 * BE;
+  vs.dropout = true;
+  vs.flash = true;
+  a.blocks.push_back(vs);
   // DiT: SDPA attention (no stored scores), dropout 0.2, GELU-tanh FFN 4x. AlternateVLDiT
   // alternates image and text tokens in its cross blocks; counted here over all VL tokens.
   ActBlock c;
@@ -202,7 +229,8 @@ Result<PolicyArch> groot_policy_arch(const GrootDims& d, const PolicyInputs& in)
   a.description = "GR00T N1.7: Qwen3-VL ViT " + std::to_string(V) + "x" + std::to_string(d.vision_depth) +
                   ", Qwen3 LLM " + std::to_string(L) + "x" + std::to_string(d.select_layer) + " (of " +
                   std::to_string(d.lm_layers_total) + "), DiT " + std::to_string(D) + "x" +
-                  std::to_string(d.dit_layers) + "; documented sizes, not a checked tensor list (src/models/groot_arch)";
+                  std::to_string(d.dit_layers) + " + VL self-attention x" + std::to_string(d.vl_sa_layers) +
+                  "; checked against the model code's tensor list (src/models/groot_arch)";
   return a;
 }
 

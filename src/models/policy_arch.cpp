@@ -137,11 +137,16 @@ PolicyArch pi05_policy_arch(const Pi05Dims& d, const PolicyInputs& in) {
       {"projector", ModuleRole::Projector, true, DtypeRule::Fp32InBf16, {0}},
       {"language", ModuleRole::Language, true, DtypeRule::Follow, {1}, {3}},
       {"expert", ModuleRole::Expert, true, DtypeRule::Follow, {2, 4}, {2}},
-      {"heads", ModuleRole::Heads, true, DtypeRule::Follow, {}},
+      // The flow-matching heads sit outside paligemma_with_expert, which is the only part
+      // lerobot casts to bfloat16 (to_bfloat16_for_selected_params): they stay fp32.
+      {"heads", ModuleRole::Heads, true, DtypeRule::Fp32InBf16, {}},
       {"lm_head", ModuleRole::Unused, true, DtypeRule::Follow, {}},
   };
+  // lerobot 0.6.1 under transformers 5.17 builds PaliGemma's lm_head as its own tensor, not tied
+  // to embed_tokens: the measured named_parameters() of PI05Policy hold 4,143,404,816 parameters
+  // (tests/fixtures/train_memory/measured.json) = the 3,616,757,520 lerobot#2366 logged with an
+  // older stack + one 257152 x 2048 lm_head. Both lm_heads are stored, neither gets a gradient.
   for (const WeightSpec& w : pi05_weights(d, Pi05Layout::FineTune)) {
-    if (w.name.find("paligemma.lm_head") != std::string::npos) continue;  // tied to embed_tokens
     int m = 0;
     switch (w.part) {
       case Pi05Part::Vision: m = 0; break;
@@ -195,7 +200,7 @@ void add_paligemma_blocks(const PaliGemmaBlockSizes& s, PolicyArch* a) {
   patch.raw_elements = in.cams * 3 * s.image_size * s.image_size;
   a->blocks.push_back(patch);
 
-  ActBlock v;  // SigLIP encoder layer, once per camera; eager attention (lerobot) [uncertain]
+  ActBlock v;  // SigLIP encoder layer, once per camera
   v.name = "SigLIP layer";
   v.module = vis;
   v.count = s.vision_depth;
@@ -205,6 +210,9 @@ void add_paligemma_blocks(const PaliGemmaBlockSizes& s, PolicyArch* a) {
   v.heads = s.vision_heads;
   v.ffn_width = s.vision_mlp;
   v.ffn_tensors = 2;
+  // transformers 5.x builds SigLIP with SDPA: no scores kept (measured: 17 MB per camera-layer
+  // in fp32 = the Korthikanti terms without a*s^2).
+  v.flash = true;
   a->blocks.push_back(v);
 
   ActBlock p;
@@ -228,6 +236,8 @@ void add_paligemma_blocks(const PaliGemmaBlockSizes& s, PolicyArch* a) {
   l.heads = s.lm_heads;
   l.ffn_width = s.lm_mlp;
   l.ffn_tensors = 4;  // gate, up, gelu(gate), product
+  l.softmax_fp32 = true;  // modeling_gemma.eager_attention_forward: softmax(dtype=float32).to(q.dtype)
+  l.fp32_norms = true;    // PiGemmaRMSNorm
   a->blocks.push_back(l);
 
   ActBlock e = l;

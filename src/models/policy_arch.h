@@ -25,7 +25,7 @@ const char* module_role_name(ModuleRole role);
 enum class DtypeRule : uint8_t {
   Follow,        // the run's weight dtype
   Fp32InBf16,    // lerobot pi0/pi0.5 keep vision tower + projector in f32 when dtype=bfloat16
-  AlwaysBf16,    // lerobot SmolVLA loads the SmolVLM2 backbone with torch_dtype=bfloat16
+  AlwaysBf16,    // lerobot SmolVLA's SmolVLM2 backbone: bf16 when loaded from the hub (load_vlm_weights)
 };
 
 struct ModuleSpec {
@@ -70,6 +70,14 @@ struct ActBlock {
   int norms = 2;
   bool dropout = false;          // 1-byte masks + dropped copies (Korthikanti's GPT block has them)
   bool flash = false;            // fused attention: the a*s^2 terms are never stored
+  /// Eager attention that takes the softmax in fp32 and casts back (transformers'
+  /// eager_attention_forward, SmolVLA's own attention): with 16-bit activations the scores are
+  /// kept twice, fp32 softmax output + 16-bit copy (measured, docs/mem-plan.md).
+  bool softmax_fp32 = false;
+  bool qk_fp32 = false;          // ... and Q, K are upcast to fp32 before the scores (kept in fp32)
+  /// lerobot's PiGemma RMSNorm (pi_gemma.py): computes in fp32 and keeps, per norm, the fp32
+  /// normalised input and the scaled output (+ the fp32 upcast and a 16-bit cast in bf16 runs).
+  bool fp32_norms = false;
   bool transformer = true;       // false: `raw_elements` per sample (convnets, linear heads)
   int64_t raw_elements = 0;      // activation elements saved per sample (non-transformer)
   int64_t raw_extra_bytes = 0;   // bytes saved per sample at fixed size (int64 max-pool indices)

@@ -28,7 +28,8 @@ Result<PolicyArch> smolvla_policy_arch(SmolVlaDims d, const PolicyInputs& in) {
   a.kind = PolicyKind::SmolVla;
   a.inputs = in;
   // lerobot defaults: freeze_vision_encoder=True, train_expert_only=True (the whole VLM frozen);
-  // the VLM is loaded with torch_dtype=bfloat16.
+  // load_vlm_weights=False builds the VLM from its config in fp32, load_vlm_weights=True loads it
+  // with torch_dtype=bfloat16 (DtypeRule::AlwaysBf16 = bf16 only under TrainOptions::vlm_bf16).
   a.modules = {
       {"vision", ModuleRole::Vision, false, DtypeRule::AlwaysBf16, {}},
       {"connector", ModuleRole::Projector, false, DtypeRule::AlwaysBf16, {0}},
@@ -155,6 +156,10 @@ Result<PolicyArch> smolvla_policy_arch(SmolVlaDims d, const PolicyInputs& in) {
   t.heads = d.text_heads;
   t.ffn_width = d.text_mlp;
   t.ffn_tensors = 4;
+  // smolvlm_with_expert.py's eager_attention_forward upcasts Q and K to fp32 and takes the
+  // softmax in fp32 before casting the probabilities back, whatever the weights' dtype.
+  t.softmax_fp32 = true;
+  t.qk_fp32 = true;
   a.blocks.push_back(t);
   t.name = "SmolLM2 layer (prefix only)";
   t.count = n_odd;
@@ -173,6 +178,8 @@ Result<PolicyArch> smolvla_policy_arch(SmolVlaDims d, const PolicyInputs& in) {
   e.heads = d.text_heads;
   e.ffn_width = d.expert_mlp;
   e.ffn_tensors = 4;
+  e.softmax_fp32 = true;
+  e.qk_fp32 = true;
   a.blocks.push_back(e);
   e.name = "expert layer (cross-attn to VLM K/V)";
   e.count = e_odd;

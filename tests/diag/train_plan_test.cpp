@@ -21,7 +21,11 @@ TrainPlan plan_of(PolicyKind kind, const TrainOptions& o, PolicyInputs in = {}, 
   return p.value();
 }
 
-uint64_t model_states(const TrainPlan& p) { return p.weight_bytes + p.grad_bytes + p.optimizer_bytes; }
+// HF's bytes per parameter count the 16-bit working copy with the weights; the planner keeps it
+// apart (autocast_copy_bytes: alive in forward/backward only), so it is added back here.
+uint64_t model_states(const TrainPlan& p) {
+  return p.weight_bytes + p.grad_bytes + p.optimizer_bytes + p.autocast_copy_bytes;
+}
 
 uint64_t buffer_bytes(PolicyKind kind, const nlohmann::json* cfg = nullptr) {
   auto arch = build_policy_arch(kind, PolicyInputs{}, cfg, "config.json");
@@ -98,11 +102,13 @@ TEST(TrainPlan, OpenpiPi0LoraAndFullFineTune) {
 // NVIDIA/Isaac-GR00T getting_started/hardware_recommendation.md: "Minimum: 1 GPU with 40 GB+",
 // default fine-tuning (projector + diffusion head, backbone frozen) "keeping peak VRAM under
 // ~35 GB per GPU", and --tune-llm / --tune-visual "80 GB+ per GPU recommended". Settings:
-// launch_finetune's fp32 parameters (load_bf16=False) under bf16 autocast, single-GPU batch 32.
-// The published 35 GB is a ceiling, not a measurement, and 40 GB is the card class NVIDIA tested
-// (A100-40/L40): our estimate of the default recipe is ~23-25 GiB (model states 19.6 GiB: 2.2B
-// parameters, 0.88B trainable at 18 B), so we check "under 35 GB" and "fits 40 GB" rather than
-// 15% of 35. Un-freezing the backbone must break the 40 GB card and fit the 80 GB one.
+// fp32 parameters (load_bf16=False) under bf16 autocast, single-GPU batch 32. The table now
+// comes from the model code's tensor list (3.14B parameters, 1.62B trained: the old documented
+// sizes had 2.20B / 0.88B). Measured with lerobot's port (tests/fixtures/train_memory): the
+// default recipe peaks at 36.0 GiB allocated / 39.5 GiB reserved at batch 32 (38.5 / 41.1 at 64),
+// the optimizer step dominating -- above the "~35 GB" ceiling, inside the 40 GB minimum (an
+// A100-40 holds 40.0 GiB). The plan must therefore refuse a 24 GB card, fit the 40 GB one only
+// just, and put the un-frozen backbone above 40 GB and under 80 GB.
 TEST(TrainPlan, GrootDefaultRecipeAndTuneLlm) {
   const TrainOptions def = default_train_options(PolicyKind::GrootN17);
   EXPECT_EQ(def.mixed, MixedPrecision::Bf16);
@@ -110,12 +116,12 @@ TEST(TrainPlan, GrootDefaultRecipeAndTuneLlm) {
   for (int64_t batch : {32, 64}) {  // hardware guide single-GPU default; FinetuneConfig global 64
     TrainOptions o = def;
     o.batch = batch;
-    auto p = plan_for_gpu(PolicyKind::GrootN17, {}, nullptr, "", o, parse_gpu("A100-40").value());
+    auto p = plan_for_gpu(PolicyKind::GrootN17, {}, nullptr, "", o, parse_gpu("RTX4090").value());
     ASSERT_TRUE(p.is_ok()) << p.status().message();
-    EXPECT_LT(static_cast<double>(p->total_bytes), 35.0 * kGB) << batch;
-    EXPECT_TRUE(p->fits) << batch;
-    EXPECT_GT(static_cast<double>(p->total_bytes), 0.5 * 35.0 * kGB) << batch;
-    EXPECT_NEAR(static_cast<double>(p->trainable_params) / 1e9, 0.88, 0.01);
+    EXPECT_FALSE(p->fits) << batch;
+    EXPECT_GT(static_cast<double>(p->total_bytes), 35.0 * kGB) << batch;
+    EXPECT_LT(p->total_bytes, parse_gpu("A100-40")->bytes) << batch;
+    EXPECT_EQ(p->trainable_params, 1620515968ull);
   }
   TrainOptions o = def;
   o.tune_llm = o.tune_vision = true;
@@ -131,7 +137,9 @@ TEST(TrainPlan, GrootDefaultRecipeAndTuneLlm) {
 // num_learnable_params=3616757520 lerobot logs for pi05 (huggingface/lerobot#2366).
 TEST(TrainPlan, Pi05ParametersFromTheTable) {
   TrainPlan p = plan_of(PolicyKind::Pi05, TrainOptions{});
-  EXPECT_EQ(p.params, 3616757520ull);
+  // lerobot#2366 logged 3,616,757,520 with an older stack; lerobot 0.6.1 under transformers 5.17
+  // keeps PaliGemma's lm_head as its own tensor (measured named_parameters(): 4,143,404,816).
+  EXPECT_EQ(p.params, 3616757520ull + 526647296ull);
   uint64_t unique = 0;
   for (const auto& m : p.modules)
     if (m.role != std::string("unused")) unique += m.params;
@@ -141,7 +149,7 @@ TEST(TrainPlan, Pi05ParametersFromTheTable) {
     if (m.name == "lm_head") {
       EXPECT_EQ(m.grad_bytes, 0u);
       EXPECT_EQ(m.optimizer_bytes, 0u);
-      EXPECT_EQ(m.weight_bytes, 4ull * 263323648ull);
+      EXPECT_EQ(m.weight_bytes, 4ull * (263323648ull + 526647296ull));
     }
 }
 
@@ -263,11 +271,11 @@ TEST(TrainPlan, LeversFollowTheGuideOrder) {
     const bool infra = l.name == "halve_batch" || l.name == "gradient_checkpointing";
     EXPECT_EQ(l.changes_policy, !infra) << l.name;
   }
-  // A pure infrastructure answer when one exists: GR00T with the backbone un-frozen, on a 48 GB
-  // card, needs no policy change if batch halving + accumulation or recomputation is enough.
-  TrainOptions o = default_train_options(PolicyKind::GrootN17);
-  o.tune_llm = o.tune_vision = true;
-  auto g = plan_for_gpu(PolicyKind::GrootN17, {}, nullptr, "", o, parse_gpu("L40S").value());
+  // A pure infrastructure answer when one exists: pi0.5 bf16 at batch 8 on an 80 GB card peaks
+  // in forward/backward (activations), so halving the batch with accumulation is enough.
+  TrainOptions o;
+  o.dtype = WeightDtype::Bf16;
+  auto g = plan_for_gpu(PolicyKind::Pi05, {}, nullptr, "", o, parse_gpu("48GiB").value());
   ASSERT_TRUE(g.is_ok());
   if (!g->fits) {
     ASSERT_TRUE(g->levers_fit);

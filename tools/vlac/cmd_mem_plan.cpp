@@ -22,7 +22,7 @@ struct PlanFlags {
   std::string policy, config, gpu, dtype, mixed, optimizer, shard;
   std::string batch, grad_accum, seq, cams, image_size, chunk, lora_r, lora_targets, gpus;
   bool gradient_checkpointing = false, freeze_vision = false, train_expert_only = false;
-  bool tune_vision = false, tune_llm = false, ema = false, openpi = false, json = false;
+  bool tune_vision = false, tune_llm = false, ema = false, openpi = false, json = false, vlm_bf16 = false;
 };
 
 Result<int64_t> parse_count(const std::string& flag, const std::string& text, int64_t lo, int64_t hi) {
@@ -83,6 +83,7 @@ Status run_plan(const PlanFlags& f) {
   opts.tune_vision = f.tune_vision;
   opts.tune_llm = f.tune_llm;
   opts.ema = opts.ema || f.ema;
+  opts.vlm_bf16 = opts.vlm_bf16 || f.vlm_bf16;
 
   PolicyInputs in;
   if (!f.seq.empty()) { VLAC_ASSIGN_OR_RETURN(in.prompt_tokens, parse_count("--seq", f.seq, 1, 8192)); }
@@ -124,6 +125,7 @@ void register_mem_plan(CLI::App& mem) {
   sub->add_option("--lora-r", f->lora_r, "LoRA rank (base of the targeted modules frozen)");
   sub->add_option("--lora-targets", f->lora_targets, "comma list of [module.]linear (e.g. language.q_proj,expert.*)");
   sub->add_flag("--ema", f->ema, "keep an EMA copy of the trainable weights");
+  sub->add_flag("--vlm-bf16", f->vlm_bf16, "SmolVLA: backbone loaded in bf16 (lerobot load_vlm_weights=true)");
   sub->add_option("--gpus", f->gpus, "data-parallel GPUs");
   sub->add_option("--shard", f->shard, "none (DDP), zero1, zero2, zero3 or fsdp");
   sub->add_flag("--openpi", f->openpi, "plan openpi's JAX trainer (pi0/pi05): fp32 params + bf16 compute, remat, batch 32, EMA unless LoRA, frozen params bf16");
