@@ -6,7 +6,7 @@
 // inputs are random, never zeros. The expert's 180 attention calls are also timed as one CUDA
 // graph replay, the number to hold against PyTorch SDPA's 5.2 ms (issue 13).
 //
-// Usage: cuda_bench [--reps N] [--inner N] [--out FILE]
+// Usage: cuda_bench [--reps N] [--inner N] [--out FILE] [--attention-only] [--case SUBSTR]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -98,14 +98,18 @@ Stat time_op(cudaStream_t st, int reps, int inner, F&& fn) {
 
 int main(int argc, char** argv) {
   int reps = 30, inner = 10;
+  bool attention_only = false;
+  std::string only_case;  // --case SUBSTR: only the attention cases whose name contains it
   std::string out_path;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--reps" && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
     else if (a == "--inner" && i + 1 < argc) inner = std::max(1, std::atoi(argv[++i]));
     else if (a == "--out" && i + 1 < argc) out_path = argv[++i];
+    else if (a == "--attention-only") attention_only = true;
+    else if (a == "--case" && i + 1 < argc) only_case = argv[++i], attention_only = true;
     else {
-      std::fprintf(stderr, "usage: cuda_bench [--reps N] [--inner N] [--out FILE]\n");
+      std::fprintf(stderr, "usage: cuda_bench [--reps N] [--inner N] [--out FILE] [--attention-only] [--case SUBSTR]\n");
       return 2;
     }
   }
@@ -139,6 +143,7 @@ int main(int argc, char** argv) {
   double attn_chunk_ms = 0;
   nlohmann::json ja = nlohmann::json::array();
   for (const auto& c : attn) {
+    if (!only_case.empty() && std::string(c.name).find(only_case) == std::string::npos) continue;
     AttentionShape a;
     a.t = c.t, a.h = c.h, a.hk = c.hk, a.s = c.s, a.dh = a.dv = c.d;
     const size_t qn = size_t(c.t * c.h * c.d), kn = size_t(c.s * c.hk * c.d);
@@ -172,13 +177,20 @@ int main(int argc, char** argv) {
     nlohmann::json e = {{"name", c.name}, {"splits", splits}, {"median_ms", s.median_ms}, {"min_ms", s.min_ms},
                         {"tflops", flop / (s.median_ms * 1e-3) / 1e12}, {"per_chunk", c.per_chunk},
                         {"chunk_ms", s.median_ms * c.per_chunk}};
-    if (splits != 1) {  // the same shape without the key split, to see what the split buys
-      const Stat s1 = time_op(st, reps, inner, [&](int i) {
-        SK(attention(st, a, DType::BF16, q, ks[size_t(i % kLayers)], vs[size_t(i % kLayers)], {allow, nullptr}, o,
-                     DType::BF16, scale, 1, nullptr, 0));
-      });
-      e["no_split_median_ms"] = s1.median_ms;
-      std::printf("attention %-42s splits  1  median %.4f ms\n", c.name, s1.median_ms);
+    {  // other key splits, to see what the heuristic's choice buys
+      nlohmann::json sweep = nlohmann::json::object();
+      for (int sp : {1, 2, 4, 8, 16, 32}) {
+        const uint64_t b2 = attention_scratch_bytes(a, DType::BF16, sp);
+        void* s2 = b2 ? dalloc(b2) : nullptr;
+        const Stat s1 = time_op(st, reps, inner, [&](int i) {
+          SK(attention(st, a, DType::BF16, q, ks[size_t(i % kLayers)], vs[size_t(i % kLayers)], {allow, nullptr}, o,
+                       DType::BF16, scale, sp, s2, b2));
+        });
+        sweep[std::to_string(sp)] = s1.median_ms;
+        std::printf("attention %-42s splits %2d  median %.4f ms (sweep)\n", c.name, sp, s1.median_ms);
+        if (s2) CK(cudaFree(s2));
+      }
+      e["splits_sweep_median_ms"] = sweep;
     }
     if (c.per_chunk == 180) {
       // The expert's 180 calls (18 layers × 10 steps) captured once as a CUDA graph and replayed.
@@ -212,6 +224,10 @@ int main(int argc, char** argv) {
   }
   j["attention"] = ja;
   j["attention_chunk_ms_sum_of_medians"] = attn_chunk_ms;
+  if (attention_only) {
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
 
   // ---------------------------------------------------------------- GEMMs
   struct GemmCase {

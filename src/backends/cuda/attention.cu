@@ -80,16 +80,37 @@ struct Params {
   float scale;
 };
 
-// Loads rows [r0, r0 + 64) of a [n, D] bf16 matrix (row `i` at base + i·stride) into smem (stride
-// LD); rows >= n are zero-filled.
-template <int D, typename RowPtr>
-__device__ __forceinline__ void load_tile(uint16_t* sm, RowPtr row_ptr, int64_t r0, int64_t n) {
+// Loads 64 rows of a bf16 matrix into smem (stride LD): row r (< n_valid) from base + r·stride,
+// rows >= n_valid zero-filled. 32-bit tile indices, the loop unrolled (CH is a constant).
+template <int D>
+__device__ __forceinline__ void load_rows(uint16_t* sm, const uint16_t* base, int64_t stride, int n_valid) {
   using G = Geom<D>;
-  for (int c = threadIdx.x; c < kBM * G::CH; c += kThreads) {
+  constexpr int kChunks = kBM * G::CH, kIters = (kChunks + kThreads - 1) / kThreads;
+#pragma unroll 2
+  for (int i = 0; i < kIters; ++i) {
+    const int c = int(threadIdx.x) + i * kThreads;
+    if (kChunks % kThreads != 0 && c >= kChunks) break;
     const int r = c / G::CH, ch = c % G::CH;
-    const bool ok = r0 + r < n;
-    const uint16_t* src = ok ? row_ptr(r0 + r) + ch * 8 : row_ptr(0);
-    cp_async16(sm + r * G::LD + ch * 8, src, ok);
+    const bool ok = r < n_valid;
+    cp_async16(sm + r * G::LD + ch * 8, base + (ok ? r : 0) * stride + ch * 8, ok);
+  }
+}
+
+// Q rows of the tile: packed row r -> token r / group, head kvh·group + r % group.
+template <int D>
+__device__ __forceinline__ void load_q(uint16_t* sm, const Params& p, int64_t kvh, int64_t row0) {
+  using G = Geom<D>;
+  constexpr int kChunks = kBM * G::CH, kIters = (kChunks + kThreads - 1) / kThreads;
+  const int group = int(p.group);
+#pragma unroll
+  for (int i = 0; i < kIters; ++i) {
+    const int c = int(threadIdx.x) + i * kThreads;
+    if (kChunks % kThreads != 0 && c >= kChunks) break;
+    const int r = c / G::CH, ch = c % G::CH;
+    const int64_t row = row0 + r;
+    const bool ok = row < p.rows;
+    const int rr = ok ? int(row) : 0;
+    cp_async16(sm + r * G::LD + ch * 8, p.q + int64_t(rr / group) * p.qs + (kvh * group + rr % group) * D + ch * 8, ok);
   }
 }
 
@@ -114,18 +135,19 @@ __global__ void __launch_bounds__(kThreads) attn_bf16_kernel(Params p) {
       (r < kBM ? Qs : Ks)[(r % kBM) * G::LD + c] = 0;
     }
   }
-  auto q_row = [&](int64_t r) { return p.q + (r / p.group) * p.qs + (kvh * p.group + r % p.group) * D; };
-  auto k_row = [&](int64_t j) { return p.k + j * p.ks + kvh * D; };
-  auto v_row = [&](int64_t j) { return p.v + j * p.vs + kvh * D; };
-  load_tile<D>(Qs, q_row, row0, p.rows);
-  load_tile<D>(Ks, k_row, k_begin, k_end);
+  const uint16_t* kbase = p.k + kvh * D;
+  const uint16_t* vbase = p.v + kvh * D;
+  load_q<D>(Qs, p, kvh, row0);
+  load_rows<D>(Ks, kbase + k_begin * p.ks, p.ks, int(k_end - k_begin));
   cp_commit();
-  load_tile<D>(Vs, v_row, k_begin, k_end);
+  load_rows<D>(Vs, vbase + k_begin * p.vs, p.vs, int(k_end - k_begin));
   cp_commit();
 
   // This thread's two rows (g and g + 8 of the warp's 16) and their tokens (for the mask).
   const int64_t rr[2] = {row0 + warp * 16 + g, row0 + warp * 16 + g + 8};
   const int64_t tok[2] = {min(rr[0], p.rows - 1) / p.group, min(rr[1], p.rows - 1) / p.group};
+  const uint8_t* allow_row[2] = {p.allow ? p.allow + tok[0] * p.s : nullptr, p.allow ? p.allow + tok[1] * p.s : nullptr};
+  const float* add_row[2] = {p.add ? p.add + tok[0] * p.s : nullptr, p.add ? p.add + tok[1] * p.s : nullptr};
 
   float o[G::NT][4];
 #pragma unroll
@@ -150,22 +172,41 @@ __global__ void __launch_bounds__(kThreads) attn_bf16_kernel(Params p) {
       }
     }
     __syncthreads();  // every warp is done with this K tile
-    if (more) load_tile<D>(Ks, k_row, kt + kBN, k_end);
+    if (more) load_rows<D>(Ks, kbase + (kt + kBN) * p.ks, p.ks, int(k_end - kt - kBN));
     cp_commit();  // (an empty group at the last tile keeps the wait counts uniform)
 
     // Scale and mask in fp32 (the CPU's order: s·scale, then + mask), then the online softmax.
+    // The mask kind is uniform over the block, so its branch sits outside the element loops.
+    const int nvalid = int(min(k_end - kt, int64_t(kBN)));
+    if (allow_row[0]) {
 #pragma unroll
-    for (int n = 0; n < kBN / 8; ++n)
+      for (int n = 0; n < kBN / 8; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int64_t key = kt + n * 8 + tq * 2 + (e & 1);
-        const int64_t tk = tok[e >> 1];
-        float x = s[n][e] * p.scale;
-        if (key >= k_end) x = -INFINITY;  // not a key of this split: no weight at all
-        else if (p.allow) x += p.allow[tk * p.s + key] ? 0.0f : kMaskValue;
-        else if (p.add) x += p.add[tk * p.s + key];
-        s[n][e] = x;
-      }
+        for (int e = 0; e < 4; ++e) {
+          const int kofs = min(n * 8 + tq * 2 + (e & 1), nvalid - 1);
+          s[n][e] = s[n][e] * p.scale + (allow_row[e >> 1][kt + kofs] ? 0.0f : kMaskValue);
+        }
+    } else if (add_row[0]) {
+#pragma unroll
+      for (int n = 0; n < kBN / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int kofs = min(n * 8 + tq * 2 + (e & 1), nvalid - 1);
+          s[n][e] = s[n][e] * p.scale + add_row[e >> 1][kt + kofs];
+        }
+    } else {
+#pragma unroll
+      for (int n = 0; n < kBN / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[n][e] *= p.scale;
+    }
+    if (nvalid < kBN) {  // the split's last, partial tile: keys past its end get no weight at all
+#pragma unroll
+      for (int n = 0; n < kBN / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (n * 8 + tq * 2 + (e & 1) >= nvalid) s[n][e] = -INFINITY;
+    }
     float m_use[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -215,7 +256,7 @@ __global__ void __launch_bounds__(kThreads) attn_bf16_kernel(Params p) {
       }
     }
     __syncthreads();  // every warp is done with this V tile
-    if (more) load_tile<D>(Vs, v_row, kt + kBN, k_end);
+    if (more) load_rows<D>(Vs, vbase + (kt + kBN) * p.vs, p.vs, int(k_end - kt - kBN));
     cp_commit();
   }
   cp_wait<0>();
@@ -254,26 +295,54 @@ __global__ void __launch_bounds__(kThreads) attn_bf16_kernel(Params p) {
 }
 
 // Merges the partial results of the key splits: o = Σ_s e^(m_s − M)·o_s / Σ_s e^(m_s − M)·l_s.
+// One block per (row, KV head): the first warp turns the splits' (max, sum) pairs into weights in
+// shared memory (one split per lane), then each thread sums its columns over the splits with the
+// loads unrolled, so they are in flight together instead of one L2 round trip per split.
+constexpr int kMaxSplits = 64;
 template <typename To>
-__global__ void attn_combine_kernel(const float* part_o, const float* part_ml, To* out, int64_t rows, int64_t hk,
-                                    int64_t group, int64_t d, int64_t os, int splits) {
+__global__ void __launch_bounds__(256) attn_combine_kernel(const float* part_o, const float* part_ml, To* out,
+                                                            int64_t rows, int64_t hk, int64_t group, int64_t d,
+                                                            int64_t os, int splits) {
+  __shared__ float wgt[kMaxSplits];
   const int64_t r = blockIdx.x, kvh = blockIdx.y;
-  float mx = -INFINITY;
-  for (int sp = 0; sp < splits; ++sp) mx = fmaxf(mx, part_ml[((sp * hk + kvh) * rows + r) * 2]);
-  float den = 0.0f;
-  for (int sp = 0; sp < splits; ++sp) {
-    const float* ml = part_ml + ((sp * hk + kvh) * rows + r) * 2;
-    if (ml[0] != -INFINITY) den += exp2f((ml[0] - mx) * kLog2e) * ml[1];
+  if (threadIdx.x < 32) {
+    float ms[kMaxSplits / 32], ls[kMaxSplits / 32];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < kMaxSplits / 32; ++i) {
+      const int sp = int(threadIdx.x) + 32 * i;
+      const float* ml = part_ml + ((sp * hk + kvh) * rows + r) * 2;
+      ms[i] = sp < splits ? ml[0] : -INFINITY;
+      ls[i] = sp < splits ? ml[1] : 0.0f;
+      mx = fmaxf(mx, ms[i]);
+    }
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float den = 0.0f, e[kMaxSplits / 32];
+#pragma unroll
+    for (int i = 0; i < kMaxSplits / 32; ++i) {
+      e[i] = ms[i] == -INFINITY ? 0.0f : exp2f((ms[i] - mx) * kLog2e);
+      den += e[i] * ls[i];
+    }
+    for (int o = 16; o > 0; o >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o);
+#pragma unroll
+    for (int i = 0; i < kMaxSplits / 32; ++i) wgt[threadIdx.x + 32 * i] = e[i] / den;
   }
+  __syncthreads();
   To* dst = out + (r / group) * os + (kvh * group + r % group) * d;
+  const float* po = part_o + (kvh * rows + r) * d;
+  const int64_t split_stride = hk * rows * d;
   for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
     float acc = 0.0f;
-    for (int sp = 0; sp < splits; ++sp) {
-      const int64_t slot = (sp * hk + kvh) * rows + r;
-      const float ms = part_ml[slot * 2];
-      if (ms != -INFINITY) acc += exp2f((ms - mx) * kLog2e) * part_o[slot * d + c];
+    int sp = 0;
+    for (; sp + 8 <= splits; sp += 8) {
+      float v[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[i] = po[(sp + i) * split_stride + c];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc += wgt[sp + i] * v[i];
     }
-    st(dst, c, acc / den);
+    for (; sp < splits; ++sp) acc += wgt[sp] * po[sp * split_stride + c];
+    st(dst, c, acc);
   }
 }
 
@@ -362,7 +431,7 @@ Status launch_bf16(cudaStream_t stream, Params p) {
   attn_bf16_kernel<D, To><<<grid, kThreads, G::kSmem, stream>>>(p);
   VLAC_RETURN_IF_ERROR(launch_status("attention_bf16"));
   if (p.splits > 1) {
-    attn_combine_kernel<To><<<dim3(unsigned(p.rows), unsigned(p.hk)), 128, 0, stream>>>(
+    attn_combine_kernel<To><<<dim3(unsigned(p.rows), unsigned(p.hk)), 256, 0, stream>>>(
         p.part_o, p.part_ml, static_cast<To*>(p.out), p.rows, p.hk, p.group, D, p.os, p.splits);
     VLAC_RETURN_IF_ERROR(launch_status("attention_combine"));
   }
@@ -376,7 +445,7 @@ int attention_splits(const AttentionShape& a, DType io, int num_sms) {
   const int64_t blocks = cdiv(a.t * (a.h / a.hk), kBM) * a.hk;
   const int64_t sms = num_sms > 0 ? num_sms : 1;
   if (blocks >= sms) return 1;
-  const int64_t want = std::min(cdiv(sms, blocks), cdiv(a.s, kBN));
+  const int64_t want = std::min<int64_t>({cdiv(sms, blocks), cdiv(a.s, kBN), kMaxSplits});
   return int(cdiv(a.s, keys_per_split(a.s, int(want))));  // the splits that keys_per_split really makes
 }
 
@@ -426,7 +495,7 @@ Status attention(cudaStream_t stream, const AttentionShape& a, DType io, const v
   p.t = a.t, p.h = a.h, p.hk = a.hk, p.s = a.s, p.group = a.h / a.hk, p.rows = a.t * (a.h / a.hk);
   p.qs = dn.qs, p.ks = dn.ks, p.vs = dn.vs, p.os = dn.os;
   p.scale = scale;
-  p.keys_per_split = keys_per_split(a.s, splits);
+  p.keys_per_split = keys_per_split(a.s, std::min(splits, kMaxSplits));
   p.splits = int(cdiv(a.s, p.keys_per_split));
   if (p.splits > 1) {
     const uint64_t need = attention_scratch_bytes(a, io, p.splits);
