@@ -77,6 +77,7 @@ struct Params {
   int64_t qs, ks, vs, os;
   int64_t keys_per_split;
   int splits;
+  bool allow_pairs;  // allow rows 2-byte aligned: mask bytes of a key pair in one 16-bit load
   float scale;
 };
 
@@ -178,7 +179,17 @@ __global__ void __launch_bounds__(kThreads) attn_bf16_kernel(Params p) {
     // Scale and mask in fp32 (the CPU's order: s·scale, then + mask), then the online softmax.
     // The mask kind is uniform over the block, so its branch sits outside the element loops.
     const int nvalid = int(min(k_end - kt, int64_t(kBN)));
-    if (allow_row[0]) {
+    if (p.allow_pairs && nvalid == kBN) {
+      // Keys kofs, kofs + 1 of a pair are adjacent bytes at an even offset: one 16-bit load.
+#pragma unroll
+      for (int n = 0; n < kBN / 8; ++n)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const uint16_t pair = *reinterpret_cast<const uint16_t*>(allow_row[i] + kt + n * 8 + tq * 2);
+          s[n][2 * i] = s[n][2 * i] * p.scale + ((pair & 0xffu) ? 0.0f : kMaskValue);
+          s[n][2 * i + 1] = s[n][2 * i + 1] * p.scale + ((pair >> 8) ? 0.0f : kMaskValue);
+        }
+    } else if (allow_row[0]) {
 #pragma unroll
       for (int n = 0; n < kBN / 8; ++n)
 #pragma unroll
@@ -282,10 +293,8 @@ __global__ void __launch_bounds__(kThreads) attn_bf16_kernel(Params p) {
       const int64_t slot = (int64_t(blockIdx.z) * p.hk + kvh) * p.rows + r;
       float* dst = p.part_o + slot * D;
 #pragma unroll
-      for (int j = 0; j < G::NT; ++j) {
-        dst[j * 8 + tq * 2] = o[j][2 * i];
-        dst[j * 8 + tq * 2 + 1] = o[j][2 * i + 1];
-      }
+      for (int j = 0; j < G::NT; ++j)
+        *reinterpret_cast<float2*>(dst + j * 8 + tq * 2) = make_float2(o[j][2 * i], o[j][2 * i + 1]);
       if (tq == 0) {
         p.part_ml[slot * 2] = m[i];
         p.part_ml[slot * 2 + 1] = l[i];
@@ -444,7 +453,10 @@ int attention_splits(const AttentionShape& a, DType io, int num_sms) {
   if (io != DType::BF16 || a.t <= 0 || a.hk <= 0 || a.s <= 0) return 1;
   const int64_t blocks = cdiv(a.t * (a.h / a.hk), kBM) * a.hk;
   const int64_t sms = num_sms > 0 ? num_sms : 1;
-  if (blocks >= sms) return 1;
+  // Measured on the H200 (bench/results): the combine pass costs more than it buys unless the row
+  // tiles leave most multiprocessors idle — the prefix (121 tiles) and SigLIP (64) run fastest
+  // unsplit, the expert (7 tiles) 3.4x faster with 8-32 splits.
+  if (blocks * 8 > sms) return 1;
   const int64_t want = std::min<int64_t>({cdiv(sms, blocks), cdiv(a.s, kBN), kMaxSplits});
   return int(cdiv(a.s, keys_per_split(a.s, int(want))));  // the splits that keys_per_split really makes
 }
@@ -490,6 +502,7 @@ Status attention(cudaStream_t stream, const AttentionShape& a, DType io, const v
   p.k = static_cast<const uint16_t*>(k);
   p.v = static_cast<const uint16_t*>(v);
   p.allow = mask.allow;
+  p.allow_pairs = mask.allow && a.s % 2 == 0 && (reinterpret_cast<uintptr_t>(mask.allow) & 1u) == 0;
   p.add = mask.add;
   p.out = out;
   p.t = a.t, p.h = a.h, p.hk = a.hk, p.s = a.s, p.group = a.h / a.hk, p.rows = a.t * (a.h / a.hk);
@@ -499,9 +512,9 @@ Status attention(cudaStream_t stream, const AttentionShape& a, DType io, const v
   p.splits = int(cdiv(a.s, p.keys_per_split));
   if (p.splits > 1) {
     const uint64_t need = attention_scratch_bytes(a, io, p.splits);
-    if (scratch == nullptr || scratch_bytes < need)
+    if (scratch == nullptr || scratch_bytes < need || (reinterpret_cast<uintptr_t>(scratch) & 15u) != 0)
       return invalid_argument("attention: " + std::to_string(p.splits) + " key splits need " + std::to_string(need) +
-                              " bytes of scratch, got " + std::to_string(scratch_bytes));
+                              " bytes of 16-byte aligned scratch, got " + std::to_string(scratch_bytes));
     p.part_o = static_cast<float*>(scratch);
     p.part_ml = p.part_o + uint64_t(p.splits) * uint64_t(p.hk) * uint64_t(p.rows) * uint64_t(a.dv);
   }
