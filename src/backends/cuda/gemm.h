@@ -29,6 +29,7 @@ struct GemmDesc {
   auto key() const { return std::tuple(m, n, k, int(in), int(out), int(epilogue), accumulate); }
 };
 
+/// Not thread-safe: one runner per thread (the bias pointer is set on the cached descriptor).
 /// cuBLASLt's GELU epilogue is the tanh approximation (pi0.5's gelu_pytorch_tanh); it applies to
 /// the fp32 sum, then y is rounded once (torch in bf16 rounds the Linear output before its GELU).
 class GemmRunner {

@@ -126,7 +126,7 @@ struct AttentionMask {
 /// (1 = no split). Few query rows (the expert's 50 tokens × 8 heads) get several splits so the
 /// grid fills the GPU; their partial results are merged by a second small kernel.
 int attention_splits(const AttentionShape& shape, DType io, int num_sms);
-/// Scratch bytes attention() needs with `splits` (0 for splits = 1).
+/// Scratch bytes attention() needs with `splits` (0 for splits = 1); 16-byte aligned.
 uint64_t attention_scratch_bytes(const AttentionShape& shape, DType io, int splits);
 /// io = BF16: q, k, v are bf16; tensor-core kernel (mma.sync m16n8k16), fp32 scores, scale and
 /// mask in fp32, online softmax in fp32, probabilities rounded to bf16 before P·V, fp32
@@ -134,6 +134,8 @@ uint64_t attention_scratch_bytes(const AttentionShape& shape, DType io, int spli
 /// rows of one tile, so each K/V tile is read once for all of them.
 /// io = F32: q, k, v fp32, all fp32 (exact-parity mode), any dh = dv ≤ 256.
 /// out is [T,H,Dv] in ot (F32 or BF16). Row strides and pointers must be 16-byte aligned (BF16).
+/// The bf16 kernel's shared-memory limit is raised once per process, i.e. for the device current
+/// at the first call (one GPU per process today).
 Status attention(cudaStream_t stream, const AttentionShape& shape, DType io, const void* q, const void* k,
                  const void* v, AttentionMask mask, void* out, DType ot, float scale, int splits, void* scratch,
                  uint64_t scratch_bytes);
