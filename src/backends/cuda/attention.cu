@@ -1,0 +1,525 @@
+// Attention for pi0.5: a bf16 tensor-core kernel (mma.sync m16n8k16, fp32 accumulation) with an
+// online softmax, and an fp32 kernel for the exact-parity mode.
+//
+// bf16 kernel. A block owns BM = 64 rows of one KV head: the rows are (token, query head) pairs of
+// the heads that share that KV head, packed token-major, so with pi0.5's one KV head the 8 query
+// heads of 8 tokens fill one tile and every K/V tile is read once for all of them. Each of the 4
+// warps owns 16 rows. Keys stream in tiles of BN = 64 through shared memory with cp.async (the next
+// K tile loads while P·V runs, the V tile while Q·Kᵀ and the softmax run). Scores stay in registers:
+// the accumulator layout of Q·Kᵀ is the A-operand layout of P·V, so P is rounded to bf16 and fed to
+// the second mma without a trip through shared memory. V's B operand comes from ldmatrix.trans.
+// For few rows (the expert: 50 tokens × 8 heads = 7 tiles) the keys are split across blocks
+// (blockIdx.z) and a combine kernel merges the partial (o, max, sum) triples.
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "backends/cuda/common.cuh"
+#include "backends/cuda/kernels.h"
+
+namespace vlac::cuda {
+namespace {
+
+constexpr int kBM = 64, kBN = 64, kWarps = 4, kThreads = kWarps * 32;
+constexpr float kLog2e = 1.4426950408889634f;
+
+template <int D>
+struct Geom {
+  static constexpr int DK = (D + 15) / 16 * 16;  // Q·Kᵀ reduction length padded to the mma's k (72 -> 80)
+  static constexpr int LD = DK + 8;              // shared row stride (bf16): 16-byte rows, no bank conflicts
+  static constexpr int CH = D / 8;               // 16-byte chunks per global row
+  static constexpr int NT = D / 8;               // n-tiles of 8 output columns
+  static constexpr size_t kSmem = size_t(3) * kBM * LD * sizeof(uint16_t);
+  static_assert(D % 8 == 0 && kBM == kBN);
+};
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+  const unsigned s = unsigned(__cvta_generic_to_shared(smem));
+  const int n = valid ? 16 : 0;  // 0: fill the 16 bytes with zeros
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void mma_bf16(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void ldsm_x4_t(const uint16_t* p, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  const unsigned s = unsigned(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(s));
+}
+__device__ __forceinline__ void ldsm_x2_t(const uint16_t* p, uint32_t& r0, uint32_t& r1) {
+  const unsigned s = unsigned(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n" : "=r"(r0), "=r"(r1) : "r"(s));
+}
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  return uint32_t(f2bf(lo)) | (uint32_t(f2bf(hi)) << 16);
+}
+__device__ __forceinline__ uint32_t lds32(const uint16_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
+
+struct Params {
+  const uint16_t* q;
+  const uint16_t* k;
+  const uint16_t* v;
+  const uint8_t* allow;
+  const float* add;
+  void* out;
+  float* part_o;  // [splits][hk][R][D] unnormalized partial outputs (splits > 1)
+  float* part_ml; // [splits][hk][R][2] running max and sum
+  int64_t t, h, hk, s, group, rows;  // rows = t · group
+  int64_t qs, ks, vs, os;
+  int64_t keys_per_split;
+  int splits;
+  bool allow_pairs;  // allow rows 2-byte aligned: mask bytes of a key pair in one 16-bit load
+  float scale;
+};
+
+// Loads 64 rows of a bf16 matrix into smem (stride LD): row r (< n_valid) from base + r·stride,
+// rows >= n_valid zero-filled. 32-bit tile indices, the loop unrolled (CH is a constant).
+template <int D>
+__device__ __forceinline__ void load_rows(uint16_t* sm, const uint16_t* base, int64_t stride, int n_valid) {
+  using G = Geom<D>;
+  constexpr int kChunks = kBM * G::CH, kIters = (kChunks + kThreads - 1) / kThreads;
+#pragma unroll 2
+  for (int i = 0; i < kIters; ++i) {
+    const int c = int(threadIdx.x) + i * kThreads;
+    if (kChunks % kThreads != 0 && c >= kChunks) break;
+    const int r = c / G::CH, ch = c % G::CH;
+    const bool ok = r < n_valid;
+    cp_async16(sm + r * G::LD + ch * 8, base + (ok ? r : 0) * stride + ch * 8, ok);
+  }
+}
+
+// Q rows of the tile: packed row r -> token r / group, head kvh·group + r % group.
+template <int D>
+__device__ __forceinline__ void load_q(uint16_t* sm, const Params& p, int64_t kvh, int64_t row0) {
+  using G = Geom<D>;
+  constexpr int kChunks = kBM * G::CH, kIters = (kChunks + kThreads - 1) / kThreads;
+  const int group = int(p.group);
+#pragma unroll
+  for (int i = 0; i < kIters; ++i) {
+    const int c = int(threadIdx.x) + i * kThreads;
+    if (kChunks % kThreads != 0 && c >= kChunks) break;
+    const int r = c / G::CH, ch = c % G::CH;
+    const int64_t row = row0 + r;
+    const bool ok = row < p.rows;
+    const int rr = ok ? int(row) : 0;
+    cp_async16(sm + r * G::LD + ch * 8, p.q + int64_t(rr / group) * p.qs + (kvh * group + rr % group) * D + ch * 8, ok);
+  }
+}
+
+template <int D, typename To>
+__global__ void __launch_bounds__(kThreads) attn_bf16_kernel(Params p) {
+  using G = Geom<D>;
+  extern __shared__ __align__(16) uint16_t smem[];
+  uint16_t* Qs = smem;
+  uint16_t* Ks = Qs + kBM * G::LD;
+  uint16_t* Vs = Ks + kBN * G::LD;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane >> 2, tq = lane & 3;
+  const int64_t kvh = blockIdx.y;
+  const int64_t row0 = int64_t(blockIdx.x) * kBM;
+  const int64_t k_begin = int64_t(blockIdx.z) * p.keys_per_split;
+  const int64_t k_end = min(p.s, k_begin + p.keys_per_split);
+
+  // Zero the padding columns [D, DK) of Q and K once (cp.async never writes them).
+  if constexpr (G::DK > D) {
+    for (int i = threadIdx.x; i < 2 * kBM * (G::DK - D); i += kThreads) {
+      const int r = i / (G::DK - D), c = D + i % (G::DK - D);
+      (r < kBM ? Qs : Ks)[(r % kBM) * G::LD + c] = 0;
+    }
+  }
+  const uint16_t* kbase = p.k + kvh * D;
+  const uint16_t* vbase = p.v + kvh * D;
+  load_q<D>(Qs, p, kvh, row0);
+  load_rows<D>(Ks, kbase + k_begin * p.ks, p.ks, int(k_end - k_begin));
+  cp_commit();
+  load_rows<D>(Vs, vbase + k_begin * p.vs, p.vs, int(k_end - k_begin));
+  cp_commit();
+
+  // This thread's two rows (g and g + 8 of the warp's 16) and their tokens (for the mask).
+  const int64_t rr[2] = {row0 + warp * 16 + g, row0 + warp * 16 + g + 8};
+  const int64_t tok[2] = {min(rr[0], p.rows - 1) / p.group, min(rr[1], p.rows - 1) / p.group};
+  const uint8_t* allow_row[2] = {p.allow ? p.allow + tok[0] * p.s : nullptr, p.allow ? p.allow + tok[1] * p.s : nullptr};
+  const float* add_row[2] = {p.add ? p.add + tok[0] * p.s : nullptr, p.add ? p.add + tok[1] * p.s : nullptr};
+
+  float o[G::NT][4];
+#pragma unroll
+  for (int j = 0; j < G::NT; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+  for (int64_t kt = k_begin; kt < k_end; kt += kBN) {
+    const bool more = kt + kBN < k_end;
+    cp_wait<1>();  // Q and this K tile have landed (this V tile may still be in flight)
+    __syncthreads();
+    float s[kBN / 8][4];
+#pragma unroll
+    for (int n = 0; n < kBN / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < G::DK / 16; ++kk) {
+      const uint16_t* qa = Qs + (warp * 16 + g) * G::LD + kk * 16 + tq * 2;
+      const uint32_t a[4] = {lds32(qa), lds32(qa + 8 * G::LD), lds32(qa + 8), lds32(qa + 8 * G::LD + 8)};
+#pragma unroll
+      for (int n = 0; n < kBN / 8; ++n) {
+        const uint16_t* kb = Ks + (n * 8 + g) * G::LD + kk * 16 + tq * 2;
+        mma_bf16(s[n], a, lds32(kb), lds32(kb + 8));
+      }
+    }
+    __syncthreads();  // every warp is done with this K tile
+    if (more) load_rows<D>(Ks, kbase + (kt + kBN) * p.ks, p.ks, int(k_end - kt - kBN));
+    cp_commit();  // (an empty group at the last tile keeps the wait counts uniform)
+
+    // Scale and mask in fp32 (the CPU's order: s·scale, then + mask), then the online softmax.
+    // The mask kind is uniform over the block, so its branch sits outside the element loops.
+    const int nvalid = int(min(k_end - kt, int64_t(kBN)));
+    if (p.allow_pairs && nvalid == kBN) {
+      // Keys kofs, kofs + 1 of a pair are adjacent bytes at an even offset: one 16-bit load.
+#pragma unroll
+      for (int n = 0; n < kBN / 8; ++n)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const uint16_t pair = *reinterpret_cast<const uint16_t*>(allow_row[i] + kt + n * 8 + tq * 2);
+          s[n][2 * i] = s[n][2 * i] * p.scale + ((pair & 0xffu) ? 0.0f : kMaskValue);
+          s[n][2 * i + 1] = s[n][2 * i + 1] * p.scale + ((pair >> 8) ? 0.0f : kMaskValue);
+        }
+    } else if (allow_row[0]) {
+#pragma unroll
+      for (int n = 0; n < kBN / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int kofs = min(n * 8 + tq * 2 + (e & 1), nvalid - 1);
+          s[n][e] = s[n][e] * p.scale + (allow_row[e >> 1][kt + kofs] ? 0.0f : kMaskValue);
+        }
+    } else if (add_row[0]) {
+#pragma unroll
+      for (int n = 0; n < kBN / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int kofs = min(n * 8 + tq * 2 + (e & 1), nvalid - 1);
+          s[n][e] = s[n][e] * p.scale + add_row[e >> 1][kt + kofs];
+        }
+    } else {
+#pragma unroll
+      for (int n = 0; n < kBN / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[n][e] *= p.scale;
+    }
+    if (nvalid < kBN) {  // the split's last, partial tile: keys past its end get no weight at all
+#pragma unroll
+      for (int n = 0; n < kBN / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (n * 8 + tq * 2 + (e & 1) >= nvalid) s[n][e] = -INFINITY;
+    }
+    float m_use[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < kBN / 8; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * i], s[n][2 * i + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m[i], mx);
+      m_use[i] = m_new == -INFINITY ? 0.0f : m_new;  // all keys absent so far: keep exp() finite
+      const float corr = exp2f((m[i] - m_use[i]) * kLog2e);
+      m[i] = m_new;
+      l[i] *= corr;
+#pragma unroll
+      for (int j = 0; j < G::NT; ++j) o[j][2 * i] *= corr, o[j][2 * i + 1] *= corr;
+    }
+    uint32_t pa[kBN / 16][4];
+#pragma unroll
+    for (int n = 0; n < kBN / 8; ++n) {
+      float e4[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        e4[e] = exp2f((s[n][e] - m_use[e >> 1]) * kLog2e);
+        l[e >> 1] += e4[e];
+      }
+      // C fragment of n-tile n -> half of the A fragment of key step n/2 (lerobot's rounding of P).
+      pa[n / 2][(n & 1) * 2 + 0] = pack_bf16(e4[0], e4[1]);
+      pa[n / 2][(n & 1) * 2 + 1] = pack_bf16(e4[2], e4[3]);
+    }
+    if (more) cp_wait<1>(); else cp_wait<0>();  // this V tile has landed
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk) {
+      // ldmatrix.trans: lanes 0-7 address keys 0-7, 8-15 keys 8-15 (cols j..j+7), 16-31 the same for cols +8.
+      const uint16_t* vb = Vs + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * G::LD + (lane >> 4) * 8;
+#pragma unroll
+      for (int j = 0; j + 1 < G::NT; j += 2) {
+        uint32_t b0, b1, b2, b3;
+        ldsm_x4_t(vb + j * 8, b0, b1, b2, b3);
+        mma_bf16(o[j], pa[kk], b0, b1);
+        mma_bf16(o[j + 1], pa[kk], b2, b3);
+      }
+      if constexpr (G::NT % 2 == 1) {
+        uint32_t b0, b1;
+        ldsm_x2_t(Vs + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * G::LD + (G::NT - 1) * 8, b0, b1);
+        mma_bf16(o[G::NT - 1], pa[kk], b0, b1);
+      }
+    }
+    __syncthreads();  // every warp is done with this V tile
+    if (more) load_rows<D>(Vs, vbase + (kt + kBN) * p.vs, p.vs, int(k_end - kt - kBN));
+    cp_commit();
+  }
+  cp_wait<0>();
+
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int64_t r = rr[i];
+    if (r >= p.rows) continue;
+    if (p.splits == 1) {
+      const float inv = 1.0f / l[i];
+      To* dst = static_cast<To*>(p.out) + (r / p.group) * p.os + (kvh * p.group + r % p.group) * D;
+#pragma unroll
+      for (int j = 0; j < G::NT; ++j) {
+        st(dst, j * 8 + tq * 2, o[j][2 * i] * inv);
+        st(dst, j * 8 + tq * 2 + 1, o[j][2 * i + 1] * inv);
+      }
+    } else {
+      const int64_t slot = (int64_t(blockIdx.z) * p.hk + kvh) * p.rows + r;
+      float* dst = p.part_o + slot * D;
+#pragma unroll
+      for (int j = 0; j < G::NT; ++j)
+        *reinterpret_cast<float2*>(dst + j * 8 + tq * 2) = make_float2(o[j][2 * i], o[j][2 * i + 1]);
+      if (tq == 0) {
+        p.part_ml[slot * 2] = m[i];
+        p.part_ml[slot * 2 + 1] = l[i];
+      }
+    }
+  }
+}
+
+// Merges the partial results of the key splits: o = Σ_s e^(m_s − M)·o_s / Σ_s e^(m_s − M)·l_s.
+// One block per (row, KV head): the first warp turns the splits' (max, sum) pairs into weights in
+// shared memory (one split per lane), then each thread sums its columns over the splits with the
+// loads unrolled, so they are in flight together instead of one L2 round trip per split.
+constexpr int kMaxSplits = 64;
+template <typename To>
+__global__ void __launch_bounds__(256) attn_combine_kernel(const float* part_o, const float* part_ml, To* out,
+                                                            int64_t rows, int64_t hk, int64_t group, int64_t d,
+                                                            int64_t os, int splits) {
+  __shared__ float wgt[kMaxSplits];
+  const int64_t r = blockIdx.x, kvh = blockIdx.y;
+  if (threadIdx.x < 32) {
+    float ms[kMaxSplits / 32], ls[kMaxSplits / 32];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < kMaxSplits / 32; ++i) {
+      const int sp = int(threadIdx.x) + 32 * i;
+      const float* ml = part_ml + ((sp * hk + kvh) * rows + r) * 2;
+      ms[i] = sp < splits ? ml[0] : -INFINITY;
+      ls[i] = sp < splits ? ml[1] : 0.0f;
+      mx = fmaxf(mx, ms[i]);
+    }
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float den = 0.0f, e[kMaxSplits / 32];
+#pragma unroll
+    for (int i = 0; i < kMaxSplits / 32; ++i) {
+      e[i] = ms[i] == -INFINITY ? 0.0f : exp2f((ms[i] - mx) * kLog2e);
+      den += e[i] * ls[i];
+    }
+    for (int o = 16; o > 0; o >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o);
+#pragma unroll
+    for (int i = 0; i < kMaxSplits / 32; ++i) wgt[threadIdx.x + 32 * i] = e[i] / den;
+  }
+  __syncthreads();
+  To* dst = out + (r / group) * os + (kvh * group + r % group) * d;
+  const float* po = part_o + (kvh * rows + r) * d;
+  const int64_t split_stride = hk * rows * d;
+  for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
+    float acc = 0.0f;
+    int sp = 0;
+    for (; sp + 8 <= splits; sp += 8) {
+      float v[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[i] = po[(sp + i) * split_stride + c];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc += wgt[sp + i] * v[i];
+    }
+    for (; sp < splits; ++sp) acc += wgt[sp] * po[sp * split_stride + c];
+    st(dst, c, acc);
+  }
+}
+
+// fp32 attention: one warp per (token, query head) row, online softmax over the keys one at a time;
+// each lane holds head dims lane, lane + 32, ... (up to 256). Exact-parity mode: expf, fp32 throughout.
+template <typename To>
+__global__ void __launch_bounds__(128) attn_f32_kernel(const float* q, const float* k, const float* v,
+                                                        const uint8_t* allow, const float* add, To* out, int64_t t,
+                                                        int64_t h, int64_t hk, int64_t s, int64_t dh, int64_t dv,
+                                                        int64_t qs, int64_t ks, int64_t vs, int64_t os, float scale) {
+  const int lane = threadIdx.x % 32;
+  const int64_t row = int64_t(blockIdx.x) * 4 + threadIdx.x / 32;
+  if (row >= t * h) return;
+  const int64_t tok = row / h, hd = row % h, kvh = hd / (h / hk);
+  float qr[8], acc[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int64_t d = lane + 32 * i;
+    qr[i] = d < dh ? q[tok * qs + hd * dh + d] : 0.0f;
+    acc[i] = 0.0f;
+  }
+  const float* kb = k + kvh * dh;
+  const float* vb = v + kvh * dv;
+  float m = -INFINITY, l = 0.0f;
+  for (int64_t j = 0; j < s; ++j) {
+    float part = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int64_t d = lane + 32 * i;
+      if (d < dh) part += qr[i] * kb[j * ks + d];
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
+    float x = part * scale;
+    if (allow) x += allow[tok * s + j] ? 0.0f : kMaskValue;
+    else if (add) x += add[tok * s + j];
+    if (x > m) {
+      const float corr = expf(m - x);
+      l *= corr;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[i] *= corr;
+      m = x;
+    }
+    const float e = expf(x - m);
+    l += e;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int64_t d = lane + 32 * i;
+      if (d < dv) acc[i] += e * vb[j * vs + d];
+    }
+  }
+  const float inv = 1.0f / l;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int64_t d = lane + 32 * i;
+    if (d < dv) st(out + tok * os + hd * dv, d, acc[i] * inv);
+  }
+}
+
+struct Dense {
+  int64_t qs, ks, vs, os;
+};
+Dense strides(const AttentionShape& a) {
+  return {a.q_stride ? a.q_stride : a.h * a.dh, a.k_stride ? a.k_stride : a.hk * a.dh,
+          a.v_stride ? a.v_stride : a.hk * a.dv, a.o_stride ? a.o_stride : a.h * a.dv};
+}
+
+int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Keys per split for `splits` requested splits: whole tiles, so no split is empty.
+int64_t keys_per_split(int64_t s, int splits) {
+  return cdiv(cdiv(s, kBN), std::max(1, splits)) * kBN;
+}
+
+template <int D, typename To>
+Status launch_bf16(cudaStream_t stream, Params p) {
+  using G = Geom<D>;
+  static const cudaError_t attr = cudaFuncSetAttribute(attn_bf16_kernel<D, To>,
+                                                       cudaFuncAttributeMaxDynamicSharedMemorySize, int(G::kSmem));
+  if (attr != cudaSuccess) {
+    (void)cudaGetLastError();
+    return Status(StatusCode::Backend, std::string("attention_bf16: shared memory of ") + std::to_string(G::kSmem) +
+                                           " bytes: " + cudaGetErrorString(attr));
+  }
+  const dim3 grid(unsigned(cdiv(p.rows, kBM)), unsigned(p.hk), unsigned(p.splits));
+  attn_bf16_kernel<D, To><<<grid, kThreads, G::kSmem, stream>>>(p);
+  VLAC_RETURN_IF_ERROR(launch_status("attention_bf16"));
+  if (p.splits > 1) {
+    attn_combine_kernel<To><<<dim3(unsigned(p.rows), unsigned(p.hk)), 256, 0, stream>>>(
+        p.part_o, p.part_ml, static_cast<To*>(p.out), p.rows, p.hk, p.group, D, p.os, p.splits);
+    VLAC_RETURN_IF_ERROR(launch_status("attention_combine"));
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+int attention_splits(const AttentionShape& a, DType io, int num_sms) {
+  if (io != DType::BF16 || a.t <= 0 || a.hk <= 0 || a.s <= 0) return 1;
+  const int64_t blocks = cdiv(a.t * (a.h / a.hk), kBM) * a.hk;
+  const int64_t sms = num_sms > 0 ? num_sms : 1;
+  // Measured on the H200 (bench/results): the combine pass costs more than it buys unless the row
+  // tiles leave most multiprocessors idle — the prefix (121 tiles) and SigLIP (64) run fastest
+  // unsplit, the expert (7 tiles) 3.4x faster with 8-32 splits.
+  if (blocks * 8 > sms) return 1;
+  const int64_t want = std::min<int64_t>({cdiv(sms, blocks), cdiv(a.s, kBN), kMaxSplits});
+  return int(cdiv(a.s, keys_per_split(a.s, int(want))));  // the splits that keys_per_split really makes
+}
+
+uint64_t attention_scratch_bytes(const AttentionShape& a, DType io, int splits) {
+  if (io != DType::BF16 || splits <= 1) return 0;
+  const uint64_t slots = uint64_t(splits) * uint64_t(a.hk) * uint64_t(a.t * (a.h / std::max<int64_t>(a.hk, 1)));
+  return slots * uint64_t(a.dv + 2) * sizeof(float);
+}
+
+Status attention(cudaStream_t stream, const AttentionShape& a, DType io, const void* q, const void* k, const void* v,
+                 AttentionMask mask, void* out, DType ot, float scale, int splits, void* scratch,
+                 uint64_t scratch_bytes) {
+  const char* name = "attention";
+  if (!is_act(io) || !is_act(ot)) return bad_dtype(name);
+  if (a.t < 0 || a.h <= 0 || a.hk <= 0 || a.h % a.hk != 0 || a.s <= 0 || a.dh <= 0 || a.dv <= 0)
+    return invalid_argument("attention: bad shape (t, h, hk, s, dh, dv) = (" + std::to_string(a.t) + ", " +
+                            std::to_string(a.h) + ", " + std::to_string(a.hk) + ", " + std::to_string(a.s) + ", " +
+                            std::to_string(a.dh) + ", " + std::to_string(a.dv) + ")");
+  if (a.t == 0) return Status::ok();
+  const Dense dn = strides(a);
+  if (io == DType::F32) {
+    if (a.dh > 256 || a.dv > 256) return unsupported("attention: f32 head dims above 256");
+    const unsigned blocks = unsigned(cdiv(a.t * a.h, 4));
+    if (ot == DType::F32)
+      attn_f32_kernel<float><<<blocks, 128, 0, stream>>>(
+          static_cast<const float*>(q), static_cast<const float*>(k), static_cast<const float*>(v), mask.allow,
+          mask.add, static_cast<float*>(out), a.t, a.h, a.hk, a.s, a.dh, a.dv, dn.qs, dn.ks, dn.vs, dn.os, scale);
+    else
+      attn_f32_kernel<uint16_t><<<blocks, 128, 0, stream>>>(
+          static_cast<const float*>(q), static_cast<const float*>(k), static_cast<const float*>(v), mask.allow,
+          mask.add, static_cast<uint16_t*>(out), a.t, a.h, a.hk, a.s, a.dh, a.dv, dn.qs, dn.ks, dn.vs, dn.os, scale);
+    return launch_status("attention_f32");
+  }
+  if (a.dh != a.dv || (a.dh != 256 && a.dh != 72))
+    return unsupported("attention: bf16 kernel needs dh == dv in {72, 256}, got " + std::to_string(a.dh) + "/" +
+                       std::to_string(a.dv));
+  const auto misaligned = [](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) != 0; };
+  if (misaligned(q) || misaligned(k) || misaligned(v) || dn.qs % 8 || dn.ks % 8 || dn.vs % 8)
+    return invalid_argument("attention: bf16 q/k/v pointers and row strides must be 16-byte aligned");
+  Params p{};
+  p.q = static_cast<const uint16_t*>(q);
+  p.k = static_cast<const uint16_t*>(k);
+  p.v = static_cast<const uint16_t*>(v);
+  p.allow = mask.allow;
+  p.allow_pairs = mask.allow && a.s % 2 == 0 && (reinterpret_cast<uintptr_t>(mask.allow) & 1u) == 0;
+  p.add = mask.add;
+  p.out = out;
+  p.t = a.t, p.h = a.h, p.hk = a.hk, p.s = a.s, p.group = a.h / a.hk, p.rows = a.t * (a.h / a.hk);
+  p.qs = dn.qs, p.ks = dn.ks, p.vs = dn.vs, p.os = dn.os;
+  p.scale = scale;
+  p.keys_per_split = keys_per_split(a.s, std::min(splits, kMaxSplits));
+  p.splits = int(cdiv(a.s, p.keys_per_split));
+  if (p.splits > 1) {
+    const uint64_t need = attention_scratch_bytes(a, io, p.splits);
+    if (scratch == nullptr || scratch_bytes < need || (reinterpret_cast<uintptr_t>(scratch) & 15u) != 0)
+      return invalid_argument("attention: " + std::to_string(p.splits) + " key splits need " + std::to_string(need) +
+                              " bytes of 16-byte aligned scratch, got " + std::to_string(scratch_bytes));
+    p.part_o = static_cast<float*>(scratch);
+    p.part_ml = p.part_o + uint64_t(p.splits) * uint64_t(p.hk) * uint64_t(p.rows) * uint64_t(a.dv);
+  }
+  if (a.dh == 256) return ot == DType::F32 ? launch_bf16<256, float>(stream, p) : launch_bf16<256, uint16_t>(stream, p);
+  return ot == DType::F32 ? launch_bf16<72, float>(stream, p) : launch_bf16<72, uint16_t>(stream, p);
+}
+
+}  // namespace vlac::cuda

@@ -1,0 +1,64 @@
+// Device-side helpers shared by the .cu files: bf16 <-> fp32 with the CPU's rounding, typed loads
+// and stores over F32/BF16 activations, and the launch-status helper.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "core/dtype.h"
+#include "core/status.h"
+
+namespace vlac::cuda {
+
+/// Backend "<kernel>: <CUDA error string>" if the launch just made (or an earlier asynchronous
+/// failure) left an error, else ok.
+inline Status launch_status(const char* kernel) {
+  const cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess) return Status::ok();
+  return Status(StatusCode::Backend, std::string(kernel) + ": " + cudaGetErrorString(e));
+}
+
+inline bool is_act(DType t) { return t == DType::F32 || t == DType::BF16; }
+inline Status bad_dtype(const char* kernel) {
+  return unsupported(std::string(kernel) + ": activations must be F32 or BF16");
+}
+
+// Round to nearest even, NaN kept (the same bits as vlac::f32_to_bf16 on the host).
+__device__ __forceinline__ uint16_t f2bf(float f) {
+  return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+}
+__device__ __forceinline__ float bf2f(uint16_t h) { return __uint_as_float(uint32_t(h) << 16); }
+__device__ __forceinline__ float round_bf(float f) { return bf2f(f2bf(f)); }
+
+// Element access over F32 (float) and BF16 (uint16_t) arrays.
+template <typename T> __device__ __forceinline__ float ld(const T* p, int64_t i);
+template <> __device__ __forceinline__ float ld<float>(const float* p, int64_t i) { return p[i]; }
+template <> __device__ __forceinline__ float ld<uint16_t>(const uint16_t* p, int64_t i) { return bf2f(p[i]); }
+template <typename T> __device__ __forceinline__ void st(T* p, int64_t i, float v);
+template <> __device__ __forceinline__ void st<float>(float* p, int64_t i, float v) { p[i] = v; }
+template <> __device__ __forceinline__ void st<uint16_t>(uint16_t* p, int64_t i, float v) { p[i] = f2bf(v); }
+// The value as an array of T would hold it (bf16 rounding for uint16_t).
+template <typename T> __device__ __forceinline__ float as_stored(float v) {
+  if constexpr (sizeof(T) == 2) return round_bf(v); else return v;
+}
+
+// Calls fn.template operator()<Tx, Ty>() for the two activation dtypes (F32 -> float, BF16 ->
+// uint16_t); the caller checked is_act() for both.
+template <typename F>
+inline Status dispatch2(DType xt, DType yt, F&& fn) {
+  if (xt == DType::F32 && yt == DType::F32) return fn.template operator()<float, float>();
+  if (xt == DType::F32) return fn.template operator()<float, uint16_t>();
+  if (yt == DType::F32) return fn.template operator()<uint16_t, float>();
+  return fn.template operator()<uint16_t, uint16_t>();
+}
+
+inline unsigned grid_1d(int64_t n, int threads, int64_t cap = 65535LL * 8) {
+  int64_t b = (n + threads - 1) / threads;
+  if (b < 1) b = 1;
+  return unsigned(b < cap ? b : cap);
+}
+
+}  // namespace vlac::cuda

@@ -1,0 +1,203 @@
+// Casts, GELU-tanh, GeGLU, the Euler step, RoPE, im2col and the embedding gather: grid-stride
+// loops, fp32 math, one rounding at the store (plus the intermediate roundings torch's bf16 mode
+// makes, where a function's comment in kernels.h says so).
+#include <string>
+
+#include "backends/cuda/common.cuh"
+#include "backends/cuda/kernels.h"
+
+namespace vlac::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+#define VLAC_GRID_LOOP(i, n) \
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)
+
+__device__ __forceinline__ float gelu_tanh_1(float v) {
+  // 0.5·v·(1 + tanh(z)) = v / (1 + e^(−2z)), z = √(2/π)·(v + 0.044715·v³); expf, not __expf:
+  // the fast one loses ~1e-6 relative at large |z|.
+  constexpr float kC2 = 2.0f * 0.7978845608028654f;
+  return v / (1.0f + expf(-kC2 * (v + 0.044715f * v * v * v)));
+}
+
+template <typename Tx, typename Ty>
+__global__ void cast_kernel(const Tx* x, Ty* y, int64_t n) {
+  VLAC_GRID_LOOP(i, n) st(y, i, ld(x, i));
+}
+
+template <typename Tx, typename Ty>
+__global__ void gelu_kernel(const Tx* x, Ty* y, int64_t n) {
+  VLAC_GRID_LOOP(i, n) st(y, i, gelu_tanh_1(ld(x, i)));
+}
+
+template <typename Tx, typename Ty>
+__global__ void geglu_kernel(const Tx* gate, const Tx* up, int64_t in_stride, Ty* y, int64_t rows, int64_t f) {
+  VLAC_GRID_LOOP(i, rows * f) {
+    const int64_t r = i / f, c = i % f;
+    const float g = as_stored<Tx>(gelu_tanh_1(ld(gate, r * in_stride + c)));
+    st(y, i, g * ld(up, r * in_stride + c));
+  }
+}
+
+__global__ void euler_kernel(float* x, const float* v, float dt, int64_t n) {
+  VLAC_GRID_LOOP(i, n) x[i] += dt * v[i];
+}
+
+template <typename T>
+__global__ void rope_kernel(T* x, int64_t row_stride, const int64_t* pos, int64_t t, int64_t h, int64_t dh,
+                            float base) {
+  const int64_t half = dh / 2;
+  VLAC_GRID_LOOP(idx, t * h * half) {
+    const int64_t i = idx % half, hi = (idx / half) % h, ti = idx / (half * h);
+    const float inv_freq = 1.0f / float(pow(double(base), double(float(2 * i) / float(dh))));
+    const float a = float(pos[ti]) * inv_freq;
+    float s, c;
+    sincosf(a, &s, &c);
+    T* xr = x + ti * row_stride + hi * dh;
+    const float x0 = ld(xr, i), x1 = ld(xr, i + half);
+    st(xr, i, x0 * c - x1 * s);
+    st(xr, i + half, x1 * c + x0 * s);
+  }
+}
+
+template <typename T>
+__global__ void im2col_kernel(const float* img, T* cols, int64_t c, int64_t y, int64_t x, int64_t kh, int64_t kw) {
+  const int64_t nx = x / kw, patch = c * kh * kw, n = (y / kh) * nx * patch;
+  VLAC_GRID_LOOP(idx, n) {
+    const int64_t p = idx / patch, e = idx % patch;
+    const int64_t py = p / nx, px = p % nx;
+    const int64_t ci = e / (kh * kw), ky = (e / kw) % kh, kx = e % kw;
+    st(cols, idx, img[(ci * y + py * kh + ky) * x + px * kw + kx]);
+  }
+}
+
+template <typename Tt, typename To>
+__global__ void embedding_kernel(const Tt* table, int64_t v, int64_t d, const int64_t* ids, int64_t t, float scale,
+                                 To* out, int* bad) {
+  VLAC_GRID_LOOP(idx, t * d) {
+    const int64_t ti = idx / d, j = idx % d;
+    const int64_t id = ids[ti];
+    if (id < 0 || id >= v) {
+      st(out, idx, 0.0f);
+      if (bad && j == 0) atomicCAS(bad, 0, int(ti) + 1);
+      continue;
+    }
+    st(out, idx, ld(table, id * d + j) * scale);
+  }
+}
+
+Status check_n(const char* kernel, int64_t n) {
+  if (n < 0) return invalid_argument(std::string(kernel) + ": negative size " + std::to_string(n));
+  return Status::ok();
+}
+
+}  // namespace
+
+Status device_status() {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();  // clear it, so later launches do not report it
+    return Status(StatusCode::Backend, std::string("no CUDA device: ") + cudaGetErrorString(e));
+  }
+  if (n == 0) return Status(StatusCode::Backend, "no CUDA device: cudaGetDeviceCount returned 0");
+  return Status::ok();
+}
+
+int device_sm_count() {
+  int dev = 0, sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return sms;
+}
+
+Status cast(cudaStream_t stream, const void* x, DType xt, void* y, DType yt, int64_t n) {
+  if (!is_act(xt) || !is_act(yt)) return bad_dtype("cast");
+  VLAC_RETURN_IF_ERROR(check_n("cast", n));
+  if (n == 0) return Status::ok();
+  return dispatch2(xt, yt, [&]<typename Tx, typename Ty>() {
+    cast_kernel<<<grid_1d(n, kThreads), kThreads, 0, stream>>>(static_cast<const Tx*>(x), static_cast<Ty*>(y), n);
+    return launch_status("cast");
+  });
+}
+
+Status gelu_tanh(cudaStream_t stream, const void* x, DType xt, void* y, DType yt, int64_t n) {
+  if (!is_act(xt) || !is_act(yt)) return bad_dtype("gelu_tanh");
+  VLAC_RETURN_IF_ERROR(check_n("gelu_tanh", n));
+  if (n == 0) return Status::ok();
+  return dispatch2(xt, yt, [&]<typename Tx, typename Ty>() {
+    gelu_kernel<<<grid_1d(n, kThreads), kThreads, 0, stream>>>(static_cast<const Tx*>(x), static_cast<Ty*>(y), n);
+    return launch_status("gelu_tanh");
+  });
+}
+
+Status geglu(cudaStream_t stream, const void* gate, const void* up, DType it, int64_t in_stride, void* y, DType yt,
+             int64_t rows, int64_t f) {
+  if (!is_act(it) || !is_act(yt)) return bad_dtype("geglu");
+  if (rows < 0 || f < 0 || in_stride < f) return invalid_argument("geglu: bad shape or stride");
+  if (rows * f == 0) return Status::ok();
+  return dispatch2(it, yt, [&]<typename Tx, typename Ty>() {
+    geglu_kernel<<<grid_1d(rows * f, kThreads), kThreads, 0, stream>>>(
+        static_cast<const Tx*>(gate), static_cast<const Tx*>(up), in_stride, static_cast<Ty*>(y), rows, f);
+    return launch_status("geglu");
+  });
+}
+
+Status euler_step(cudaStream_t stream, float* x, const float* v, float dt, int64_t n) {
+  VLAC_RETURN_IF_ERROR(check_n("euler_step", n));
+  if (n == 0) return Status::ok();
+  euler_kernel<<<grid_1d(n, kThreads), kThreads, 0, stream>>>(x, v, dt, n);
+  return launch_status("euler_step");
+}
+
+Status rope(cudaStream_t stream, void* x, DType xt, int64_t row_stride, const int64_t* pos, int64_t t, int64_t h,
+            int64_t dh, float base) {
+  if (!is_act(xt)) return bad_dtype("rope");
+  if (t < 0 || h <= 0 || dh <= 0 || dh % 2 != 0 || row_stride < h * dh)
+    return invalid_argument("rope: bad shape (dh must be even, row_stride >= h·dh)");
+  if (t == 0) return Status::ok();
+  const int64_t n = t * h * (dh / 2);
+  if (xt == DType::F32)
+    rope_kernel<<<grid_1d(n, kThreads), kThreads, 0, stream>>>(static_cast<float*>(x), row_stride, pos, t, h, dh, base);
+  else
+    rope_kernel<<<grid_1d(n, kThreads), kThreads, 0, stream>>>(static_cast<uint16_t*>(x), row_stride, pos, t, h, dh,
+                                                               base);
+  return launch_status("rope");
+}
+
+Status im2col_patches(cudaStream_t stream, const float* img, void* cols, DType ct, int64_t c, int64_t y, int64_t x,
+                      int64_t kh, int64_t kw) {
+  if (!is_act(ct)) return bad_dtype("im2col_patches");
+  if (c <= 0 || kh <= 0 || kw <= 0 || y < kh || x < kw) return invalid_argument("im2col_patches: bad shape");
+  const int64_t n = (y / kh) * (x / kw) * c * kh * kw;
+  if (ct == DType::F32)
+    im2col_kernel<<<grid_1d(n, kThreads), kThreads, 0, stream>>>(img, static_cast<float*>(cols), c, y, x, kh, kw);
+  else
+    im2col_kernel<<<grid_1d(n, kThreads), kThreads, 0, stream>>>(img, static_cast<uint16_t*>(cols), c, y, x, kh, kw);
+  return launch_status("im2col_patches");
+}
+
+Status embedding(cudaStream_t stream, const void* table, DType tt, int64_t v, int64_t d, const int64_t* ids,
+                 int64_t t, float scale, void* out, DType ot, int* bad) {
+  if (!is_act(tt) || !is_act(ot)) return bad_dtype("embedding");
+  if (v <= 0 || d <= 0 || t < 0) return invalid_argument("embedding: bad shape");
+  if (t == 0) return Status::ok();
+  return dispatch2(tt, ot, [&]<typename Tt, typename To>() {
+    embedding_kernel<<<grid_1d(t * d, kThreads), kThreads, 0, stream>>>(static_cast<const Tt*>(table), v, d, ids, t,
+                                                                       scale, static_cast<To*>(out), bad);
+    return launch_status("embedding");
+  });
+}
+
+Status check_token_ids(const int64_t* ids, int64_t t, int64_t v) {
+  for (int64_t i = 0; i < t; ++i)
+    if (ids[i] < 0 || ids[i] >= v)
+      return invalid_argument("token id " + std::to_string(ids[i]) + " at position " + std::to_string(i) +
+                              " is outside the vocabulary [0, " + std::to_string(v) + ")");
+  return Status::ok();
+}
+
+}  // namespace vlac::cuda

@@ -1,0 +1,146 @@
+// cuBLASLt wrapper (gemm.h). Row-major y[M,N] = x[M,K]·W[N,K]ᵀ is, in cuBLASLt's column-major
+// terms, yᵀ[N,M] = op(W)·xᵀ with W seen as a K×N matrix (ld K) transposed and x as K×M (ld K):
+// the "TN" layout, which is also what cuBLASLt's FP8 kernels want later.
+#include "backends/cuda/gemm.h"
+
+#include <cublasLt.h>
+
+#include <string>
+
+namespace vlac::cuda {
+
+namespace {
+
+Status lt_error(const std::string& what, cublasStatus_t s) {
+  return Status(StatusCode::Backend, "cublasLt " + what + ": " + cublasLtGetStatusString(s));
+}
+#define VLAC_LT(call, what)                                          \
+  do {                                                               \
+    const cublasStatus_t vlac_lt_ = (call);                          \
+    if (vlac_lt_ != CUBLAS_STATUS_SUCCESS) return lt_error(what, vlac_lt_); \
+  } while (0)
+
+cudaDataType_t cuda_type(DType t) { return t == DType::F32 ? CUDA_R_32F : CUDA_R_16BF; }
+
+std::string shape_name(const GemmDesc& d) {
+  return std::to_string(d.m) + "x" + std::to_string(d.k) + "x" + std::to_string(d.n) + " " + dtype_name(d.in) +
+         "->" + dtype_name(d.out);
+}
+
+bool has_bias(Epilogue e) { return e == Epilogue::Bias || e == Epilogue::BiasGelu; }
+
+struct Plan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  void destroy() {
+    if (op) cublasLtMatmulDescDestroy(op);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    op = nullptr, a = b = c = nullptr;
+  }
+};
+
+}  // namespace
+
+struct GemmRunner::Impl {
+  cublasLtHandle_t handle = nullptr;
+  uint64_t workspace = 0;
+  std::map<decltype(GemmDesc{}.key()), Plan> plans;
+  ~Impl() {
+    for (auto& [k, p] : plans) p.destroy();
+    if (handle) cublasLtDestroy(handle);
+  }
+  Status make(const GemmDesc& d, Plan& p);
+};
+
+Status GemmRunner::Impl::make(const GemmDesc& d, Plan& p) {
+  const std::string name = shape_name(d);
+  if (d.m <= 0 || d.n <= 0 || d.k <= 0) return invalid_argument("gemm " + name + ": sizes must be positive");
+  if ((d.in != DType::BF16 && d.in != DType::F32) || (d.out != DType::BF16 && d.out != DType::F32))
+    return unsupported("gemm " + name + ": inputs and output must be BF16 or F32");
+  if (d.in == DType::F32 && d.out != DType::F32) return unsupported("gemm " + name + ": F32 inputs need an F32 output");
+  VLAC_LT(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "descriptor " + name);
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  VLAC_LT(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), "transa " + name);
+  VLAC_LT(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)), "transb " + name);
+  cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
+  switch (d.epilogue) {
+    case Epilogue::None: break;
+    case Epilogue::Bias: epi = CUBLASLT_EPILOGUE_BIAS; break;
+    case Epilogue::Gelu: epi = CUBLASLT_EPILOGUE_GELU; break;
+    case Epilogue::BiasGelu: epi = CUBLASLT_EPILOGUE_GELU_BIAS; break;
+  }
+  VLAC_LT(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)), "epilogue " + name);
+  const cudaDataType_t ti = cuda_type(d.in), to = cuda_type(d.out);
+  VLAC_LT(cublasLtMatrixLayoutCreate(&p.a, ti, uint64_t(d.k), uint64_t(d.n), d.k), "layout W " + name);
+  VLAC_LT(cublasLtMatrixLayoutCreate(&p.b, ti, uint64_t(d.k), uint64_t(d.m), d.k), "layout x " + name);
+  VLAC_LT(cublasLtMatrixLayoutCreate(&p.c, to, uint64_t(d.n), uint64_t(d.m), d.n), "layout y " + name);
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  VLAC_LT(cublasLtMatmulPreferenceCreate(&pref), "preference " + name);
+  const uint64_t ws = workspace;
+  const uint32_t align = 16;  // arena offsets are 16-byte aligned, not 256 (cuBLASLt's default assumption)
+  cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+  for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+    if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align));
+  cublasLtMatmulHeuristicResult_t res{};
+  int found = 0;
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasLtMatmulAlgoGetHeuristic(handle, p.op, p.a, p.b, p.c, p.c, pref, 1, &res, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (st != CUBLAS_STATUS_SUCCESS) return lt_error("heuristic " + name, st);
+  if (found == 0) return unsupported("gemm " + name + ": cuBLASLt has no algorithm for this shape");
+  p.algo = res.algo;
+  return Status::ok();
+}
+
+GemmRunner::GemmRunner(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+GemmRunner::GemmRunner(GemmRunner&&) noexcept = default;
+GemmRunner& GemmRunner::operator=(GemmRunner&&) noexcept = default;
+GemmRunner::~GemmRunner() = default;
+
+Result<GemmRunner> GemmRunner::create(uint64_t workspace_bytes) {
+  auto impl = std::make_unique<Impl>();
+  VLAC_LT(cublasLtCreate(&impl->handle), "create");
+  impl->workspace = workspace_bytes;
+  return GemmRunner(std::move(impl));
+}
+
+Status GemmRunner::plan(const GemmDesc& d) {
+  auto it = impl_->plans.find(d.key());
+  if (it != impl_->plans.end()) return Status::ok();
+  Plan p;
+  Status s = impl_->make(d, p);
+  if (!s.is_ok()) {
+    p.destroy();
+    return s;
+  }
+  impl_->plans.emplace(d.key(), p);
+  return Status::ok();
+}
+
+Status GemmRunner::run(cudaStream_t stream, const GemmDesc& d, const void* x, const void* w, const void* bias, void* y,
+                       void* workspace) {
+  VLAC_RETURN_IF_ERROR(plan(d));
+  const std::string name = "gemm " + shape_name(d);
+  if (has_bias(d.epilogue) != (bias != nullptr))
+    return invalid_argument(name + ": a bias is given iff the epilogue adds one");
+  for (const void* ptr : {x, w, static_cast<const void*>(y), bias})
+    if ((reinterpret_cast<uintptr_t>(ptr) & 15u) != 0) return invalid_argument(name + ": pointers must be 16-byte aligned");
+  if (impl_->workspace > 0 && workspace == nullptr) return invalid_argument(name + ": no workspace given");
+  Plan& p = impl_->plans.at(d.key());
+  if (bias) VLAC_LT(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)), name);
+  const float alpha = 1.0f, beta = d.accumulate ? 1.0f : 0.0f;
+  VLAC_LT(cublasLtMatmul(impl_->handle, p.op, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &p.algo, workspace,
+                         impl_->workspace, stream),
+          name);
+  return Status::ok();
+}
+
+uint64_t GemmRunner::workspace_bytes() const { return impl_->workspace; }
+size_t GemmRunner::plans() const { return impl_->plans.size(); }
+
+}  // namespace vlac::cuda

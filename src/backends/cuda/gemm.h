@@ -1,0 +1,62 @@
+// GEMMs through cuBLASLt: y[M,N] = x[M,K] · W[N,K]ᵀ (+ bias[N]) (then GELU) (+ y when
+// accumulating), with x and W row-major as vlac stores them (PyTorch's Linear layout), so no
+// weight is transposed or copied. bf16 (or fp32) in, fp32 accumulation, bf16 or fp32 out.
+// The algorithm of each shape is chosen once by cuBLASLt's heuristic and cached with its
+// descriptors; the workspace is the caller's (one planned buffer), so run() allocates nothing and
+// can be captured in a CUDA graph once planned.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <tuple>
+
+#include <cuda_runtime_api.h>
+
+#include "core/dtype.h"
+#include "core/status.h"
+
+namespace vlac::cuda {
+
+enum class Epilogue : uint8_t { None, Bias, Gelu, BiasGelu };
+
+struct GemmDesc {
+  int64_t m = 0, n = 0, k = 0;
+  DType in = DType::BF16;   // x and W: BF16 (fp32 accumulate) or F32 (fp32 math, TF32 off)
+  DType out = DType::BF16;  // y: BF16 or F32; the bias has this dtype too (torch's Linear in bf16)
+  Epilogue epilogue = Epilogue::None;
+  bool accumulate = false;  // y = y + x·Wᵀ...: a residual add fused into the GEMM (beta = 1)
+  auto key() const { return std::tuple(m, n, k, int(in), int(out), int(epilogue), accumulate); }
+};
+
+/// Not thread-safe: one runner per thread (the bias pointer is set on the cached descriptor).
+/// cuBLASLt's GELU epilogue is the tanh approximation (pi0.5's gelu_pytorch_tanh); it applies to
+/// the fp32 sum, then y is rounded once (torch in bf16 rounds the Linear output before its GELU).
+class GemmRunner {
+ public:
+  /// 32 MiB: what cuBLAS recommends on Hopper for split-K algorithms.
+  static constexpr uint64_t kDefaultWorkspaceBytes = 32ull << 20;
+  /// A cuBLASLt handle whose plans may use up to `workspace_bytes` of the caller's workspace.
+  static Result<GemmRunner> create(uint64_t workspace_bytes = kDefaultWorkspaceBytes);
+  GemmRunner(GemmRunner&&) noexcept;
+  GemmRunner& operator=(GemmRunner&&) noexcept;
+  ~GemmRunner();
+
+  /// Chooses and caches the algorithm of `d` (run() does this on first use; call it before a
+  /// graph capture so the capture records no planning).
+  Status plan(const GemmDesc& d);
+  /// Enqueues the GEMM. Device pointers, 16-byte aligned; bias null iff the epilogue has none;
+  /// workspace at least workspace_bytes() (may be null when that is 0).
+  Status run(cudaStream_t stream, const GemmDesc& d, const void* x, const void* w, const void* bias, void* y,
+             void* workspace);
+  uint64_t workspace_bytes() const;
+  /// Number of cached plans (shapes seen).
+  size_t plans() const;
+
+ private:
+  struct Impl;
+  explicit GemmRunner(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace vlac::cuda

@@ -1,0 +1,143 @@
+// CUDA kernels of the pi0.5 forward, below the backend seam: plain launchers over device pointers
+// and sizes that enqueue on the caller's stream and return without waiting. They never allocate:
+// what needs scratch says how much (*_scratch_bytes) and takes it from the caller, so an engine can
+// plan one device arena at load and capture a chunk in a CUDA graph.
+//
+// Semantics mirror the CPU kernels in backends/cpu/kernels.h function by function (the op-by-op
+// harness in tests/cuda checks each against them). Activations are F32 or BF16 (vlac::DType); the
+// math is fp32 everywhere, and a BF16 output is rounded to nearest-even once at the point where
+// lerobot's bf16 mode rounds (each function says where). Weights of norms are fp32, as lerobot
+// keeps them in its bf16 mode. Shapes are row-major, outermost first.
+//
+// Errors are values: bad sizes or dtypes return InvalidArgument/Unsupported before anything is
+// launched; a failed launch returns Backend "<kernel>: <CUDA error string>". A launch error can
+// also be a sticky error of an earlier asynchronous failure (CUDA reports those late).
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "core/dtype.h"
+#include "core/status.h"
+
+namespace vlac::cuda {
+
+/// lerobot/openpi's additive mask value (the CPU backend's kMaskValue).
+constexpr float kMaskValue = -2.3819763e38f;
+
+/// Ok when a CUDA device can be used; otherwise Backend "no CUDA device: <cudaGetErrorString>".
+Status device_status();
+/// Multiprocessors of the current device (attention_splits wants it); 0 when there is no device.
+int device_sm_count();
+
+// ---------------------------------------------------------------------------------------------
+// Casts and small elementwise ops (n elements; in place allowed where the dtypes agree)
+
+/// y = x converted (F32 <-> BF16, or a copy); F32 -> BF16 rounds to nearest even, NaN stays NaN.
+Status cast(cudaStream_t stream, const void* x, DType xt, void* y, DType yt, int64_t n);
+/// y = gelu_tanh(x) = 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))), rounded once to yt.
+Status gelu_tanh(cudaStream_t stream, const void* x, DType xt, void* y, DType yt, int64_t n);
+/// y[R,F] = gelu_tanh(gate) ⊙ up, where gate and up rows are `in_stride` elements apart (a fused
+/// gate+up GEMM output [R, 2F] is gate = p, up = p + F, in_stride = 2F). With BF16 inputs the
+/// GELU is rounded to bf16 before the product, as torch computes it in bf16.
+Status geglu(cudaStream_t stream, const void* gate, const void* up, DType it, int64_t in_stride, void* y,
+             DType yt, int64_t rows, int64_t f);
+/// x[N] += dt · v[N] (Euler step, fp32).
+Status euler_step(cudaStream_t stream, float* x, const float* v, float dt, int64_t n);
+
+// ---------------------------------------------------------------------------------------------
+// Normalization (one block per row; statistics in fp32, row = last dim)
+
+/// y = x · rsqrt(mean(x²) + eps) · (1 + w)   (Gemma RMSNorm; stored w is an offset).
+Status rms_norm(cudaStream_t stream, const void* x, DType xt, const float* w, void* y, DType yt, int64_t rows,
+                int64_t d, float eps);
+/// Adaptive RMSNorm (pi0.5 expert): mod[3D] = [scale | shift | gate] broadcast over rows,
+/// y = n·(1 + scale) + shift with n = x · rsqrt(mean(x²) + eps). The gate is mod + 2D (no copy).
+Status ada_rms_norm(cudaStream_t stream, const void* x, DType xt, const float* mod, void* y, DType yt,
+                    int64_t rows, int64_t d, float eps);
+/// y = (x − mean)/sqrt(var + eps) · w + b   (biased variance; SigLIP LayerNorm).
+Status layer_norm(cudaStream_t stream, const void* x, DType xt, const float* w, const float* b, void* y,
+                  DType yt, int64_t rows, int64_t d, float eps);
+
+/// The norm that follows a residual add in residual_norm.
+enum class NormKind { None, Rms, AdaRms, Layer };
+struct NormArgs {
+  NormKind kind = NormKind::None;
+  const float* w = nullptr;    // Rms, Layer: weight [D]
+  const float* b = nullptr;    // Layer: bias [D]
+  const float* mod = nullptr;  // AdaRms: [3D] = scale | shift | gate
+  float eps = 1e-6f;
+};
+/// The gated residual with the next norm fused: h[R,D] += branch ⊙ gate (gate [D] fp32 broadcast
+/// over rows; null: plain h += branch), then y = norm(h) (nothing for NormKind::None). With a BF16
+/// residual stream h, gate·branch and the sum are each rounded to bf16 (torch in bf16: the gate is
+/// cast to the activation dtype, then `h + y * gate`); F32 h keeps fp32.
+Status residual_norm(cudaStream_t stream, void* h, DType ht, const void* branch, DType bt, const float* gate,
+                     const NormArgs& norm, void* y, DType yt, int64_t rows, int64_t d);
+
+// ---------------------------------------------------------------------------------------------
+// Position embedding
+
+/// Rotary embedding in place, rotate-half layout, on t tokens × h heads × dh, token rows
+/// `row_stride` elements apart (a fused QKV output [T, 2560] holds q (8 heads) and k (1 head)
+/// side by side: h = 9, row_stride = 2560). pos [T] int64 on the device. Angles as the CPU's
+/// rope_table: inv_freq_i = 1/float(base^(2i/dh)) (double), a = float(pos)·inv_freq_i (fp32);
+/// the rotation in fp32, rounded once to xt.
+Status rope(cudaStream_t stream, void* x, DType xt, int64_t row_stride, const int64_t* pos, int64_t t, int64_t h,
+            int64_t dh, float base);
+
+// ---------------------------------------------------------------------------------------------
+// Embeddings
+
+/// The im2col matrix of a stride = kernel conv (the CPU's im2col_patches): img [C,Y,X] fp32 ->
+/// cols [(Y/kh)·(X/kw), C·kh·kw] in ct (BF16 rounds), each row one patch in (C, kh, kw) order.
+/// The patch embedding is then one GEMM with the conv weight [O, C·kh·kw] (Gemm, bias epilogue).
+Status im2col_patches(cudaStream_t stream, const float* img, void* cols, DType ct, int64_t c, int64_t y, int64_t x,
+                      int64_t kh, int64_t kw);
+/// out[T,D] = table[ids[t], :] · scale, the product in fp32 and rounded once to ot. table [V,D] in
+/// tt (F32 or BF16) on the device (or host-mapped, readable by the device); ids [T] int64 on the
+/// device. An id outside [0, V) writes a zero row and sets *bad (if not null) to 1 + its position;
+/// check ids on the host with check_token_ids before uploading them, as the CPU does.
+Status embedding(cudaStream_t stream, const void* table, DType tt, int64_t v, int64_t d, const int64_t* ids,
+                 int64_t t, float scale, void* out, DType ot, int* bad);
+/// InvalidArgument naming the position and value of the first id outside [0, V) (host ids).
+Status check_token_ids(const int64_t* ids, int64_t t, int64_t v);
+
+// ---------------------------------------------------------------------------------------------
+// Attention
+
+/// Sizes of out[T,H,Dv] = softmax(q·kᵀ·scale + mask) · v, with q [T,H,Dh], k [S,Hk,Dh], v [S,Hk,Dv]
+/// and H % Hk == 0 (query head i reads KV head i / (H/Hk); pi0.5's Gemmas: Hk = 1, H = 8).
+/// Strides are the elements between consecutive tokens' rows (0: dense, i.e. H·Dh, Hk·Dh, Hk·Dv,
+/// H·Dv), so q/k/v can be slices of a fused QKV output and k/v a K/V cache with room for more keys.
+struct AttentionShape {
+  int64_t t = 0, h = 0, hk = 1, s = 0, dh = 0, dv = 0;
+  int64_t q_stride = 0, k_stride = 0, v_stride = 0, o_stride = 0;
+};
+/// Mask as the CPU's AttentionMask: a boolean [T,S] (1 = may attend; 0 adds kMaskValue) or an
+/// additive fp32 [T,S], device pointers; `allow` wins when both are given, as on the CPU. A fully
+/// masked row becomes uniform over all S keys, exactly as with lerobot's additive mask.
+struct AttentionMask {
+  const uint8_t* allow = nullptr;
+  const float* add = nullptr;
+};
+/// How the keys are split across blocks for this shape on a GPU with `num_sms` multiprocessors
+/// (1 = no split). Few query rows (the expert's 50 tokens × 8 heads) get several splits so the
+/// grid fills the GPU; their partial results are merged by a second small kernel.
+int attention_splits(const AttentionShape& shape, DType io, int num_sms);
+/// Scratch bytes attention() needs with `splits` (0 for splits = 1); 16-byte aligned.
+uint64_t attention_scratch_bytes(const AttentionShape& shape, DType io, int splits);
+/// io = BF16: q, k, v are bf16; tensor-core kernel (mma.sync m16n8k16), fp32 scores, scale and
+/// mask in fp32, online softmax in fp32, probabilities rounded to bf16 before P·V, fp32
+/// accumulation; needs dh == dv ∈ {72, 256}. All query heads sharing a KV head are packed as the
+/// rows of one tile, so each K/V tile is read once for all of them.
+/// io = F32: q, k, v fp32, all fp32 (exact-parity mode), any dh = dv ≤ 256.
+/// out is [T,H,Dv] in ot (F32 or BF16). Row strides and pointers must be 16-byte aligned (BF16).
+/// The bf16 kernel's shared-memory limit is raised once per process, i.e. for the device current
+/// at the first call (one GPU per process today).
+Status attention(cudaStream_t stream, const AttentionShape& shape, DType io, const void* q, const void* k,
+                 const void* v, AttentionMask mask, void* out, DType ot, float scale, int splits, void* scratch,
+                 uint64_t scratch_bytes);
+
+}  // namespace vlac::cuda

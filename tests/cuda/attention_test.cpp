@@ -1,0 +1,195 @@
+// Attention kernels against the CPU: the fp32 kernel against cpu::attention (all rows), the bf16
+// tensor-core kernel against a host emulation of lerobot's bf16 mode (fp32 scores of bf16 q·k,
+// the CPU's fp32 masked softmax, probabilities rounded to bf16, P·V accumulated in double) on
+// every row, or on every 8th token (and every padded one) of the 968-token prefix.
+// Tolerances (max |Δ| / max |ref| over the checked rows):
+//   fp32: 2e-5 — online vs two-pass softmax and expf vs the CPU's exp, fp32 sums in another order;
+//   bf16, fp32 out: 4e-3 — the kernel rounds exp(s − running max) to bf16 before dividing by the
+//     sum, the reference rounds the normalized probability: each p differs by up to 2^-8 relative;
+//   bf16 out: 1e-2 — plus one rounding of the output.
+#include <gtest/gtest.h>
+
+#include "backends/cpu/kernels.h"
+#include "cuda_test_util.h"
+
+namespace vlac::cuda::testing {
+namespace {
+
+enum class MaskKind { None, Allow, Add };
+
+struct Case {
+  const char* what;
+  int64_t t, h, hk, s, d;
+  MaskKind mask;
+  bool strided;    // q/k/v/out with padded row strides (slices of fused buffers)
+  int64_t valid;   // keys [valid, pad_end) are padding (masked); query tokens >= valid_q fully masked
+  int64_t pad_end;
+  int64_t valid_q;
+};
+
+const Case kCases[] = {
+    {"prefix 968 (3 cameras, 200 slots)", 968, 8, 1, 968, 256, MaskKind::Allow, true, 900, 968, 900},
+    {"expert 50 vs 968 + 50", 50, 8, 1, 1018, 256, MaskKind::Allow, true, 900, 968, 50},
+    {"siglip 256 x 16 heads x 72", 256, 16, 16, 256, 72, MaskKind::None, false, 256, 256, 256},
+    {"odd MQA 37 vs 131, additive mask", 37, 8, 1, 131, 256, MaskKind::Add, true, 100, 120, 30},
+    {"odd GQA 5 x 4 heads / 2 kv vs 70", 5, 4, 2, 70, 72, MaskKind::Allow, true, 40, 65, 4},
+    {"one token one key", 1, 8, 1, 1, 256, MaskKind::None, false, 1, 1, 1},
+};
+
+struct Data {
+  AttentionShape shape;
+  std::vector<float> q, k, v;  // strided host copies (the device layout)
+  std::vector<uint8_t> allow;
+  std::vector<float> add;
+};
+
+Data make(const Case& c, uint32_t seed, bool bf) {
+  Data dd;
+  AttentionShape& a = dd.shape;
+  a.t = c.t, a.h = c.h, a.hk = c.hk, a.s = c.s, a.dh = c.d, a.dv = c.d;
+  if (c.strided) {
+    a.q_stride = c.h * c.d + 64;
+    a.k_stride = a.v_stride = 2 * c.hk * c.d;  // one [S, K | V] cache row per key
+    a.o_stride = c.h * c.d + 16;
+  } else {
+    a.q_stride = c.h * c.d, a.k_stride = a.v_stride = c.hk * c.d, a.o_stride = c.h * c.d;
+  }
+  dd.q = randn(size_t(c.t * a.q_stride), seed, 1.5f);
+  dd.k = randn(size_t(c.s * a.k_stride), seed + 1);
+  dd.v = randn(size_t(c.s * a.v_stride), seed + 2);
+  if (bf) dd.q = bf16_values(dd.q), dd.k = bf16_values(dd.k), dd.v = bf16_values(dd.v);
+  const size_t tm = size_t(c.t * c.s);
+  std::mt19937 rng(seed + 3);
+  if (c.mask == MaskKind::Allow) {
+    dd.allow.assign(tm, 1);
+    for (int64_t i = 0; i < c.t; ++i)
+      for (int64_t j = 0; j < c.s; ++j)
+        if (i >= c.valid_q || (j >= c.valid && j < c.pad_end)) dd.allow[size_t(i * c.s + j)] = 0;
+  } else if (c.mask == MaskKind::Add) {
+    dd.add.assign(tm, 0.0f);
+    for (int64_t i = 0; i < c.t; ++i)
+      for (int64_t j = 0; j < c.s; ++j) {
+        float& m = dd.add[size_t(i * c.s + j)];
+        if (i >= c.valid_q || (j >= c.valid && j < c.pad_end)) m = kMaskValue;
+        else m = float(int(rng() % 5)) - 2.0f;  // a soft bias too
+      }
+  }
+  return dd;
+}
+
+// Dense [T,H,D] q, [S,Hk,D] k/v out of the strided layout (k at column 0 of a cache row, v after it).
+std::vector<float> dense(const std::vector<float>& x, int64_t rows, int64_t width, int64_t stride, int64_t offset) {
+  std::vector<float> y(static_cast<size_t>(rows * width));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < width; ++i) y[size_t(r * width + i)] = x[size_t(r * stride + offset + i)];
+  return y;
+}
+
+class CudaAttention : public CudaTest {};
+
+TEST_F(CudaAttention, MatchesCpuOnPi05ShapesAndOddOnes) {
+  const int sms = device_sm_count();
+  uint32_t seed = 1000;
+  for (const Case& c : kCases) {
+    for (DType io : {DType::F32, DType::BF16}) {
+      const bool bf = io == DType::BF16;
+      Data dd = make(c, seed += 10, bf);
+      const AttentionShape& a = dd.shape;
+      const bool strided = c.strided;
+      const int64_t v_off = strided ? c.hk * c.d : 0;
+      const auto qd = dense(dd.q, c.t, c.h * c.d, a.q_stride, 0);
+      const auto kd = dense(dd.k, c.s, c.hk * c.d, a.k_stride, 0);
+      const auto vd = dense(dd.v, c.s, c.hk * c.d, a.v_stride, v_off);
+      // The device copies: k and v share one buffer when strided (a K|V cache).
+      std::vector<float> kv = dd.k;
+      if (strided)
+        for (int64_t j = 0; j < c.s; ++j)
+          for (int64_t i = 0; i < c.hk * c.d; ++i) kv[size_t(j * a.k_stride + v_off + i)] = dd.v[size_t(j * a.v_stride + v_off + i)];
+      auto dq = bf ? to_device(to_bf16(dd.q)) : to_device(dd.q);
+      auto dk = bf ? to_device(to_bf16(kv)) : to_device(kv);
+      auto dv = strided ? nullptr : (bf ? to_device(to_bf16(dd.v)) : to_device(dd.v));
+      const size_t es = bf ? 2 : 4;
+      const void* kp = dk->get();
+      const void* vp = strided ? static_cast<const void*>(static_cast<const uint8_t*>(dk->get()) + size_t(v_off) * es) : dv->get();
+      auto dallow = dd.allow.empty() ? nullptr : to_device(dd.allow);
+      auto dadd = dd.add.empty() ? nullptr : to_device(dd.add);
+      AttentionMask mask{dallow ? dallow->as<uint8_t>() : nullptr, dadd ? dadd->as<float>() : nullptr};
+      const float scale = 1.0f / std::sqrt(float(c.d));
+
+      // Reference rows.
+      const int64_t hd = c.h * c.d;
+      std::vector<float> ref(static_cast<size_t>(c.t * hd));
+      std::vector<int64_t> check_tokens;
+      for (int64_t i = 0; i < c.t; ++i)
+        if (c.t <= 256 || i % 8 == 0 || i >= c.valid_q) check_tokens.push_back(i);
+      if (!bf) {
+        std::vector<float> scratch(static_cast<size_t>(cpu::attention_scratch_floats(c.t, c.s, 1, c.h)));
+        cpu::attention(qd.data(), kd.data(), vd.data(), cpu::AttentionMask{dd.allow.empty() ? nullptr : dd.allow.data(),
+                                                                           dd.add.empty() ? nullptr : dd.add.data()},
+                       ref.data(), c.t, c.h, c.hk, c.s, c.d, c.d, scale, scratch.data(), int64_t(scratch.size()));
+      } else {
+        std::vector<float> row(static_cast<size_t>(c.s));
+        for (int64_t i : check_tokens)
+          for (int64_t hh = 0; hh < c.h; ++hh) {
+            const int64_t g = hh / (c.h / c.hk);
+            for (int64_t j = 0; j < c.s; ++j) {
+              double dot = 0;
+              for (int64_t e = 0; e < c.d; ++e)
+                dot += double(qd[size_t((i * c.h + hh) * c.d + e)]) * kd[size_t((j * c.hk + g) * c.d + e)];
+              row[size_t(j)] = float(dot);
+            }
+            cpu::masked_softmax_row(row.data(), c.s, scale, dd.allow.empty() ? nullptr : &dd.allow[size_t(i * c.s)],
+                                    dd.add.empty() ? nullptr : &dd.add[size_t(i * c.s)]);
+            for (int64_t e = 0; e < c.d; ++e) {
+              double o = 0;
+              for (int64_t j = 0; j < c.s; ++j)
+                o += double(bf16_to_f32(f32_to_bf16(row[size_t(j)]))) * vd[size_t((j * c.hk + g) * c.d + e)];
+              ref[size_t((i * c.h + hh) * c.d + e)] = float(o);
+            }
+          }
+      }
+      const int auto_splits = attention_splits(a, io, sms);
+      for (int splits : {1, auto_splits, 3})
+        for (DType ot : {DType::F32, DType::BF16}) {
+          const uint64_t sb = attention_scratch_bytes(a, io, splits);
+          DevBuf scratch(sb), dout(size_t(c.t * a.o_stride) * 4);
+          dout.poison();
+          VLAC_CUDA_OK(attention(stream_, a, io, dq->get(), kp, vp, mask, dout.get(), ot, scale, splits, scratch.get(), sb));
+          sync();
+          const size_t on = size_t(c.t * a.o_stride);
+          const auto out = ot == DType::F32 ? download<float>(dout, on) : from_bf16(download<uint16_t>(dout, on));
+          std::vector<float> got, want;
+          for (int64_t i : check_tokens)
+            for (int64_t e = 0; e < hd; ++e) {
+              got.push_back(out[size_t(i * a.o_stride + e)]);
+              want.push_back(ref[size_t(i * hd + e)]);
+            }
+          const double tol = !bf ? (ot == DType::F32 ? 2e-5 : 8e-3) : (ot == DType::F32 ? 4e-3 : 1e-2);
+          const double err = rel_err(got, want);
+          EXPECT_LT(err, tol) << c.what << " " << dtype_name(io) << "->" << dtype_name(ot) << " splits " << splits;
+          std::printf("[attention] %-36s %s->%s splits %d (auto %d): rel err %.3g (tol %.0e)\n", c.what, dtype_name(io),
+                      dtype_name(ot), splits, auto_splits, err, tol);
+        }
+    }
+  }
+}
+
+TEST(CudaAttentionPlan, ExpertShapeSplitsTheKeys) {
+  AttentionShape a;
+  a.t = 50, a.h = 8, a.hk = 1, a.s = 1018, a.dh = a.dv = 256;
+  EXPECT_GT(attention_splits(a, DType::BF16, 132), 1);
+  EXPECT_GT(attention_scratch_bytes(a, DType::BF16, attention_splits(a, DType::BF16, 132)), 0u);
+  EXPECT_EQ(attention_splits(a, DType::F32, 132), 1);  // the fp32 kernel never splits
+  a.t = 968 * 4, a.s = 968;
+  EXPECT_EQ(attention_splits(a, DType::BF16, 132), 1);  // 484 row tiles fill the GPU already
+}
+
+TEST(CudaAttentionPlan, UnsupportedHeadDimIsAStatus) {
+  AttentionShape a;
+  a.t = 4, a.h = 2, a.hk = 1, a.s = 4, a.dh = a.dv = 64;
+  const Status s = attention(nullptr, a, DType::BF16, nullptr, nullptr, nullptr, {}, nullptr, DType::F32, 1.0f, 1, nullptr, 0);
+  EXPECT_EQ(s.code(), StatusCode::Unsupported) << s.message();
+}
+
+}  // namespace
+}  // namespace vlac::cuda::testing

@@ -1,0 +1,95 @@
+// cuBLASLt GEMMs against the CPU's fp32 sgemm on the same (bf16-representable) values, at every
+// GEMM shape of pi0.5 that differs in kind, and at odd sizes. Tolerances (max |Δ| / max |ref|):
+//   bf16 in, fp32 out: 1e-4 — exact products, fp32 accumulation in another order (K up to 16384);
+//   bf16 in, bf16 out: 8e-3 — plus one rounding of the output to bf16;
+//   fp32 in (TF32 off): 2e-5 — fp32 FMA throughout; TF32 would show as ~1e-3.
+#include <gtest/gtest.h>
+
+#include "backends/cpu/kernels.h"
+#include "backends/cuda/gemm.h"
+#include "cuda_test_util.h"
+
+namespace vlac::cuda::testing {
+namespace {
+
+class CudaGemm : public CudaTest {};
+
+struct Case { int64_t m, k, n; const char* what; };
+const Case kCases[] = {
+    {968, 2048, 2560, "prefix fused qkv"},   {968, 16384, 2048, "prefix down"},
+    {50, 1024, 8192, "expert fused gate+up"}, {50, 4096, 1024, "expert down"},
+    {256, 1152, 4304, "siglip fc1"},          {256, 588, 1152, "patch embedding"},
+    {1, 1024, 3072, "adaRMS modulation"},     {37, 104, 77, "odd"},
+    {5, 24, 8, "tiny"},
+};
+
+void ref_gemm(const std::vector<float>& x, const std::vector<float>& w, const float* bias, bool gelu,
+              const std::vector<float>* acc, std::vector<float>& y, int64_t m, int64_t k, int64_t n) {
+  cpu::linear_f32(x.data(), w.data(), bias, y.data(), m, k, n);
+  if (gelu) cpu::gelu_tanh(y.data(), y.data(), m * n);
+  if (acc)
+    for (size_t i = 0; i < y.size(); ++i) y[i] += (*acc)[i];
+}
+
+TEST_F(CudaGemm, MatchesCpuAtPi05Shapes) {
+  auto runner = GemmRunner::create();
+  ASSERT_TRUE(runner.is_ok()) << runner.status().message();
+  DevBuf ws(runner->workspace_bytes());
+  uint32_t seed = 1;
+  for (const auto& c : kCases) {
+    const size_t xn = size_t(c.m * c.k), wn = size_t(c.n * c.k), yn = size_t(c.m * c.n);
+    const float wsd = 1.0f / std::sqrt(float(c.k));
+    for (DType in : {DType::BF16, DType::F32})
+      for (DType out : {DType::F32, DType::BF16}) {
+        if (in == DType::F32 && out == DType::BF16) continue;
+        for (Epilogue epi : {Epilogue::None, Epilogue::Bias, Epilogue::BiasGelu, Epilogue::Gelu})
+          for (bool accumulate : {false, true}) {
+            if (accumulate && (epi == Epilogue::Gelu || epi == Epilogue::BiasGelu)) continue;
+            if (c.k >= 4096 && epi != Epilogue::Bias) continue;  // big K: one epilogue keeps the CPU reference cheap
+            auto x = randn(xn, ++seed), w = randn(wn, ++seed, wsd), b = randn(size_t(c.n), ++seed);
+            auto y0 = randn(yn, ++seed);
+            const bool bf = in == DType::BF16;
+            if (bf) x = bf16_values(x), w = bf16_values(w);
+            if (out == DType::BF16) b = bf16_values(b), y0 = bf16_values(y0);
+            auto dx = bf ? to_device(to_bf16(x)) : to_device(x);
+            auto dw = bf ? to_device(to_bf16(w)) : to_device(w);
+            auto db = out == DType::BF16 ? to_device(to_bf16(b)) : to_device(b);
+            auto dy = out == DType::BF16 ? to_device(to_bf16(y0)) : to_device(y0);
+            if (!accumulate) dy->poison();
+            GemmDesc d{c.m, c.n, c.k, in, out, epi, accumulate};
+            const bool has_b = epi == Epilogue::Bias || epi == Epilogue::BiasGelu;
+            VLAC_CUDA_OK(runner->run(stream_, d, dx->get(), dw->get(), has_b ? db->get() : nullptr, dy->get(), ws.get()));
+            sync();
+            std::vector<float> ref(yn);
+            ref_gemm(x, w, has_b ? b.data() : nullptr, epi == Epilogue::Gelu || epi == Epilogue::BiasGelu,
+                     accumulate ? &y0 : nullptr, ref, c.m, c.k, c.n);
+            const auto y = out == DType::F32 ? download<float>(*dy, yn) : from_bf16(download<uint16_t>(*dy, yn));
+            const double tol = !bf ? 2e-5 : out == DType::F32 ? 1e-4 : 8e-3;
+            EXPECT_LT(rel_err(y, ref), tol) << c.what << " " << c.m << "x" << c.k << "x" << c.n << " "
+                                            << dtype_name(in) << "->" << dtype_name(out) << " epilogue " << int(epi)
+                                            << " accumulate " << accumulate;
+          }
+      }
+  }
+  EXPECT_GT(runner->plans(), size_t(20));
+}
+
+TEST_F(CudaGemm, PlanIsCachedAndArgumentsAreChecked) {
+  auto runner = GemmRunner::create(1 << 20);
+  ASSERT_TRUE(runner.is_ok()) << runner.status().message();
+  GemmDesc d{50, 1024, 1024, DType::BF16, DType::BF16, Epilogue::Bias, false};
+  VLAC_CUDA_OK(runner->plan(d));
+  VLAC_CUDA_OK(runner->plan(d));
+  EXPECT_EQ(runner->plans(), size_t(1));
+  DevBuf x(50 * 1024 * 2), w(1024 * 1024 * 2), y(50 * 1024 * 2), ws(1 << 20);
+  const Status no_bias = runner->run(stream_, d, x.get(), w.get(), nullptr, y.get(), ws.get());
+  EXPECT_EQ(no_bias.code(), StatusCode::InvalidArgument) << no_bias.message();
+  const Status odd = runner->run(stream_, d, static_cast<uint8_t*>(x.get()) + 2, w.get(), y.get(), y.get(), ws.get());
+  EXPECT_EQ(odd.code(), StatusCode::InvalidArgument) << odd.message();
+  GemmDesc bad = d;
+  bad.in = DType::F32;  // F32 inputs with a BF16 output
+  EXPECT_EQ(runner->plan(bad).code(), StatusCode::Unsupported);
+}
+
+}  // namespace
+}  // namespace vlac::cuda::testing

@@ -1,0 +1,275 @@
+// CUDA elementwise, norm, RoPE and embedding kernels against the CPU backend's kernels, at pi0.5's
+// real shapes and at odd ones. Tolerances (max |Δ| / max |ref| over the tensor):
+//   fp32 out: 2e-5 — same formulas in fp32; the differences are summation order (block reductions
+//     vs the CPU's double sums), FMA contraction, expf/sincosf vs glibc (≤ 2 ulp) and the CPU's
+//     polynomial exp in GELU;
+//   bf16 out: 8e-3 — one rounding to bf16 (≤ 2^-9 relative) on top of the above, where a value
+//     next to a rounding boundary may round the other way (one bf16 ulp, 2^-8 relative).
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include "backends/cpu/kernels.h"
+#include "cuda_test_util.h"
+
+namespace vlac::cuda::testing {
+namespace {
+
+constexpr double kTolF32 = 2e-5;
+constexpr double kTolBf16 = 8e-3;
+
+class CudaKernels : public CudaTest {};
+
+TEST_F(CudaKernels, CastsRoundLikeTheHost) {
+  std::vector<float> x = randn(100003, 1, 3.0f);
+  // Ties, NaN, infinities, denormals and overflow past bf16's max.
+  const float specials[] = {1.00390625f, 1.01171875f, -1.00390625f, NAN, INFINITY, -INFINITY, 1e-40f, 3.4e38f, 0.0f, -0.0f};
+  for (size_t i = 0; i < std::size(specials); ++i) x[i] = specials[i];
+  DevBuf dx(x.size() * 4), dy(x.size() * 2), dz(x.size() * 4);
+  upload(dx, x);
+  VLAC_CUDA_OK(cast(stream_, dx.get(), DType::F32, dy.get(), DType::BF16, int64_t(x.size())));
+  VLAC_CUDA_OK(cast(stream_, dy.get(), DType::BF16, dz.get(), DType::F32, int64_t(x.size())));
+  sync();
+  const auto y = download<uint16_t>(dy, x.size());
+  const auto z = download<float>(dz, x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (std::isnan(x[i])) {
+      EXPECT_TRUE(std::isnan(bf16_to_f32(y[i])));
+      continue;
+    }
+    ASSERT_EQ(y[i], f32_to_bf16(x[i])) << "element " << i << " = " << x[i];
+    ASSERT_EQ(f32_bits(z[i]), f32_bits(bf16_to_f32(y[i])));
+  }
+}
+
+struct NormCase { int64_t rows, d; };
+const NormCase kNormCases[] = {{968, 2048}, {50, 1024}, {256, 1152}, {7, 1000}, {1, 3}};
+
+// Runs fn(xt, yt) for the four input/output dtype pairs; returns the tolerance for yt.
+double tol_for(DType yt) { return yt == DType::F32 ? kTolF32 : kTolBf16; }
+
+TEST_F(CudaKernels, NormsMatchCpu) {
+  uint32_t seed = 10;
+  for (const auto& c : kNormCases) {
+    const size_t n = size_t(c.rows * c.d);
+    for (DType xt : {DType::F32, DType::BF16})
+      for (DType yt : {DType::F32, DType::BF16}) {
+        // Inputs as xt holds them; the CPU reference reads the same values in fp32.
+        auto x = randn(n, ++seed, 2.0f);
+        if (xt == DType::BF16) x = bf16_values(x);
+        const auto w = randn(size_t(c.d), ++seed, 0.5f), b = randn(size_t(c.d), ++seed, 0.5f);
+        const auto mod = randn(size_t(3 * c.d), ++seed, 0.5f);
+        auto dx = xt == DType::F32 ? to_device(x) : to_device(to_bf16(x));
+        auto dw = to_device(w), db = to_device(b), dmod = to_device(mod);
+        DevBuf dy(n * 4);
+        for (int kind = 0; kind < 3; ++kind) {
+          std::vector<float> ref(n), gate(size_t(c.d));
+          dy.poison();
+          if (kind == 0) {
+            cpu::rms_norm(x.data(), w.data(), ref.data(), c.rows, c.d, 1e-6f);
+            VLAC_CUDA_OK(rms_norm(stream_, dx->get(), xt, dw->as<float>(), dy.get(), yt, c.rows, c.d, 1e-6f));
+          } else if (kind == 1) {
+            cpu::ada_rms_norm(x.data(), mod.data(), ref.data(), gate.data(), c.rows, c.d, 1e-6f);
+            VLAC_CUDA_OK(ada_rms_norm(stream_, dx->get(), xt, dmod->as<float>(), dy.get(), yt, c.rows, c.d, 1e-6f));
+          } else {
+            cpu::layer_norm(x.data(), w.data(), b.data(), ref.data(), c.rows, c.d, 1e-6f);
+            VLAC_CUDA_OK(layer_norm(stream_, dx->get(), xt, dw->as<float>(), db->as<float>(), dy.get(), yt, c.rows,
+                                    c.d, 1e-6f));
+          }
+          sync();
+          const auto y = yt == DType::F32 ? download<float>(dy, n) : from_bf16(download<uint16_t>(dy, n));
+          EXPECT_LT(rel_err(y, ref), tol_for(yt)) << "norm " << kind << " [" << c.rows << ", " << c.d << "] "
+                                                  << dtype_name(xt) << "->" << dtype_name(yt);
+        }
+      }
+  }
+}
+
+// h += branch ⊙ gate, then the norm of h: the residual stream exactly as the host computes it
+// (fp32, or bf16 with torch's two roundings), the norm within the norm tolerances.
+TEST_F(CudaKernels, ResidualNormMatchesCpu) {
+  uint32_t seed = 100;
+  for (const auto& c : kNormCases) {
+    const size_t n = size_t(c.rows * c.d);
+    for (DType ht : {DType::F32, DType::BF16})
+      for (int kind = 0; kind < 4; ++kind)
+        for (bool gated : {false, true}) {
+          auto h = randn(n, ++seed, 2.0f), br = randn(n, ++seed);
+          if (ht == DType::BF16) h = bf16_values(h), br = bf16_values(br);
+          const auto w = randn(size_t(c.d), ++seed, 0.5f), b = randn(size_t(c.d), ++seed, 0.5f);
+          const auto mod = randn(size_t(3 * c.d), ++seed, 0.5f), g = randn(size_t(c.d), ++seed);
+          auto dh = ht == DType::F32 ? to_device(h) : to_device(to_bf16(h));
+          auto dbr = ht == DType::F32 ? to_device(br) : to_device(to_bf16(br));
+          auto dw = to_device(w), db = to_device(b), dmod = to_device(mod), dg = to_device(g);
+          DevBuf dy(n * 2);  // bf16 output
+          dy.poison();
+          NormArgs na;
+          na.kind = NormKind(kind);
+          na.w = dw->as<float>(), na.b = db->as<float>(), na.mod = dmod->as<float>();
+          VLAC_CUDA_OK(residual_norm(stream_, dh->get(), ht, dbr->get(), ht, gated ? dg->as<float>() : nullptr, na,
+                                     dy.get(), DType::BF16, c.rows, c.d));
+          sync();
+          std::vector<float> href(h);
+          for (size_t i = 0; i < n; ++i) {
+            const float gi = g[i % size_t(c.d)];
+            if (ht == DType::F32) {
+              href[i] = h[i] + (gated ? br[i] * gi : br[i]);
+            } else {
+              const float add = gated ? bf16_to_f32(f32_to_bf16(br[i] * bf16_to_f32(f32_to_bf16(gi)))) : br[i];
+              href[i] = bf16_to_f32(f32_to_bf16(h[i] + add));
+            }
+          }
+          const auto hgot = ht == DType::F32 ? download<float>(*dh, n) : from_bf16(download<uint16_t>(*dh, n));
+          EXPECT_LT(rel_err(hgot, href), ht == DType::F32 ? 1e-6 : 1e-7)
+              << "residual [" << c.rows << ", " << c.d << "] " << dtype_name(ht) << " gated " << gated;
+          if (kind == 0) continue;
+          std::vector<float> ref(n), gate(size_t(c.d));
+          if (na.kind == NormKind::Rms) cpu::rms_norm(href.data(), w.data(), ref.data(), c.rows, c.d, 1e-6f);
+          if (na.kind == NormKind::AdaRms) cpu::ada_rms_norm(href.data(), mod.data(), ref.data(), gate.data(), c.rows, c.d, 1e-6f);
+          if (na.kind == NormKind::Layer) cpu::layer_norm(href.data(), w.data(), b.data(), ref.data(), c.rows, c.d, 1e-6f);
+          EXPECT_LT(rel_err(from_bf16(download<uint16_t>(dy, n)), ref), kTolBf16)
+              << "norm " << kind << " after residual [" << c.rows << ", " << c.d << "] " << dtype_name(ht);
+        }
+  }
+}
+
+TEST_F(CudaKernels, GeluAndGegluMatchCpu) {
+  for (auto [rows, f] : {std::pair<int64_t, int64_t>{968, 16384}, {50, 4096}, {256, 4304}, {3, 77}}) {
+    const size_t n = size_t(rows * f);
+    auto gu = randn(2 * n, uint32_t(rows + f), 2.0f);  // fused [rows, 2F]: gate | up per row
+    for (DType it : {DType::F32, DType::BF16})
+      for (DType yt : {DType::F32, DType::BF16}) {
+        auto in = it == DType::BF16 ? bf16_values(gu) : gu;
+        auto din = it == DType::F32 ? to_device(in) : to_device(to_bf16(in));
+        const size_t es = it == DType::F32 ? 4 : 2;
+        DevBuf dy(n * 4);
+        dy.poison();
+        const auto* base = static_cast<const uint8_t*>(din->get());
+        VLAC_CUDA_OK(geglu(stream_, base, base + size_t(f) * es, it, 2 * f, dy.get(), yt, rows, f));
+        sync();
+        std::vector<float> gate(n), up(n), ref(n);
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t j = 0; j < f; ++j) {
+            gate[size_t(r * f + j)] = in[size_t(r * 2 * f + j)];
+            up[size_t(r * f + j)] = in[size_t(r * 2 * f + f + j)];
+          }
+        if (it == DType::BF16) {  // torch in bf16: gelu rounded, then the product
+          cpu::gelu_tanh(gate.data(), ref.data(), int64_t(n));
+          for (size_t i = 0; i < n; ++i) ref[i] = bf16_to_f32(f32_to_bf16(ref[i])) * up[i];
+        } else {
+          cpu::geglu(gate.data(), up.data(), ref.data(), int64_t(n));
+        }
+        const auto y = yt == DType::F32 ? download<float>(dy, n) : from_bf16(download<uint16_t>(dy, n));
+        EXPECT_LT(rel_err(y, ref), tol_for(yt) * (it == DType::BF16 ? 2 : 1))
+            << "geglu [" << rows << ", " << f << "] " << dtype_name(it) << "->" << dtype_name(yt);
+        // Plain GELU on the gate half.
+        auto dg = to_device(gate);
+        dy.poison();
+        VLAC_CUDA_OK(gelu_tanh(stream_, dg->get(), DType::F32, dy.get(), DType::F32, int64_t(n)));
+        sync();
+        cpu::gelu_tanh(gate.data(), ref.data(), int64_t(n));
+        EXPECT_LT(rel_err(download<float>(dy, n), ref), kTolF32);
+      }
+  }
+}
+
+TEST_F(CudaKernels, RopeMatchesCpuInsideAFusedQkvRow) {
+  // Prefix positions with pad gaps (repeated positions), as the pad-mask cumsum makes them.
+  for (auto [t, h, dh] : {std::tuple<int64_t, int64_t, int64_t>{968, 8, 256}, {50, 8, 256}, {13, 3, 72}}) {
+    const int64_t stride = (h + 2) * dh;  // q heads, then k, then v: rotate q and k (h + 1 heads)
+    std::vector<int64_t> pos(static_cast<size_t>(t));
+    for (int64_t i = 0; i < t; ++i) pos[size_t(i)] = i < t / 2 ? i : t / 2 + (i - t / 2) / 3 + 7;
+    auto x = randn(size_t(t * stride), uint32_t(t * h));
+    for (DType xt : {DType::F32, DType::BF16}) {
+      auto xin = xt == DType::BF16 ? bf16_values(x) : x;
+      auto dx = xt == DType::F32 ? to_device(xin) : to_device(to_bf16(xin));
+      auto dpos = to_device(pos);
+      VLAC_CUDA_OK(rope(stream_, dx->get(), xt, stride, dpos->as<int64_t>(), t, h + 1, dh, 10000.0f));
+      sync();
+      // CPU: rope on the dense [T, h+1, dh] part, v untouched.
+      std::vector<float> dense(static_cast<size_t>(t * (h + 1) * dh));
+      for (int64_t i = 0; i < t; ++i)
+        std::memcpy(&dense[size_t(i * (h + 1) * dh)], &xin[size_t(i * stride)], size_t((h + 1) * dh) * 4);
+      cpu::rope(dense.data(), pos.data(), t, h + 1, dh, 10000.0f);
+      std::vector<float> ref(xin);
+      for (int64_t i = 0; i < t; ++i)
+        std::memcpy(&ref[size_t(i * stride)], &dense[size_t(i * (h + 1) * dh)], size_t((h + 1) * dh) * 4);
+      const size_t n = x.size();
+      const auto y = xt == DType::F32 ? download<float>(*dx, n) : from_bf16(download<uint16_t>(*dx, n));
+      EXPECT_LT(rel_err(y, ref), tol_for(xt)) << "rope [" << t << ", " << h << ", " << dh << "] " << dtype_name(xt);
+    }
+  }
+}
+
+TEST_F(CudaKernels, Im2colMatchesCpuExactly) {
+  for (auto [c, y, x, k] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{3, 224, 224, 14}, {2, 31, 45, 7}}) {
+    const auto img = randn(size_t(c * y * x), uint32_t(y + x));
+    const int64_t cols_n = cpu::patch_embed_scratch_floats(c, y, x, k, k);
+    std::vector<float> ref(static_cast<size_t>(cols_n));
+    cpu::im2col_patches(img.data(), ref.data(), c, y, x, k, k);
+    auto dimg = to_device(img);
+    DevBuf dc(size_t(cols_n) * 4), dcb(size_t(cols_n) * 2);
+    dc.poison();
+    VLAC_CUDA_OK(im2col_patches(stream_, dimg->as<float>(), dc.get(), DType::F32, c, y, x, k, k));
+    VLAC_CUDA_OK(im2col_patches(stream_, dimg->as<float>(), dcb.get(), DType::BF16, c, y, x, k, k));
+    sync();
+    EXPECT_EQ(rel_err(download<float>(dc, size_t(cols_n)), ref), 0.0);
+    EXPECT_EQ(download<uint16_t>(dcb, size_t(cols_n)), to_bf16(ref));
+  }
+}
+
+TEST_F(CudaKernels, EmbeddingMatchesCpuAndFlagsBadIds) {
+  const int64_t v = 5003, d = 2048, t = 200;
+  const auto table = randn(size_t(v * d), 7);
+  const auto tb = to_bf16(table);
+  std::vector<int64_t> ids(static_cast<size_t>(t));
+  std::mt19937 rng(3);
+  for (auto& id : ids) id = int64_t(rng() % uint32_t(v));
+  ids[5] = v - 1, ids[6] = 0;
+  const float scale = bf16_to_f32(f32_to_bf16(std::sqrt(2048.0f)));  // 45.25, rounded to the table dtype
+  auto dtab = to_device(table), dtb = to_device(tb), dids = to_device(ids);
+  DevBuf dy(size_t(t * d) * 4), dyb(size_t(t * d) * 2);
+  dy.poison(), dyb.poison();
+  VLAC_CUDA_OK(embedding(stream_, dtab->get(), DType::F32, v, d, dids->as<int64_t>(), t, scale, dy.get(), DType::F32, nullptr));
+  sync();
+  std::vector<float> ref(static_cast<size_t>(t * d));
+  VLAC_CUDA_OK(cpu::embedding_f32(table.data(), v, d, ids.data(), t, scale, ref.data()));
+  EXPECT_EQ(rel_err(download<float>(dy, size_t(t * d)), ref), 0.0);
+  VLAC_CUDA_OK(embedding(stream_, dtb->get(), DType::BF16, v, d, dids->as<int64_t>(), t, scale, dyb.get(), DType::BF16, nullptr));
+  sync();
+  VLAC_CUDA_OK(cpu::embedding_bf16(tb.data(), v, d, ids.data(), t, scale, ref.data()));
+  EXPECT_EQ(download<uint16_t>(dyb, size_t(t * d)), to_bf16(ref));  // one rounding of the same fp32 product
+
+  // A bad id: the host check names it; the kernel writes a zero row and flags its position.
+  ids[17] = v;
+  const Status s = check_token_ids(ids.data(), t, v);
+  EXPECT_EQ(s.code(), StatusCode::InvalidArgument);
+  EXPECT_NE(s.message().find("position 17"), std::string::npos) << s.message();
+  auto dids2 = to_device(ids);
+  DevBuf dbad(sizeof(int));
+  cudaMemset(dbad.get(), 0, sizeof(int));
+  VLAC_CUDA_OK(embedding(stream_, dtab->get(), DType::F32, v, d, dids2->as<int64_t>(), t, scale, dy.get(), DType::F32,
+                         dbad.as<int>()));
+  sync();
+  EXPECT_EQ(download<int>(dbad, 1)[0], 18);
+  const auto y = download<float>(dy, size_t(t * d));
+  for (int64_t j = 0; j < d; ++j) ASSERT_EQ(y[size_t(17 * d + j)], 0.0f);
+}
+
+TEST_F(CudaKernels, EulerStepMatchesCpu) {
+  auto x = randn(1600, 1), vel = randn(1600, 2);
+  auto dx = to_device(x), dv = to_device(vel);
+  VLAC_CUDA_OK(euler_step(stream_, dx->as<float>(), dv->as<float>(), -0.1f, 1600));
+  sync();
+  cpu::euler_step(x.data(), vel.data(), -0.1f, 1600);
+  EXPECT_LT(rel_err(download<float>(*dx, 1600), x), 1e-7);
+}
+
+TEST(CudaKernelArgs, BadArgumentsAreStatusesNotLaunches) {
+  EXPECT_EQ(rms_norm(nullptr, nullptr, DType::F16, nullptr, nullptr, DType::F32, 1, 1, 1e-6f).code(), StatusCode::Unsupported);
+  EXPECT_EQ(rope(nullptr, nullptr, DType::F32, 8, nullptr, 1, 1, 7, 1e4f).code(), StatusCode::InvalidArgument);
+  EXPECT_EQ(geglu(nullptr, nullptr, nullptr, DType::F32, 3, nullptr, DType::F32, 1, 4).code(), StatusCode::InvalidArgument);
+}
+
+}  // namespace
+}  // namespace vlac::cuda::testing
