@@ -1,6 +1,6 @@
 // pi0.5 compile driver (see pi05_compile.h): builds the four stage graphs (vision per camera,
-// text embedding, Gemma prefix, one denoising step), partitions each under the cap, builds one
-// CPU engine file at a time and streams them into the package.
+// text embedding, Gemma prefix, one denoising step), partitions each under the cap, has the
+// chosen backend build one engine file at a time and streams them into the package.
 #include "compile/pi05_compile.h"
 
 #include <dirent.h>
@@ -13,11 +13,13 @@
 #include <cstdlib>
 #include <map>
 
-#include "backends/cpu/engine_builder.h"
+#include "backends/registry.h"
 #include "core/atomic_file.h"
 #include "core/bytes.h"
 #include "core/mapped_file.h"
+#include "ir/backend.h"
 #include "ir/serialize.h"
+#include "ir/walk.h"
 #include "models/pi05_builder.h"
 #include "package/package_writer.h"
 #include "partition/partition.h"
@@ -109,6 +111,9 @@ Result<Pi05CompileSummary> compile_pi05(const std::string& policy_dir, const Pi0
   };
   if (opt.out.empty()) return invalid_argument("compile: -o OUT.vlac is required");
   if (opt.engine_cap < 4096) return invalid_argument("--engine-cap must be at least 4 KiB");
+  VLAC_ASSIGN_OR_RETURN(Backend* backend, backend_registry().get(opt.backend, "compile"));
+  BackendCompiler* compiler = backend->compiler();
+  if (!compiler) return unsupported("compile: backend '" + opt.backend + "' runs packages but does not build engines");
   VLAC_ASSIGN_OR_RETURN(Pi05Model model, Pi05Model::load(policy_dir));
   // The processor files go into the package verbatim: refuse now what the runtime would refuse.
   VLAC_RETURN_IF_ERROR(load_pi05_processor(policy_dir).status());
@@ -158,8 +163,9 @@ Result<Pi05CompileSummary> compile_pi05(const std::string& policy_dir, const Pi0
   if (!is_dir(dir)) return invalid_argument("compile: --engine-dir " + dir + " is not a folder");
   DirGuard guard(dir, own_dir);
 
-  std::vector<cpu::WeightFile> files;
+  std::vector<WeightFileView> files;
   for (const auto& f : model.tensors().files()) files.push_back({f->map().data(), f->map().size(), f->path(), &f->map()});
+  FileWeightSource source(std::move(files));
 
   Pi05CompileSummary sum;
   PackageManifest manifest;
@@ -170,33 +176,42 @@ Result<Pi05CompileSummary> compile_pi05(const std::string& policy_dir, const Pi0
     const ir::Graph& g = st.graph.graph;
     std::map<ir::ValueId, std::string> named;
     for (const auto& [n, v] : st.graph.outputs) named[v] = n;
+    // The backend must run every node the stage schedules (the partitioner keeps one backend).
+    VLAC_ASSIGN_OR_RETURN(std::vector<ir::NodeId> order, ir::schedule(g));
+    for (ir::NodeId id : order)
+      if (!compiler->supports(g, id))
+        return unsupported("compile: backend '" + opt.backend + "' cannot run node '" + g.node(id).name + "' (" +
+                           ir::op_name(g.node(id).op) + ") of stage " + st.name);
     VLAC_ASSIGN_OR_RETURN(partition::Plan plan, partition::partition_graph(g, st.name, packed_bytes, popt));
     sum.plan_text += partition::plan_summary(g, plan, named);
     // Where each weight of this stage is stored: engine segment + offset.
-    std::map<ir::WeightId, std::pair<std::string, cpu::EngineWeight>> home;
+    std::map<ir::WeightId, std::pair<std::string, BlobWeight>> home;
     json names = json::array();
     for (size_t ei = 0; ei < plan.engines.size(); ++ei) {
       const partition::EnginePlan& ep = plan.engines[ei];
       stage_hook("engine:" + ep.name);
-      std::vector<ir::WeightRef> refs;
-      std::vector<DType> run;
+      std::vector<StoredWeight> store;
       for (ir::WeightId w : ep.owned) {
-        refs.push_back(g.weights()[size_t(w)]);
-        run.push_back(Pi05Model::run_dtype(refs.back(), bf16));
-        sum.source_weight_bytes += refs.back().bytes;
+        const ir::WeightRef& r = g.weights()[size_t(w)];
+        store.push_back({r, Pi05Model::run_dtype(r, bf16)});
+        sum.source_weight_bytes += r.bytes;
       }
       const std::string seg = "engine/" + ep.name;
-      const std::string path = dir + "/" + ep.name + ".engine";
-      guard.track(path);
-      VLAC_ASSIGN_OR_RETURN(cpu::EngineFile ef, cpu::write_cpu_engine_file(path, refs, run, files));
-      for (size_t i = 0; i < ep.owned.size(); ++i) home[ep.owned[i]] = {seg, ef.weights[i]};
-      VLAC_RETURN_IF_ERROR(writer.add_file(seg, package::SegmentKind::Engine, path));
+      guard.track(dir + "/" + ep.name + ".engine");
       VLAC_ASSIGN_OR_RETURN(ir::Graph sub, partition::extract_engine(g, plan, ei, named));
+      VLAC_ASSIGN_OR_RETURN(Subgraph subgraph, whole_graph(sub));
+      CompileOptions copt;
+      copt.engine_dir = dir;
+      copt.engine_name = ep.name;
+      VLAC_ASSIGN_OR_RETURN(EngineBlob ef, compiler->compile(subgraph, store, source, copt));
+      guard.track(ef.path);
+      for (size_t i = 0; i < ep.owned.size(); ++i) home[ep.owned[i]] = {seg, ef.weights[i]};
+      VLAC_RETURN_IF_ERROR(writer.add_file(seg, package::SegmentKind::Engine, ef.path));
 
       PackageEngine pe;
       pe.name = ep.name;
       pe.segment = seg;
-      pe.backend = "cpu";
+      pe.backend = ef.backend;
       for (ir::ValueId v : sub.inputs())
         pe.inputs.push_back({ir::input_name(sub, v), sub.info(v).dtype, sub.info(v).shape});
       for (size_t i = 0; i < sub.outputs().size(); ++i)
@@ -295,7 +310,7 @@ Result<Pi05CompileSummary> compile_pi05(const std::string& policy_dir, const Pi0
   sum.package_bytes = ws.file_size;
   if (!opt.keep_engine_files || own_dir) guard.cleanup();
   else guard.release();
-  cpu::release_heap();
+  compiler->release_memory();
   return sum;
 }
 

@@ -1,5 +1,6 @@
-// `vlac compile` for pi0.5: policy folder -> stage graphs -> engines under a byte cap -> one CPU
-// engine file at a time -> one .vlac package (atomic). Memory is bounded by a chunk buffer and the
+// `vlac compile` for pi0.5: policy folder -> stage graphs -> engines under a byte cap -> one
+// engine file at a time (built by the backend named in the options, through the seam of
+// ir/backend.h) -> one .vlac package (atomic). Memory is bounded by a chunk buffer and the
 // graphs on meta, not by the model or the cap: weights stream from the map to the engine file.
 #pragma once
 
@@ -14,6 +15,7 @@ namespace vlac {
 
 struct Pi05CompileOptions {
   std::string out;                      // OUT.vlac
+  std::string backend = "cpu";          // registry name of the backend that builds the engines
   bool bf16 = true;                     // lerobot's bf16 split (Gemma matrices bf16), else fp32
   uint64_t engine_cap = 512ull << 20;   // packed weight bytes per engine
   std::string engine_dir;               // "" = a temporary folder next to OUT, removed after

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "backends/registry.h"
 #include "ir/serialize.h"
 #include "ir/walk.h"
 
@@ -22,8 +23,9 @@ struct Pi05PackagePolicy::Engine {
   std::vector<const PackageSegment*> segments;
   uint64_t budget_bytes = 0;               // weight bytes a run touches (gathered tables: 0)
   bool verified = false, resident = false;
-  std::unique_ptr<cpu::CpuWeights> weights;
-  std::unique_ptr<cpu::Executor> exec;
+  Backend* backend = nullptr;              // from the registry, by the manifest's name
+  std::unique_ptr<BoundWeights> weights;
+  std::unique_ptr<Executable> exec;
   std::map<std::string, std::vector<int64_t>> planned;  // input shapes exec was planned for
 };
 
@@ -107,7 +109,7 @@ Status Pi05PackagePolicy::load_manifest() {
     auto e = std::make_unique<Engine>();
     e->name = pe.name;
     const std::string ew = where + ": engine '" + pe.name + "'";
-    if (pe.backend != "cpu") return unsupported(ew + ": backend '" + pe.backend + "' (this runtime runs cpu engines)");
+    VLAC_ASSIGN_OR_RETURN(e->backend, backend_registry().get(pe.backend, ew));
     const json& x = pe.extra;
     if (!x.contains("stage") || !x["stage"].is_string() || !x.contains("program") || !x.contains("weights") ||
         !x["weights"].is_array())
@@ -126,7 +128,7 @@ Status Pi05PackagePolicy::load_manifest() {
       r.name = w["name"].get<std::string>();
       auto dt = dtype_from_name(w["dtype"].get<std::string>());
       if (!dt || (*dt != DType::F32 && *dt != DType::BF16))
-        return invalid_format(ew + ": weight '" + r.name + "' has a dtype the CPU runtime does not run");
+        return invalid_format(ew + ": weight '" + r.name + "' has a dtype the runtime does not bind (F32, BF16)");
       r.dtype = *dt;
       for (const json& s : w["shape"]) {
         if (!s.is_number_integer() || s.get<int64_t>() < 0 || s.get<int64_t>() > (int64_t(1) << 40))
@@ -205,16 +207,17 @@ Status Pi05PackagePolicy::prepare(Engine& e, const std::map<std::string, Slot>& 
   if (!e.weights) {
     // First use: check the bytes of every segment it reads, then bind the weights in place.
     for (const PackageSegment* s : e.segments) VLAC_RETURN_IF_ERROR(pkg_->verify(*s));
-    std::vector<cpu::WeightFile> files;
+    WeightBinding wb;
+    wb.refs = e.refs;
+    wb.run_dtypes = e.run;
     for (const PackageSegment* s : e.segments) {
       auto span = pkg_->data(*s);
-      files.push_back({span.data(), span.size(), pkg_->path() + ": segment '" + s->name + "'", nullptr});
+      wb.files.push_back({span.data(), span.size(), pkg_->path() + ": segment '" + s->name + "'", nullptr});
     }
-    VLAC_ASSIGN_OR_RETURN(cpu::CpuWeights w, cpu::CpuWeights::load(e.refs, e.run, files));
-    e.weights = std::make_unique<cpu::CpuWeights>(std::move(w));
+    VLAC_ASSIGN_OR_RETURN(e.weights, e.backend->runtime().bind_weights(wb));
   }
   VLAC_ASSIGN_OR_RETURN(ir::Graph g, ir::respecialize(e.program, shapes));
-  cpu::ExecutorOptions eo;
+  ExecOptions eo;
   eo.threads = options_.threads;
   eo.shared_memory = true;
   eo.pack_weights = options_.pack_weights;
@@ -223,8 +226,10 @@ Status Pi05PackagePolicy::prepare(Engine& e, const std::map<std::string, Slot>& 
   eo.memo_inputs = {kPi05InTime, kPi05Cond};
   eo.memo_slots = int(steps_);
   e.exec.reset();
-  VLAC_ASSIGN_OR_RETURN(cpu::Executor ex, cpu::Executor::create(std::move(g), *e.weights, eo));
-  e.exec = std::make_unique<cpu::Executor>(std::move(ex));
+  VLAC_ASSIGN_OR_RETURN(e.exec, e.backend->runtime().plan(std::move(g), *e.weights, eo));
+  if (e.exec->memory().kind == MemoryKind::Device)
+    return unsupported(pkg_->path() + ": engine '" + e.name + "' (backend '" + std::string(e.backend->name()) +
+                       "') needs device memory for its arena; this runtime provides host memory only");
   // The executor now holds packed copies of its Linear weights: give the mapped pages back (they
   // stay in the page cache; the few in-place weights left, norms and biases, fault in again on
   // use), so packing trades the mapping for the copy instead of holding both.
@@ -232,7 +237,7 @@ Status Pi05PackagePolicy::prepare(Engine& e, const std::map<std::string, Slot>& 
     for (const PackageSegment* s : e.segments) pkg_->release(*s);
   stats_.packed_weight_bytes = 0;
   for (const auto& other : engines_)
-    if (other->exec) stats_.packed_weight_bytes += other->exec->packed_bytes();
+    if (other->exec) stats_.packed_weight_bytes += other->exec->memory().packed_bytes;
   e.planned = std::move(shapes);
   ++stats_.engines_loaded;
   return Status::ok();
@@ -243,20 +248,21 @@ Status Pi05PackagePolicy::run_stage(const std::vector<size_t>& ids, std::map<std
     Engine& e = *engines_[id];
     VLAC_RETURN_IF_ERROR(prepare(e, *values));
     // One arena and scratch shared by all engines (grown only when a new plan needs more).
-    if (e.exec->arena_bytes() > arena_.size() || e.exec->scratch_bytes() > scratch_.size() * 4) {
-      arena_.assign(std::max<uint64_t>(e.exec->arena_bytes(), arena_.size()) + 64, 0);
-      scratch_.assign(std::max<uint64_t>(e.exec->scratch_bytes() / 4 + 1, scratch_.size()), 0.0f);
+    const MemoryPlan mp = e.exec->memory();
+    if (mp.arena_bytes > arena_.size() || mp.scratch_bytes > scratch_.size() * 4) {
+      arena_.assign(std::max<uint64_t>(mp.arena_bytes, arena_.size()) + 64, 0);
+      scratch_.assign(std::max<uint64_t>(mp.scratch_bytes / 4 + 1, scratch_.size()), 0.0f);
     }
     uint8_t* base = arena_.data();
     base += (64 - reinterpret_cast<uintptr_t>(base) % 64) % 64;
-    e.exec->set_memory(base, scratch_.data());
+    e.exec->bind_memory(base, scratch_.data());
     const auto& ins = e.exec->graph().inputs();
     for (size_t i = 0; i < ins.size(); ++i)
       e.exec->bind_input(int(i), values->at(ir::input_name(e.exec->graph(), ins[i])).data);
     uint64_t act = arena_.size() + scratch_.size() * 4;
     for (const auto& [n, b] : store_) act += b.size();
     for (const auto& other : engines_)
-      if (other->exec) act += other->exec->memo_bytes();  // the step's time-only results
+      if (other->exec) act += other->exec->memory().memo_bytes;  // the step's time-only results
     stats_.activation_bytes = act;
     make_room(e);
     VLAC_RETURN_IF_ERROR(e.exec->run());

@@ -1,5 +1,6 @@
 // pi0.5 from a .vlac package: maps the package, loads engines lazily (program from the manifest,
-// weights used in place from the map), runs the stages (vision per present camera, text
+// weights used in place from the map, each engine on the backend its manifest names, found in
+// the backend registry), runs the stages (vision per present camera, text
 // embedding, Gemma prefix once per observation, the denoising step N times). Links no model
 // builder or partitioner: everything it needs is in the package.
 #pragma once
@@ -10,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "backends/cpu/executor.h"
 #include "core/status.h"
+#include "ir/backend.h"
 #include "ir/graph.h"
 #include "models/pi05_builder.h"
 #include "package/package.h"
@@ -26,8 +27,8 @@ struct Pi05PackageOptions {
   /// dropped in turn so that mapped weights + activations stay under this many bytes (weight
   /// streaming: slower, the report says how much was re-read).
   uint64_t mem_budget = 0;
-  /// Reorder each engine's Linear weights once into oneDNN's blocked layout (a copy owned by its
-  /// executor, Pi05PackageStats::packed_weight_bytes): faster matmuls, more memory. Not with
+  /// Reorder each engine's Linear weights once into the backend's blocked layout (CPU: oneDNN's;
+  /// a copy owned by its executable, Pi05PackageStats::packed_weight_bytes): faster matmuls, more memory. Not with
   /// mem_budget (the copies are not evictable).
   bool pack_weights = false;
 };
@@ -111,7 +112,7 @@ class Pi05PackagePolicy {
   std::map<std::string, Slot> prefix_kv_;  // prefix.k.<l>/prefix.v.<l>, pointing into store_
   std::map<std::string, std::vector<uint8_t>> store_;  // engine outputs, "<stage>/<name>"
   std::vector<uint8_t> arena_;   // shared activation arena of all engines
-  std::vector<float> scratch_;   // shared kernel scratch
+  std::vector<float> scratch_;   // shared kernel scratch (host memory: MemoryPlan::kind Host)
   int64_t prefix_len_ = 0;
 };
 
