@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "compile/engine_build.h"
 #include "core/status.h"
 
 namespace vlac {
@@ -25,23 +26,7 @@ struct Pi05CompileOptions {
   std::function<void(const std::string& stage)> on_stage;
 };
 
-struct Pi05CompileSummary {
-  struct Engine {
-    std::string name, stage;
-    uint64_t weight_bytes = 0;  // packed bytes stored with this engine
-    uint64_t file_bytes = 0;
-    int weights_stored = 0, weights_read = 0;
-    bool over_cap = false;
-    std::string over_cap_node;
-    uint64_t crossing_in_bytes = 0;
-  };
-  std::vector<Engine> engines;  // run order
-  uint64_t package_bytes = 0;
-  uint64_t packed_weight_bytes = 0;
-  uint64_t source_weight_bytes = 0;  // bytes of the checkpoint tensors the engines read
-  uint64_t crossing_bytes = 0;
-  std::string plan_text;             // partition plans, human-readable
-};
+using Pi05CompileSummary = CompileSummary;
 
 /// Compiles POLICY_DIR into options.out. On any error nothing is left at options.out and the
 /// temporary engine folder is removed.
