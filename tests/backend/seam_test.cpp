@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
 #include <cstring>
 #include <map>
 #include <string>
@@ -296,9 +298,14 @@ struct SmallModel {
   }
 };
 
+// One folder per test process, removed at exit.
 std::string temp_dir() {
-  std::string d = ::testing::TempDir() + "vlac_seam_" + std::to_string(::getpid());
-  ::mkdir(d.c_str(), 0755);
+  static const std::string d = [] {
+    std::string p = ::testing::TempDir() + "vlac_seam_" + std::to_string(::getpid());
+    std::filesystem::create_directories(p);
+    std::atexit([] { std::filesystem::remove_all(::testing::TempDir() + "vlac_seam_" + std::to_string(::getpid())); });
+    return p;
+  }();
   return d;
 }
 
