@@ -1,11 +1,11 @@
-// pi0.5 package runtime (see pi05_package_policy.h). Engines share one activation arena (they run
-// one after another); values crossing engines and stages are copied into buffers owned here.
+// pi0.5 package runtime (see pi05_package_policy.h): the manifest's pi0.5 description and stored
+// config/processor files; the engines themselves run through PackageEngines (one shared arena,
+// crossing values in its buffers, on the backends the manifest names).
 #include "runtime/pi05_package_policy.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-
 
 namespace vlac {
 
