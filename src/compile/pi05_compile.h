@@ -1,5 +1,6 @@
-// `vlac compile` for pi0.5: policy folder -> stage graphs -> engines under a byte cap -> one CPU
-// engine file at a time -> one .vlac package (atomic). Memory is bounded by a chunk buffer and the
+// `vlac compile` for pi0.5: policy folder -> stage graphs -> engines under a byte cap -> one
+// engine file at a time (built by the backend named in the options, through the seam of
+// ir/backend.h) -> one .vlac package (atomic). Memory is bounded by a chunk buffer and the
 // graphs on meta, not by the model or the cap: weights stream from the map to the engine file.
 #pragma once
 
@@ -8,12 +9,14 @@
 #include <string>
 #include <vector>
 
+#include "compile/engine_build.h"
 #include "core/status.h"
 
 namespace vlac {
 
 struct Pi05CompileOptions {
   std::string out;                      // OUT.vlac
+  std::string backend = "cpu";          // registry name of the backend that builds the engines
   bool bf16 = true;                     // lerobot's bf16 split (Gemma matrices bf16), else fp32
   uint64_t engine_cap = 512ull << 20;   // packed weight bytes per engine
   std::string engine_dir;               // "" = a temporary folder next to OUT, removed after
@@ -23,23 +26,7 @@ struct Pi05CompileOptions {
   std::function<void(const std::string& stage)> on_stage;
 };
 
-struct Pi05CompileSummary {
-  struct Engine {
-    std::string name, stage;
-    uint64_t weight_bytes = 0;  // packed bytes stored with this engine
-    uint64_t file_bytes = 0;
-    int weights_stored = 0, weights_read = 0;
-    bool over_cap = false;
-    std::string over_cap_node;
-    uint64_t crossing_in_bytes = 0;
-  };
-  std::vector<Engine> engines;  // run order
-  uint64_t package_bytes = 0;
-  uint64_t packed_weight_bytes = 0;
-  uint64_t source_weight_bytes = 0;  // bytes of the checkpoint tensors the engines read
-  uint64_t crossing_bytes = 0;
-  std::string plan_text;             // partition plans, human-readable
-};
+using Pi05CompileSummary = CompileSummary;
 
 /// Compiles POLICY_DIR into options.out. On any error nothing is left at options.out and the
 /// temporary engine folder is removed.

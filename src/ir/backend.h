@@ -1,6 +1,10 @@
-// Backend interfaces (declarations only): what a backend reports to the partitioner, how it
-// compiles a subgraph into an engine file, and how the runtime loads and runs that engine.
-// Nothing here assumes the CPU: memory is tagged host/device, a run carries an opaque stream.
+// The backend seam: what a backend's device reports, what it tells the partitioner, how it
+// compiles a subgraph into an engine file, and how the runtime binds and runs that engine.
+// compile/, runtime/ and policy/ reach a backend only through these interfaces, found by name in
+// the registry (backends/registry.h). Nothing here assumes the CPU: memory is tagged
+// host/device/unified, a plan says which kind its arena and scratch must live in.
+// (Shape learned from ggml's registry -> device -> backend -> buffer and ExecuTorch's
+// BackendInterface init/execute; written for vlac's flow: engines on disk, programs as IR.)
 #pragma once
 
 #include <cstdint>
@@ -15,6 +19,30 @@
 
 namespace vlac {
 
+class MappedFile;
+
+enum class MemoryKind : uint8_t {
+  Host,     // ordinary CPU memory
+  Device,   // accelerator memory (cudaMalloc)
+  Unified,  // one pool for both (Jetson); either side may read it
+};
+const char* memory_kind_name(MemoryKind kind);
+
+/// What a backend's device can do (reported, never guessed by callers). Fields that do not apply
+/// stay at their zero value.
+struct DeviceInfo {
+  std::string backend;              // registry name: "cpu", "cuda", ...
+  std::string description;          // one line for reports, e.g. "cpu avx512_bf16"
+  MemoryKind memory = MemoryKind::Host;  // where its engines' arenas live
+  // CPU
+  std::string isa;                  // the ISA the kernels run on, e.g. "avx2", "neon"
+  bool bf16_matmul = false;         // native bf16 x bf16 -> f32 matmul on that ISA
+  bool int8_matmul = false;         // native u8 x s8 -> s32 matmul
+  // GPU
+  int compute_major = 0, compute_minor = 0;  // compute capability
+  uint64_t total_memory = 0, free_memory = 0;
+};
+
 // =============================================================================================
 // Compile side (links the IR). The partitioner owns assignment; backends only report (ORT).
 // =============================================================================================
@@ -27,6 +55,8 @@ struct Subgraph {
   std::vector<ir::ValueId> inputs;   // values produced outside, read inside (engine inputs)
   std::vector<ir::ValueId> outputs;  // values produced inside, read outside or graph outputs
 };
+/// The whole of `g` as one subgraph: its schedule, inputs and outputs.
+Result<Subgraph> whole_graph(const ir::Graph& g);
 
 /// What compiling and running a subgraph will cost, in bytes; used for the per-engine cap.
 struct EngineEstimate {
@@ -41,25 +71,68 @@ class WeightSource {
  public:
   virtual ~WeightSource() = default;
   /// Read-only bytes of `ref` (ref.bytes long), valid until release(ref) or the source dies.
+  /// Errors name the file and the tensor (e.g. a tensor outside its file).
   virtual Result<const uint8_t*> map(const ir::WeightRef& ref) = 0;
+  /// The caller has read bytes [offset, offset + bytes) of `ref` for the last time: a large
+  /// weight streamed in chunks gives its pages back behind the reader.
+  virtual void release_range(const ir::WeightRef& ref, uint64_t offset, uint64_t bytes) = 0;
   /// The caller no longer needs `ref`'s bytes. Idempotent.
   virtual void release(const ir::WeightRef& ref) = 0;
 };
 
-/// Where compile() writes: one engine file per call, under `engine_dir`.
+/// Bytes of one weight file (a mapped safetensors shard, a package segment); borrowed, must
+/// outlive what is built over it. WeightRef::file_id indexes a list of these; offsets are
+/// absolute in the file.
+struct WeightFileView {
+  const uint8_t* data = nullptr;
+  uint64_t size = 0;
+  std::string path;                 // for error messages
+  const MappedFile* map = nullptr;  // optional: pages read for the last time are dropped from it
+};
+
+/// A WeightSource over mapped files: map() checks the bounds, release drops the pages (when the
+/// file has a map).
+class FileWeightSource : public WeightSource {
+ public:
+  explicit FileWeightSource(std::vector<WeightFileView> files) : files_(std::move(files)) {}
+  Result<const uint8_t*> map(const ir::WeightRef& ref) override;
+  void release_range(const ir::WeightRef& ref, uint64_t offset, uint64_t bytes) override;
+  void release(const ir::WeightRef&) override {}
+
+ private:
+  std::vector<WeightFileView> files_;
+};
+
+/// One weight an engine stores: the reference (as the builder made it) and the dtype it runs in.
+struct StoredWeight {
+  ir::WeightRef ref;
+  DType run_dtype = DType::F32;
+};
+
+/// Where compile() writes: one engine file per call, `engine_dir`/`engine_name`.engine.
 struct CompileOptions {
   uint32_t struct_size = sizeof(CompileOptions);
   std::string engine_dir;          // the file goes to disk at once (never kept in memory)
-  DType weight_dtype = DType::F32; // F32 or BF16 (as stored, or converted at compile)
+  std::string engine_name;
   int n_threads = 0;               // 0: backend default
+};
+
+/// Where one stored weight lies in an engine file, in the form the runtime uses it in place.
+struct BlobWeight {
+  std::string name;
+  DType dtype = DType::F32;     // as stored (= as run)
+  std::vector<int64_t> shape;
+  uint64_t offset = 0;          // from the start of the engine file
+  uint64_t bytes = 0;
 };
 
 /// An engine written to disk by compile(); the package writer streams it file to file.
 struct EngineBlob {
   uint32_t version = 1;
-  std::string backend;   // "cpu", "cuda", "null"
+  std::string backend;   // registry name
   std::string path;      // complete file (written through AtomicFile)
   uint64_t bytes = 0;
+  std::vector<BlobWeight> weights;  // one per StoredWeight, in order
   EngineEstimate estimate;
 };
 
@@ -71,77 +144,113 @@ class BackendCompiler {
   virtual bool supports(const ir::Graph& g, ir::NodeId node) const = 0;
   /// Bytes the subgraph will cost (without reading any weight bytes).
   virtual Result<EngineEstimate> estimate_bytes(const Subgraph& sub) const = 0;
-  /// Reads the subgraph's weights from `weights`, converts/packs them, writes one engine file.
-  /// Must release every weight it mapped before returning and leave no file on error.
-  virtual Result<EngineBlob> compile(const Subgraph& sub, WeightSource& weights,
-                                     const CompileOptions& options) = 0;
+  /// Writes one engine file for `sub` holding `store` (the weights this engine owns; others it
+  /// reads are stored by the engine that owns them), read through `weights`, converted to their
+  /// run dtypes. Releases every weight it mapped before returning and leaves no file on error.
+  virtual Result<EngineBlob> compile(const Subgraph& sub, const std::vector<StoredWeight>& store,
+                                     WeightSource& weights, const CompileOptions& options) = 0;
+  /// Called after each engine build: give transient memory back (e.g. malloc_trim).
+  virtual void release_memory() {}
 };
 
 // =============================================================================================
-// Runtime side. Uses no IR type: the runtime links this part without ir/ (it can move to
-// runtime/ verbatim when that module exists).
+// Runtime side. An engine's program is a serialized ir::Graph (ir/serialize); the runtime links
+// ir/ but never the model builder or the partitioner.
 // =============================================================================================
 
-enum class MemoryKind : uint8_t {
-  Host,     // ordinary CPU memory
-  Device,   // accelerator memory (cudaMalloc)
-  Unified,  // one pool for both (Jetson); either side may read it
+/// The weights one or more programs read, bound by name: `refs[i]` lies in `files[refs[i].file_id]`
+/// and runs in `run_dtypes[i]`. `gather_only[i]` (optional): ref i is only gathered from (an
+/// embedding table), so a backend may keep it mapped and convert rows on use.
+struct WeightBinding {
+  std::vector<ir::WeightRef> refs;
+  std::vector<DType> run_dtypes;
+  std::vector<WeightFileView> files;
+  std::vector<bool> gather_only;
 };
 
-/// A borrowed tensor: the caller owns `data` for the duration of run().
-struct TensorView {
-  void* data = nullptr;
-  DType dtype = DType::F32;
-  MemoryKind memory = MemoryKind::Host;
-  int32_t rank = 0;
-  int64_t shape[6] = {};  // row-major, outermost first
-};
-
-/// Inputs and outputs of one run, in the engine's declared order. `stream` is opaque: null for
-/// the CPU, a cudaStream_t for CUDA (run() enqueues and returns; the caller synchronizes).
-struct RunIo {
-  uint32_t struct_size = sizeof(RunIo);
-  const TensorView* inputs = nullptr;
-  int32_t n_inputs = 0;
-  TensorView* outputs = nullptr;
-  int32_t n_outputs = 0;
-  void* stream = nullptr;
-};
-
-/// A loaded engine: weights resident where its backend computes (device memory for CUDA, the
-/// mapped package or packed host copies for the CPU), scratch planned and allocated at load.
-class Engine {
+/// Weights in the form a backend's kernels read (in place from the files, or converted copies).
+/// Shared by every executable planned over them; must outlive those.
+class BoundWeights {
  public:
-  virtual ~Engine() = default;
-  /// Runs once. Performs no heap or device allocation (everything was sized at load).
-  virtual Status run(const RunIo& io) = 0;
-  /// Bytes held: weights resident + scratch, per memory kind.
-  virtual uint64_t resident_bytes(MemoryKind kind) const = 0;
+  virtual ~BoundWeights() = default;
+  virtual uint64_t owned_bytes() const = 0;   // held in converted/uploaded buffers
+  virtual uint64_t mapped_bytes() const = 0;  // used in place from the files
 };
 
-/// Bytes of a stored engine, e.g. a slice of the mapped package. Borrowed: valid until `release`
-/// is called (load() must copy what it keeps, e.g. upload to the GPU, then call release).
-struct EngineBlobView {
-  const uint8_t* data = nullptr;
-  uint64_t size = 0;
-  void (*release)(void* ctx) = nullptr;  // drops the pages; may be null
-  void* release_ctx = nullptr;
+/// How a program is planned. Backend-neutral meaning; a backend ignores what it cannot use.
+struct ExecOptions {
+  int threads = 2;
+  /// The caller provides the arena and scratch (bind_memory, before each run) and binds every
+  /// input: engines that run one after another share one arena.
+  bool shared_memory = false;
+  /// Weights reordered once into the kernels' preferred layout (a copy the executable owns).
+  bool pack_weights = false;
+  /// Attention with one KV head shared by several query heads runs its matmuls in bf16
+  /// (lerobot's bf16 mode computes Gemma's and the expert's attention so).
+  bool bf16_mqa_attention = false;
+  /// Inputs taking few distinct values over the executable's life (pi0.5's denoise time): the
+  /// nodes computed from them alone run once per value and are reused (exec/memo_plan).
+  std::vector<std::string> memo_inputs;
+  int memo_slots = 0;
 };
 
-struct LoadOptions {
-  uint32_t struct_size = sizeof(LoadOptions);
-  int device = 0;          // accelerator ordinal
-  void* stream = nullptr;  // stream for uploads (CUDA), null for the CPU
-  int n_threads = 0;       // CPU: 0 = default
+/// What a planned program needs. With ExecOptions::shared_memory the caller provides the arena
+/// and scratch, in `kind` memory, 64-byte aligned.
+struct MemoryPlan {
+  MemoryKind kind = MemoryKind::Host;
+  uint64_t arena_bytes = 0;    // activations (exec::plan_arena)
+  uint64_t scratch_bytes = 0;  // kernel scratch
+  uint64_t input_bytes = 0;    // the executable's own input buffers (0 with shared_memory)
+  uint64_t memo_bytes = 0;     // memo slots, allocated at plan
+  uint64_t packed_bytes = 0;   // packed weight copies (ExecOptions::pack_weights)
+};
+
+/// A program planned for its input shapes: every buffer sized, weights bound. run() performs no
+/// heap or device allocation.
+class Executable {
+ public:
+  virtual ~Executable() = default;
+  virtual const ir::Graph& graph() const = 0;
+  virtual MemoryPlan memory() const = 0;
+  /// With ExecOptions::shared_memory: the arena and scratch (MemoryPlan sizes and kind).
+  virtual void bind_memory(void* arena, void* scratch) = 0;
+  /// Index into graph().inputs() of the Input node named `name`; -1 if none.
+  virtual int input_index(std::string_view name) const = 0;
+  /// The executable's own buffer for input i (null with shared_memory).
+  virtual void* input_data(int i) = 0;
+  /// Reads input i from caller memory instead (borrowed until the next bind); nullptr returns
+  /// to the own buffer.
+  virtual void bind_input(int i, const void* external) = 0;
+  /// Data of a value after run(); graph outputs stay valid until the next run().
+  virtual const void* data(ir::ValueId v) const = 0;
+  virtual Status run() = 0;
+  /// Runs whose memo inputs repeated a value seen before (ExecOptions::memo_inputs).
+  virtual uint64_t memo_hits() const = 0;
+  virtual size_t memo_nodes() const = 0;
 };
 
 class BackendRuntime {
  public:
   virtual ~BackendRuntime() = default;
   virtual std::string_view name() const = 0;
-  /// Builds an Engine from stored bytes; allocates all its memory here, once.
-  virtual Result<std::unique_ptr<Engine>> load(const EngineBlobView& blob,
-                                               const LoadOptions& options) = 0;
+  /// Binds the weights by name (in place where the layout allows; conversions copied).
+  virtual Result<std::unique_ptr<BoundWeights>> bind_weights(const WeightBinding& binding) = 0;
+  /// Plans `program` (already specialized to its input shapes: ir::respecialize) over `weights`
+  /// (from this backend's bind_weights). Errors: an op or dtype the backend cannot run, a weight
+  /// absent from `weights` or of another shape.
+  virtual Result<std::unique_ptr<Executable>> plan(ir::Graph program, const BoundWeights& weights,
+                                                   const ExecOptions& options) = 0;
+};
+
+/// One backend: its device, and its compile and runtime halves (the compiler may be null for a
+/// backend that only runs packages).
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string_view name() const = 0;
+  virtual DeviceInfo device() const = 0;
+  virtual BackendCompiler* compiler() = 0;
+  virtual BackendRuntime& runtime() = 0;
 };
 
 }  // namespace vlac

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "core/status.h"
-#include "models/pi05_builder.h"
+#include "pi05_spec/pi05_spec.h"
 #include "policy/pi05_processor.h"
 
 namespace vlac {

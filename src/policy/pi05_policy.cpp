@@ -1,4 +1,4 @@
-// pi0.5 policy on the CPU: observation reading, weight binding per precision, prefix once,
+// pi0.5 policy on a backend (the CPU by default): observation reading, weight binding per precision, prefix once,
 // Euler loop over planned executors. The denoise loop allocates nothing unless recording.
 #include "policy/pi05_policy.h"
 
@@ -6,6 +6,7 @@
 #include <cstring>
 #include <map>
 
+#include "backends/registry.h"
 #include "io/safetensors.h"
 #include "io/safetensors_writer.h"
 
@@ -102,6 +103,7 @@ Status Pi05Intermediates::write(const std::string& path) const {
 Result<Pi05Policy> Pi05Policy::load(const std::string& policy_dir, Pi05PolicyOptions options) {
   Pi05Policy p;
   p.options_ = options;
+  VLAC_ASSIGN_OR_RETURN(p.backend_, backend_registry().get(options.backend, policy_dir));
   VLAC_ASSIGN_OR_RETURN(Pi05Model m, Pi05Model::load(policy_dir));
   p.model_ = std::make_unique<Pi05Model>(std::move(m));
   const Pi05Model& model = *p.model_;
@@ -112,26 +114,27 @@ Result<Pi05Policy> Pi05Policy::load(const std::string& policy_dir, Pi05PolicyOpt
   VLAC_ASSIGN_OR_RETURN(Pi05Graph sg, model.build_step(1));
   std::vector<ir::WeightRef> refs = pg.graph.weights();
   refs.insert(refs.end(), sg.graph.weights().begin(), sg.graph.weights().end());
-  std::vector<DType> run;
+  WeightBinding wb;
   // The embedding table stays mapped (only looked-up rows are paged in); in bf16 mode its rows
   // are rounded on gather, the same bits as the converted table a package stores.
-  std::vector<bool> gather;
   for (const auto& r : refs) {
-    run.push_back(Pi05Model::run_dtype(r, p.bf16_));
-    gather.push_back(Pi05Model::gather_only_weight(r.name));
+    wb.run_dtypes.push_back(Pi05Model::run_dtype(r, p.bf16_));
+    wb.gather_only.push_back(Pi05Model::gather_only_weight(r.name));
   }
-  std::vector<cpu::WeightFile> files;
+  wb.refs = std::move(refs);
   for (const auto& f : model.tensors().files())
-    files.push_back({f->map().data(), f->map().size(), f->path(), &f->map()});
-  VLAC_ASSIGN_OR_RETURN(cpu::CpuWeights w, cpu::CpuWeights::load(refs, run, files, gather));
-  p.weights_ = std::make_unique<cpu::CpuWeights>(std::move(w));
+    wb.files.push_back({f->map().data(), f->map().size(), f->path(), &f->map()});
+  VLAC_ASSIGN_OR_RETURN(p.weights_, p.backend_->runtime().bind_weights(wb));
   return p;
 }
 
 uint64_t Pi05Policy::activation_bytes() const {
   uint64_t b = 0;
-  for (const auto* e : {prefix_.get(), step_.get()})
-    if (e) b += e->arena_bytes() + e->input_bytes() + e->scratch_bytes() + e->memo_bytes();
+  for (const Executable* e : {prefix_.get(), step_.get()})
+    if (e) {
+      const MemoryPlan m = e->memory();
+      b += m.arena_bytes + m.input_bytes + m.scratch_bytes + m.memo_bytes;
+    }
   return b;
 }
 
@@ -142,7 +145,7 @@ Status Pi05Policy::plan_for(const Pi05PrefixShape& shape) {
   step_.reset();
   prefix_.reset();
   planned_.reset();
-  cpu::ExecutorOptions eo;
+  ExecOptions eo;
   eo.threads = options_.threads;
   eo.pack_weights = options_.pack_weights;
   eo.bf16_mqa_attention = bf16_;
@@ -152,15 +155,13 @@ Status Pi05Policy::plan_for(const Pi05PrefixShape& shape) {
   eo.memo_slots = int(m.euler().steps);
   VLAC_ASSIGN_OR_RETURN(Pi05Graph pg, m.build_prefix(shape, debug));
   prefix_outputs_ = pg.outputs;
-  VLAC_ASSIGN_OR_RETURN(cpu::Executor pe, cpu::Executor::create(std::move(pg.graph), *weights_, eo));
-  prefix_ = std::make_unique<cpu::Executor>(std::move(pe));
+  VLAC_ASSIGN_OR_RETURN(prefix_, backend_->runtime().plan(std::move(pg.graph), *weights_, eo));
   const int64_t P = int64_t(shape.cameras.size()) * m.image_tokens() + shape.n_text;
   VLAC_ASSIGN_OR_RETURN(Pi05Graph sg, m.build_step(P, debug));
   step_outputs_ = sg.outputs;
   step_velocity_ = sg.output("velocity");
   step_x_next_ = sg.output("x_next");
-  VLAC_ASSIGN_OR_RETURN(cpu::Executor se, cpu::Executor::create(std::move(sg.graph), *weights_, eo));
-  step_ = std::make_unique<cpu::Executor>(std::move(se));
+  VLAC_ASSIGN_OR_RETURN(step_, backend_->runtime().plan(std::move(sg.graph), *weights_, eo));
   step_x_ = step_->input_index(kPi05InX);
   step_t_ = step_->input_index(kPi05InTime);
   // Positions: prefix 0..P-1, suffix P..P+H-1 (compact prefix: every token valid).
@@ -200,7 +201,7 @@ Status Pi05Policy::run_prefix(const Pi05Observation& obs) {
     for (const auto& [name, v] : prefix_outputs_) {
       std::vector<int64_t> shape = prefix_->graph().info(v).shape;
       if (name.rfind("prefix.k.", 0) == 0 || name.rfind("prefix.v.", 0) == 0) shape = {shape[0], shape[1] * hd};
-      dump_.add_f32(name, shape, prefix_->data_f32(v));
+      dump_.add_f32(name, shape, static_cast<const float*>(prefix_->data(v)));
     }
   }
   return Status::ok();
@@ -228,7 +229,7 @@ Status Pi05Policy::denoise(const float* noise, float* action_normalized) {
       const std::string sk = "step." + std::to_string(k) + ".";
       for (const auto& [name, v] : step_outputs_) {
         const std::string n = name == "x_next" ? "x" : name;
-        dump_.add_f32(sk + n, step_->graph().info(v).shape, step_->data_f32(v));
+        dump_.add_f32(sk + n, step_->graph().info(v).shape, static_cast<const float*>(step_->data(v)));
       }
     }
   }

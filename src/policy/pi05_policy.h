@@ -1,6 +1,7 @@
-// pi0.5 as a runnable policy on the CPU: observation file in, normalized action chunk out.
-// Glues the model builder (graphs on meta) to the CPU executor: prefix once per observation,
-// then the Euler loop over the step graph with no allocation inside the loop.
+// pi0.5 as a runnable policy: observation file in, normalized action chunk out. Glues the model
+// builder (graphs on meta) to a backend's executables (through the seam, ir/backend.h; the CPU
+// by default): prefix once per observation, then the Euler loop over the step graph with no
+// allocation inside the loop.
 #pragma once
 
 #include <cstdint>
@@ -9,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "backends/cpu/executor.h"
 #include "core/status.h"
+#include "ir/backend.h"
 #include "models/pi05_builder.h"
 #include "policy/pi05_observation.h"
 
@@ -25,7 +26,8 @@ struct Pi05PolicyOptions {
   Pi05Precision precision = Pi05Precision::FromConfig;
   int threads = 2;
   bool record_intermediates = false;  // keep every intermediate for --dump-intermediates
-  bool pack_weights = false;  // cpu::ExecutorOptions::pack_weights (a packed copy of the weights)
+  bool pack_weights = false;  // ExecOptions::pack_weights (a packed copy of the weights)
+  std::string backend = "cpu";  // registry name (backends/registry.h)
 };
 
 /// The observation of `path` for this model (see policy/pi05_observation.h), without a
@@ -67,7 +69,7 @@ class Pi05Policy {
 
   const Pi05Model& model() const { return *model_; }
   bool bf16() const { return bf16_; }
-  const cpu::CpuWeights& weights() const { return *weights_; }
+  const BoundWeights& weights() const { return *weights_; }
 
   /// Runs the prefix (vision, projector, Gemma K/V cache) for one observation. Plans new
   /// executors only when the prefix shape (present cameras, valid tokens) changes.
@@ -87,10 +89,11 @@ class Pi05Policy {
   Pi05PolicyOptions options_;
   bool bf16_ = false;
   std::unique_ptr<Pi05Model> model_;
-  std::unique_ptr<cpu::CpuWeights> weights_;
+  Backend* backend_ = nullptr;  // from the registry (process lifetime)
+  std::unique_ptr<BoundWeights> weights_;
   std::optional<Pi05PrefixShape> planned_;
-  std::unique_ptr<cpu::Executor> prefix_;
-  std::unique_ptr<cpu::Executor> step_;
+  std::unique_ptr<Executable> prefix_;
+  std::unique_ptr<Executable> step_;
   std::vector<std::pair<std::string, ir::ValueId>> prefix_outputs_;  // of the planned graphs
   std::vector<std::pair<std::string, ir::ValueId>> step_outputs_;
   std::vector<int> step_prefix_inputs_;  // step input index of prefix.k.0, prefix.v.0, k.1, ...

@@ -1,31 +1,15 @@
-// pi0.5 package runtime (see pi05_package_policy.h). Engines share one activation arena (they run
-// one after another); values crossing engines and stages are copied into buffers owned here.
+// pi0.5 package runtime (see pi05_package_policy.h): the manifest's pi0.5 description and stored
+// config/processor files; the engines themselves run through PackageEngines (one shared arena,
+// crossing values in its buffers, on the backends the manifest names).
 #include "runtime/pi05_package_policy.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
 
-#include "ir/serialize.h"
-#include "ir/walk.h"
-
 namespace vlac {
 
 using nlohmann::json;
-
-struct Pi05PackagePolicy::Engine {
-  std::string name, stage;
-  ir::Graph program;                       // as packaged (compile-time shapes)
-  std::vector<std::string> output_names;   // manifest names of program outputs, in order
-  std::vector<ir::WeightRef> refs;         // file_id = index into `segments`, offset within it
-  std::vector<DType> run;                  // = stored dtype
-  std::vector<const PackageSegment*> segments;
-  uint64_t budget_bytes = 0;               // weight bytes a run touches (gathered tables: 0)
-  bool verified = false, resident = false;
-  std::unique_ptr<cpu::CpuWeights> weights;
-  std::unique_ptr<cpu::Executor> exec;
-  std::map<std::string, std::vector<int64_t>> planned;  // input shapes exec was planned for
-};
 
 Pi05PackagePolicy::Pi05PackagePolicy(Pi05PackagePolicy&&) noexcept = default;
 Pi05PackagePolicy& Pi05PackagePolicy::operator=(Pi05PackagePolicy&&) noexcept = default;
@@ -54,9 +38,6 @@ uint64_t Pi05PackagePolicy::weight_bytes() const {
 }
 
 Result<Pi05PackagePolicy> Pi05PackagePolicy::open(const std::string& path, Pi05PackageOptions options) {
-  if (options.pack_weights && options.mem_budget > 0)
-    return invalid_argument("packed weights are copies held by each engine and cannot be evicted: use either a "
-                            "memory budget or packed weights, not both");
   Pi05PackagePolicy p;
   p.options_ = options;
   VLAC_ASSIGN_OR_RETURN(Package pkg, Package::open(path));
@@ -102,193 +83,27 @@ Status Pi05PackagePolicy::load_manifest() {
   }
   VLAC_ASSIGN_OR_RETURN(processor_, parse_pi05_processor(pf));
 
-  // Engines: programs and weight tables (bytes stay untouched until first use).
-  for (const PackageEngine& pe : m.engines) {
-    auto e = std::make_unique<Engine>();
-    e->name = pe.name;
-    const std::string ew = where + ": engine '" + pe.name + "'";
-    if (pe.backend != "cpu") return unsupported(ew + ": backend '" + pe.backend + "' (this runtime runs cpu engines)");
-    const json& x = pe.extra;
-    if (!x.contains("stage") || !x["stage"].is_string() || !x.contains("program") || !x.contains("weights") ||
-        !x["weights"].is_array())
-      return invalid_format(ew + ": needs stage, program and weights");
-    e->stage = x["stage"].get<std::string>();
-    VLAC_ASSIGN_OR_RETURN(e->program, ir::graph_from_json(x["program"], ew));
-    if (e->program.outputs().size() != pe.outputs.size() || e->program.inputs().size() != pe.inputs.size())
-      return invalid_format(ew + ": program inputs/outputs differ from the manifest's");
-    for (const auto& o : pe.outputs) e->output_names.push_back(o.name);
-    for (const json& w : x["weights"]) {
-      if (!w.is_object() || !w.contains("name") || !w["name"].is_string() || !w.contains("dtype") ||
-          !w["dtype"].is_string() || !w.contains("segment") || !w["segment"].is_string() || !w.contains("offset") ||
-          !w["offset"].is_number_unsigned() || !w.contains("shape") || !w["shape"].is_array())
-        return invalid_format(ew + ": a weight record needs name, dtype, shape, segment, offset");
-      ir::WeightRef r;
-      r.name = w["name"].get<std::string>();
-      auto dt = dtype_from_name(w["dtype"].get<std::string>());
-      if (!dt || (*dt != DType::F32 && *dt != DType::BF16))
-        return invalid_format(ew + ": weight '" + r.name + "' has a dtype the CPU runtime does not run");
-      r.dtype = *dt;
-      for (const json& s : w["shape"]) {
-        if (!s.is_number_integer() || s.get<int64_t>() < 0 || s.get<int64_t>() > (int64_t(1) << 40))
-          return invalid_format(ew + ": weight '" + r.name + "' has a bad shape");
-        r.shape.push_back(s.get<int64_t>());
-      }
-      if (r.shape.size() > 8) return invalid_format(ew + ": weight '" + r.name + "' has a bad shape");
-      ir::ValueInfo vi{r.dtype, r.shape};
-      r.bytes = vi.bytes();
-      r.offset = w["offset"].get<uint64_t>();
-      const PackageSegment* seg = pkg_->find(w["segment"].get<std::string>());
-      if (!seg || seg->kind != package::SegmentKind::Engine)
-        return invalid_format(ew + ": weight '" + r.name + "' names no engine segment");
-      uint64_t end = 0;
-      if (__builtin_add_overflow(r.offset, r.bytes, &end) || end > seg->size)
-        return invalid_format(ew + ": weight '" + r.name + "' lies outside segment '" + seg->name + "'");
-      auto it = std::find(e->segments.begin(), e->segments.end(), seg);
-      r.file_id = uint32_t(it - e->segments.begin());
-      if (it == e->segments.end()) e->segments.push_back(seg);
-      e->refs.push_back(r);
-      e->run.push_back(r.dtype);
-    }
-    // Budget accounting: a weight only gathered from (embedding table) costs its looked-up rows.
-    const ir::Graph& g = e->program;
-    const ir::UseLists uses = ir::build_use_lists(g);
-    std::map<std::string, uint64_t> stored_bytes;
-    for (const auto& r : e->refs) stored_bytes[r.name] = r.bytes;
-    for (const ir::Node& n : g.nodes()) {
-      if (n.op != ir::OpKind::Weight) continue;
-      const ir::ValueId v = n.outputs[0];
-      bool gather_only = true;
-      for (int64_t u = uses.offsets[size_t(v)]; u < uses.offsets[size_t(v) + 1]; ++u)
-        if (g.node(uses.node_ids[size_t(u)]).op != ir::OpKind::Embedding) gather_only = false;
-      auto it = stored_bytes.find(g.weights()[size_t(n.weight)].name);
-      if (!gather_only && it != stored_bytes.end()) e->budget_bytes += it->second;
-    }
-    stages_[e->stage].push_back(engines_.size());
-    engines_.push_back(std::move(e));
-  }
-  for (const char* s : {"vision", "lm", "step"})
-    if (stages_[s].empty()) return invalid_format(where + ": no engine of stage '" + s + "'");
-  return Status::ok();
-}
-
-void Pi05PackagePolicy::make_room(const Engine& next) {
-  if (options_.mem_budget == 0) return;
-  const uint64_t overhead = stats_.activation_bytes + (64ull << 20);
-  const uint64_t limit = options_.mem_budget > overhead ? options_.mem_budget - overhead : 0;
-  for (size_t i = 0; i < lru_.size() && resident_ + (next.resident ? 0 : next.budget_bytes) > limit;) {
-    Engine& e = *engines_[lru_[i]];
-    if (&e == &next) {
-      ++i;
-      continue;
-    }
-    for (const PackageSegment* s : e.segments) pkg_->drop(*s);
-    resident_ -= std::min(resident_, e.budget_bytes);
-    e.resident = false;
-    ++stats_.evictions;
-    stats_.evicted_bytes += e.budget_bytes;
-    lru_.erase(lru_.begin() + std::ptrdiff_t(i));
-  }
-}
-
-Status Pi05PackagePolicy::prepare(Engine& e, const std::map<std::string, Slot>& values) {
-  std::map<std::string, std::vector<int64_t>> shapes;
-  for (ir::ValueId v : e.program.inputs()) {
-    const std::string name = ir::input_name(e.program, v);
-    auto it = values.find(name);
-    if (it == values.end())
-      return invalid_format(pkg_->path() + ": engine '" + e.name + "' reads '" + name + "', which no earlier engine makes");
-    if (it->second.info.dtype != e.program.info(v).dtype)
-      return invalid_format(pkg_->path() + ": engine '" + e.name + "': '" + name + "' has the wrong dtype");
-    shapes[name] = it->second.info.shape;
-  }
-  if (e.exec && shapes == e.planned) return Status::ok();
-  if (!e.weights) {
-    // First use: check the bytes of every segment it reads, then bind the weights in place.
-    for (const PackageSegment* s : e.segments) VLAC_RETURN_IF_ERROR(pkg_->verify(*s));
-    std::vector<cpu::WeightFile> files;
-    for (const PackageSegment* s : e.segments) {
-      auto span = pkg_->data(*s);
-      files.push_back({span.data(), span.size(), pkg_->path() + ": segment '" + s->name + "'", nullptr});
-    }
-    VLAC_ASSIGN_OR_RETURN(cpu::CpuWeights w, cpu::CpuWeights::load(e.refs, e.run, files));
-    e.weights = std::make_unique<cpu::CpuWeights>(std::move(w));
-  }
-  VLAC_ASSIGN_OR_RETURN(ir::Graph g, ir::respecialize(e.program, shapes));
-  cpu::ExecutorOptions eo;
-  eo.threads = options_.threads;
-  eo.shared_memory = true;
-  eo.pack_weights = options_.pack_weights;
-  eo.bf16_mqa_attention = bf16_;
+  // Engines: programs and weight tables (bytes stay untouched until first use), each on the
+  // backend its manifest entry names.
+  PackageRunOptions ro;
+  ro.threads = options_.threads;
+  ro.mem_budget = options_.mem_budget;
+  ro.pack_weights = options_.pack_weights;
+  ro.bf16_mqa_attention = bf16_;
   // The step's time-only part (time MLP, adaRMS modulations) is computed once per value of t.
-  eo.memo_inputs = {kPi05InTime, kPi05Cond};
-  eo.memo_slots = int(steps_);
-  e.exec.reset();
-  VLAC_ASSIGN_OR_RETURN(cpu::Executor ex, cpu::Executor::create(std::move(g), *e.weights, eo));
-  e.exec = std::make_unique<cpu::Executor>(std::move(ex));
-  // The executor now holds packed copies of its Linear weights: give the mapped pages back (they
-  // stay in the page cache; the few in-place weights left, norms and biases, fault in again on
-  // use), so packing trades the mapping for the copy instead of holding both.
-  if (options_.pack_weights)
-    for (const PackageSegment* s : e.segments) pkg_->release(*s);
-  stats_.packed_weight_bytes = 0;
-  for (const auto& other : engines_)
-    if (other->exec) stats_.packed_weight_bytes += other->exec->packed_bytes();
-  e.planned = std::move(shapes);
-  ++stats_.engines_loaded;
+  ro.memo_inputs = {kPi05InTime, kPi05Cond};
+  ro.memo_slots = int(steps_);
+  VLAC_ASSIGN_OR_RETURN(PackageEngines engines, PackageEngines::open(*pkg_, std::move(ro)));
+  engines_ = std::make_unique<PackageEngines>(std::move(engines));
+  for (const char* s : {"vision", "lm", "step"})
+    if (!engines_->has_stage(s)) return invalid_format(where + ": no engine of stage '" + s + "'");
   return Status::ok();
 }
 
-Status Pi05PackagePolicy::run_stage(const std::vector<size_t>& ids, std::map<std::string, Slot>* values) {
-  for (size_t id : ids) {
-    Engine& e = *engines_[id];
-    VLAC_RETURN_IF_ERROR(prepare(e, *values));
-    // One arena and scratch shared by all engines (grown only when a new plan needs more).
-    if (e.exec->arena_bytes() > arena_.size() || e.exec->scratch_bytes() > scratch_.size() * 4) {
-      arena_.assign(std::max<uint64_t>(e.exec->arena_bytes(), arena_.size()) + 64, 0);
-      scratch_.assign(std::max<uint64_t>(e.exec->scratch_bytes() / 4 + 1, scratch_.size()), 0.0f);
-    }
-    uint8_t* base = arena_.data();
-    base += (64 - reinterpret_cast<uintptr_t>(base) % 64) % 64;
-    e.exec->set_memory(base, scratch_.data());
-    const auto& ins = e.exec->graph().inputs();
-    for (size_t i = 0; i < ins.size(); ++i)
-      e.exec->bind_input(int(i), values->at(ir::input_name(e.exec->graph(), ins[i])).data);
-    uint64_t act = arena_.size() + scratch_.size() * 4;
-    for (const auto& [n, b] : store_) act += b.size();
-    for (const auto& other : engines_)
-      if (other->exec) act += other->exec->memo_bytes();  // the step's time-only results
-    stats_.activation_bytes = act;
-    make_room(e);
-    VLAC_RETURN_IF_ERROR(e.exec->run());
-    if (!e.resident) {
-      e.resident = true;
-      resident_ += e.budget_bytes;
-    }
-    lru_.erase(std::remove(lru_.begin(), lru_.end(), id), lru_.end());
-    lru_.push_back(id);
-    stats_.peak_resident_weight_bytes = std::max(stats_.peak_resident_weight_bytes, resident_);
-    // Outputs leave the shared arena: copy them into buffers owned here.
-    const auto& outs = e.exec->graph().outputs();
-    for (size_t i = 0; i < outs.size(); ++i) {
-      const ir::ValueInfo& info = e.exec->graph().info(outs[i]);
-      std::vector<uint8_t>& buf = store_[e.stage + "/" + e.output_names[i]];
-      if (buf.size() != info.bytes()) buf.resize(info.bytes());
-      std::memcpy(buf.data(), e.exec->data(outs[i]), info.bytes());
-      (*values)[e.output_names[i]] = Slot{buf.data(), info};
-    }
-  }
-  return Status::ok();
-}
-
-void Pi05PackagePolicy::release_stage(const std::string& stage) {
-  for (size_t id : stages_[stage]) {
-    Engine& e = *engines_[id];
-    if (!e.resident) continue;
-    for (const PackageSegment* s : e.segments) pkg_->release(*s);
-    e.resident = false;
-    resident_ -= std::min(resident_, e.budget_bytes);
-    lru_.erase(std::remove(lru_.begin(), lru_.end(), id), lru_.end());
-  }
+Status Pi05PackagePolicy::run_stage(const std::string& stage, std::map<std::string, Slot>* values) {
+  Status st = engines_->run_stage(stage, values);
+  static_cast<PackageRunStats&>(stats_) = engines_->stats();
+  return st;
 }
 
 Status Pi05PackagePolicy::run_prefix(const Pi05Observation& obs) {
@@ -305,7 +120,7 @@ Status Pi05PackagePolicy::run_prefix(const Pi05Observation& obs) {
     std::map<std::string, Slot> v;
     v[kPi05InImage] = Slot{image_in_.data(), ir::ValueInfo{DType::F32, {C_, R_, R_}}};
     const auto tv = std::chrono::steady_clock::now();
-    VLAC_RETURN_IF_ERROR(run_stage(stages_["vision"], &v));
+    VLAC_RETURN_IF_ERROR(run_stage("vision", &v));
     stats_.vision_ms.push_back(ms_since(tv));
     auto it = v.find(kPi05OutImageTokens);
     if (it == v.end() || it->second.info.shape != std::vector<int64_t>{n_img_, W_} || it->second.info.dtype != DType::F32)
@@ -316,14 +131,14 @@ Status Pi05PackagePolicy::run_prefix(const Pi05Observation& obs) {
   }
   // The prefix stages run once per observation: their pages leave this process when done (the
   // page cache keeps them, so the next observation maps them back with minor faults only).
-  release_stage("vision");
+  engines_->release_stage("vision");
   if (nt > 0) {
-    if (stages_["text"].empty()) return invalid_format(pkg_->path() + ": no engine of stage 'text'");
+    if (!engines_->has_stage("text")) return invalid_format(pkg_->path() + ": no engine of stage 'text'");
     tokens_ = obs.tokens;
     std::map<std::string, Slot> v;
     v[kPi05InTokens] = Slot{tokens_.data(), ir::ValueInfo{DType::I64, {nt}}};
     const auto tt = std::chrono::steady_clock::now();
-    VLAC_RETURN_IF_ERROR(run_stage(stages_["text"], &v));
+    VLAC_RETURN_IF_ERROR(run_stage("text", &v));
     stats_.text_ms = ms_since(tt);
     auto it = v.find(kPi05OutTextEmbeddings);
     if (it == v.end() || it->second.info.shape != std::vector<int64_t>{nt, W_} || it->second.info.dtype != DType::F32)
@@ -331,7 +146,7 @@ Status Pi05PackagePolicy::run_prefix(const Pi05Observation& obs) {
                             ", " + std::to_string(W_) + "]");
     const Slot& te = it->second;
     std::memcpy(embeddings_.data() + size_t(int64_t(obs.cameras.size()) * n_img_ * W_), te.data, size_t(nt * W_) * 4);
-    release_stage("text");
+    engines_->release_stage("text");
   }
   prefix_pos_.resize(size_t(P));
   for (int64_t i = 0; i < P; ++i) prefix_pos_[size_t(i)] = i;
@@ -339,9 +154,9 @@ Status Pi05PackagePolicy::run_prefix(const Pi05Observation& obs) {
   v[kPi05InPrefixEmbeddings] = Slot{embeddings_.data(), ir::ValueInfo{DType::F32, {P, W_}}};
   v[kPi05InPrefixPos] = Slot{prefix_pos_.data(), ir::ValueInfo{DType::I64, {P}}};
   const auto tl = std::chrono::steady_clock::now();
-  VLAC_RETURN_IF_ERROR(run_stage(stages_["lm"], &v));
+  VLAC_RETURN_IF_ERROR(run_stage("lm", &v));
   stats_.lm_ms = ms_since(tl);
-  release_stage("lm");
+  engines_->release_stage("lm");
   prefix_kv_.clear();
   for (int64_t l = 0; l < depth_; ++l)
     for (const char* kv : {"prefix.k.", "prefix.v."}) {
@@ -372,7 +187,7 @@ Status Pi05PackagePolicy::denoise(const float* noise, float* action_normalized) 
   for (int64_t k = 0; k < steps_; ++k) {
     t_[0] = euler.time(k);  // x_ and t_ are bound in place; outputs are overwritten each step
     const auto ts = std::chrono::steady_clock::now();
-    VLAC_RETURN_IF_ERROR(run_stage(stages_["step"], &v));
+    VLAC_RETURN_IF_ERROR(run_stage("step", &v));
     stats_.step_ms[size_t(k)] = ms_since(ts);
     auto it = v.find("x_next");
     if (it == v.end() || it->second.info.bytes() != x_.size() * 4 || it->second.info.dtype != DType::F32)

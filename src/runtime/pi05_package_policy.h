@@ -1,5 +1,6 @@
 // pi0.5 from a .vlac package: maps the package, loads engines lazily (program from the manifest,
-// weights used in place from the map), runs the stages (vision per present camera, text
+// weights used in place from the map, each engine on the backend its manifest names, found in
+// the backend registry), runs the stages (vision per present camera, text
 // embedding, Gemma prefix once per observation, the denoising step N times). Links no model
 // builder or partitioner: everything it needs is in the package.
 #pragma once
@@ -10,13 +11,13 @@
 #include <string>
 #include <vector>
 
-#include "backends/cpu/executor.h"
 #include "core/status.h"
 #include "ir/graph.h"
-#include "models/pi05_builder.h"
+#include "pi05_spec/pi05_spec.h"
 #include "package/package.h"
 #include "policy/pi05_observation.h"
 #include "policy/pi05_processor.h"
+#include "runtime/package_engines.h"
 
 namespace vlac {
 
@@ -26,20 +27,14 @@ struct Pi05PackageOptions {
   /// dropped in turn so that mapped weights + activations stay under this many bytes (weight
   /// streaming: slower, the report says how much was re-read).
   uint64_t mem_budget = 0;
-  /// Reorder each engine's Linear weights once into oneDNN's blocked layout (a copy owned by its
-  /// executor, Pi05PackageStats::packed_weight_bytes): faster matmuls, more memory. Not with
-  /// mem_budget (the copies are not evictable).
+  /// Reorder each engine's Linear weights once into the backend's blocked layout (CPU: oneDNN's;
+  /// a copy owned by its executable, Pi05PackageStats::packed_weight_bytes): faster matmuls,
+  /// more memory. Not with mem_budget (the copies are not evictable).
   bool pack_weights = false;
 };
 
 /// What the runtime did, for the report.
-struct Pi05PackageStats {
-  int engines_loaded = 0;           // executors built (lazily, on first use or new shapes)
-  uint64_t evictions = 0;           // engine segments whose pages were dropped for the budget
-  uint64_t evicted_bytes = 0;       // their size (re-read from disk when used again)
-  uint64_t peak_resident_weight_bytes = 0;  // by the budget's accounting
-  uint64_t activation_bytes = 0;    // arenas + inputs + scratch + memo slots of the live executors
-  uint64_t packed_weight_bytes = 0; // packed weight copies of the live executors (pack_weights)
+struct Pi05PackageStats : PackageRunStats {
   // Latency of the last observation by stage, milliseconds.
   std::vector<double> vision_ms;    // one per present camera
   double text_ms = 0, lm_ms = 0;
@@ -80,17 +75,10 @@ class Pi05PackagePolicy {
   Result<Pi05PackagePolicy> reopen() const { return open(pkg_->path(), options_); }
 
  private:
-  struct Engine;
-  struct Slot {
-    const void* data = nullptr;
-    ir::ValueInfo info;
-  };
+  using Slot = PackageValue;
   Pi05PackagePolicy() = default;
   Status load_manifest();
-  Status run_stage(const std::vector<size_t>& engines, std::map<std::string, Slot>* values);
-  Status prepare(Engine& e, const std::map<std::string, Slot>& values);
-  void make_room(const Engine& next);
-  void release_stage(const std::string& stage);
+  Status run_stage(const std::string& stage, std::map<std::string, Slot>* values);
 
   Pi05PackageOptions options_;
   std::unique_ptr<Package> pkg_;
@@ -99,19 +87,13 @@ class Pi05PackagePolicy {
   bool bf16_ = false;
   int64_t H_ = 0, A_ = 0, C_ = 3, R_ = 0, n_img_ = 0, W_ = 0, depth_ = 0, steps_ = 10;
   float dt_ = -0.1f;
-  std::vector<std::unique_ptr<Engine>> engines_;
-  std::map<std::string, std::vector<size_t>> stages_;
-  std::vector<size_t> lru_;  // engine indices, least recently run first (resident ones)
-  uint64_t resident_ = 0;
+  std::unique_ptr<PackageEngines> engines_;
   Pi05PackageStats stats_;
   // Buffers the runtime owns between stages.
   std::vector<float> image_in_, embeddings_, x_;
   std::vector<int64_t> tokens_, prefix_pos_, suffix_pos_;
   std::vector<float> t_;
-  std::map<std::string, Slot> prefix_kv_;  // prefix.k.<l>/prefix.v.<l>, pointing into store_
-  std::map<std::string, std::vector<uint8_t>> store_;  // engine outputs, "<stage>/<name>"
-  std::vector<uint8_t> arena_;   // shared activation arena of all engines
-  std::vector<float> scratch_;   // shared kernel scratch
+  std::map<std::string, Slot> prefix_kv_;  // prefix.k.<l>/prefix.v.<l>, in engines_' buffers
   int64_t prefix_len_ = 0;
 };
 

@@ -20,7 +20,8 @@ class NullCompiler : public BackendCompiler {
     }
     return e;
   }
-  Result<EngineBlob> compile(const Subgraph& sub, WeightSource&, const CompileOptions&) override {
+  Result<EngineBlob> compile(const Subgraph& sub, const std::vector<StoredWeight>&, WeightSource&,
+                             const CompileOptions&) override {
     EngineBlob blob;
     blob.backend = "null";
     VLAC_ASSIGN_OR_RETURN(blob.estimate, estimate_bytes(sub));
@@ -41,9 +42,31 @@ TEST(IrBackend, NullBackendEstimatesFromReferences) {
   ASSERT_TRUE(e.is_ok());
   EXPECT_EQ(e->weights_bytes, 24u);
   EXPECT_EQ(e->scratch_bytes, 8u * 4 + 6u * 4);  // input value + linear output, f32
-  RunIo io;
-  EXPECT_EQ(io.struct_size, sizeof(RunIo));
-  EXPECT_EQ(io.stream, nullptr);
+  CompileOptions o;
+  EXPECT_EQ(o.struct_size, sizeof(CompileOptions));
+  EXPECT_STREQ(memory_kind_name(MemoryKind::Unified), "unified");
+}
+
+TEST(IrBackend, WholeGraphAndFileWeightSource) {
+  ir::Graph g;
+  ir::ValueId x = g.add_input("x", {DType::F32, {2, 4}});
+  ir::ValueId w = g.weight({"w", 0, 8, DType::F32, {1, 4}, 16});
+  ir::ValueId y = g.add(ir::OpKind::Linear, {x, w}).value();
+  g.mark_output(y);
+  auto sub = whole_graph(g);
+  ASSERT_TRUE(sub.is_ok());
+  EXPECT_EQ(sub->nodes.size(), 3u);
+  EXPECT_EQ(sub->inputs, std::vector<ir::ValueId>{x});
+  EXPECT_EQ(sub->outputs, std::vector<ir::ValueId>{y});
+  std::vector<uint8_t> bytes(32, 7);
+  FileWeightSource src({{bytes.data(), bytes.size(), "mem.bin", nullptr}});
+  auto p = src.map(g.weights()[0]);
+  ASSERT_TRUE(p.is_ok());
+  EXPECT_EQ(*p, bytes.data() + 8);
+  ir::WeightRef outside{"far", 0, 24, DType::F32, {4}, 16};
+  auto bad = src.map(outside);
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("mem.bin: tensor 'far' lies outside the file"), std::string::npos);
 }
 
 }  // namespace

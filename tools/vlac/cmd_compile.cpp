@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "backends/registry.h"
 #include "command.h"
 #include "compile/pi05_compile.h"
 #include "core/bytes.h"
@@ -37,7 +38,9 @@ Status compile_policy(const CompileFlags& f, MemMeter& meter) {
     if (!cap.is_ok()) return cap.status().with_context("--engine-cap");
     o.engine_cap = *cap;
   }
-  if (f.backend != "cpu") return unsupported("--backend " + f.backend + ": this build compiles cpu engines only");
+  // Any backend built into this vlac (backends/registry.h); the error lists the available ones.
+  VLAC_RETURN_IF_ERROR(backend_registry().get(f.backend, "--backend " + f.backend).status());
+  o.backend = f.backend;
   o.engine_dir = f.engine_dir;
   o.keep_engine_files = f.keep_engines && !f.engine_dir.empty();
   const bool quiet = f.common.quiet;
@@ -94,7 +97,7 @@ void register_compile(CLI::App& app) {
   sub->add_option("--engine-cap", f->engine_cap, "weight bytes per engine, e.g. 512MiB (default), 64KiB");
   sub->add_option("--engine-dir", f->engine_dir, "folder for engine files (default: a temporary one beside OUT)");
   sub->add_flag("--keep-engines", f->keep_engines, "keep the engine files in --engine-dir");
-  sub->add_option("--backend", f->backend, "engine backend: cpu (default)");
+  sub->add_option("--backend", f->backend, "engine backend, a name from the backend registry: cpu (default)");
   sub->add_flag("--plan", f->show_plan, "print the partition plan (engines, inputs, outputs, crossing bytes)");
   add_common_options(sub, &f->common);
   sub->callback([f] { run_command("compile", f->common, [&](MemMeter& m) { return compile_policy(*f, m); }); });

@@ -10,7 +10,6 @@
 #include <memory>
 
 #include "core/atomic_file.h"
-#include "core/mapped_file.h"
 
 namespace vlac::cpu {
 
@@ -28,10 +27,8 @@ void flush_behind(int fd, uint64_t begin, uint64_t end) {
 
 }  // namespace
 
-Result<EngineFile> write_cpu_engine_file(const std::string& path, const std::vector<ir::WeightRef>& weights,
-                                         const std::vector<DType>& run_dtypes, const std::vector<WeightFile>& files,
-                                         uint64_t chunk_bytes) {
-  if (run_dtypes.size() != weights.size()) return internal_error("engine builder: one run dtype per weight needed");
+Result<EngineFile> write_cpu_engine_file(const std::string& path, const std::vector<StoredWeight>& store,
+                                         WeightSource& source, uint64_t chunk_bytes) {
   chunk_bytes = std::max<uint64_t>(chunk_bytes / 4 * 4, 4096);
   VLAC_ASSIGN_OR_RETURN(AtomicFile out, AtomicFile::create(path));
   std::unique_ptr<uint8_t[]> buf(new (std::nothrow) uint8_t[chunk_bytes]);
@@ -40,18 +37,14 @@ Result<EngineFile> write_cpu_engine_file(const std::string& path, const std::vec
   ef.path = path;
   uint64_t end = 0, flushed = 0;
   static const uint8_t kZeros[kEngineAlign] = {};
-  for (size_t i = 0; i < weights.size(); ++i) {
-    const ir::WeightRef& r = weights[i];
-    const DType want = run_dtypes[i];
+  for (size_t i = 0; i < store.size(); ++i) {
+    const ir::WeightRef& r = store[i].ref;
+    const DType want = store[i].run_dtype;
     if (want != DType::F32 && want != DType::BF16) return internal_error("engine builder: run dtype must be F32 or BF16");
     if (r.dtype != DType::F32 && r.dtype != DType::BF16 && r.dtype != DType::F16)
       return unsupported("tensor '" + r.name + "' has dtype " + dtype_name(r.dtype) + " (the CPU backend reads F32, BF16, F16)");
     if (want == DType::BF16 && r.dtype == DType::F16) return unsupported("tensor '" + r.name + "': no F16 -> BF16 path");
-    if (r.file_id >= files.size()) return internal_error("engine builder: weight '" + r.name + "': file id out of range");
-    const WeightFile& f = files[r.file_id];
-    uint64_t src_end = 0;
-    if (__builtin_add_overflow(r.offset, r.bytes, &src_end) || src_end > f.size)
-      return invalid_format(f.path + ": tensor '" + r.name + "' lies outside the file");
+    VLAC_ASSIGN_OR_RETURN(const uint8_t* base, source.map(r));
     const uint64_t pad = (kEngineAlign - end % kEngineAlign) % kEngineAlign;
     if (pad) VLAC_RETURN_IF_ERROR(out.pwrite(kZeros, pad, end));
     end += pad;
@@ -62,7 +55,7 @@ Result<EngineFile> write_cpu_engine_file(const std::string& path, const std::vec
     const uint64_t per = chunk_bytes / std::max(in_size, out_size);
     for (uint64_t k0 = 0; k0 < n; k0 += per) {
       const uint64_t k1 = std::min(n, k0 + per);
-      const uint8_t* src = f.data + r.offset + k0 * in_size;
+      const uint8_t* src = base + k0 * in_size;
       uint8_t* dst = buf.get();
       if (r.dtype == want) {
         std::memcpy(dst, src, (k1 - k0) * in_size);
@@ -83,13 +76,14 @@ Result<EngineFile> write_cpu_engine_file(const std::string& path, const std::vec
       }
       VLAC_RETURN_IF_ERROR(out.pwrite(dst, (k1 - k0) * out_size, end + k0 * out_size));
       // Source bytes are not read again by this engine (memory rule 1).
-      if (f.map) f.map->drop(r.offset + k0 * in_size, (k1 - k0) * in_size);
+      source.release_range(r, k0 * in_size, (k1 - k0) * in_size);
       const uint64_t written = end + k1 * out_size;
       if (written - flushed >= (32ull << 20)) {
         flush_behind(out.fd(), flushed, written / 4096 * 4096);
         flushed = written / 4096 * 4096;
       }
     }
+    source.release(r);
     end += w.bytes;
     ef.weights.push_back(std::move(w));
   }

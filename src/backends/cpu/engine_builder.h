@@ -8,21 +8,15 @@
 #include <string>
 #include <vector>
 
-#include "backends/cpu/executor.h"
 #include "core/dtype.h"
 #include "core/status.h"
+#include "ir/backend.h"
 #include "ir/graph.h"
 
 namespace vlac::cpu {
 
-/// Where one weight lies in an engine file, in the form the runtime uses it in place.
-struct EngineWeight {
-  std::string name;
-  DType dtype = DType::F32;     // as stored (= as run): F32 or BF16
-  std::vector<int64_t> shape;
-  uint64_t offset = 0;          // from the start of the engine file; a multiple of kEngineAlign
-  uint64_t bytes = 0;
-};
+/// Where one weight lies in an engine file (offset a multiple of kEngineAlign).
+using EngineWeight = BlobWeight;
 
 /// Alignment of every weight inside an engine file (cache line; the package aligns the file).
 inline constexpr uint64_t kEngineAlign = 64;
@@ -33,12 +27,12 @@ struct EngineFile {
   std::vector<EngineWeight> weights;
 };
 
-/// Writes `weights` (refs into `files`, as the model builder made them) converted to
-/// `run_dtypes` (F32 or BF16, one per weight) to `path` (atomically: temporary + rename).
-/// Deterministic: same inputs, same bytes (zero padding). `chunk_bytes` bounds the buffer.
-Result<EngineFile> write_cpu_engine_file(const std::string& path, const std::vector<ir::WeightRef>& weights,
-                                         const std::vector<DType>& run_dtypes, const std::vector<WeightFile>& files,
-                                         uint64_t chunk_bytes = 8ull << 20);
+/// Writes `store` (weights as the model builder referenced them, read through `source`)
+/// converted to their run dtypes (F32 or BF16) to `path` (atomically: temporary + rename).
+/// Deterministic: same inputs, same bytes (zero padding). `chunk_bytes` bounds the buffer; each
+/// chunk's source bytes are released behind the reader.
+Result<EngineFile> write_cpu_engine_file(const std::string& path, const std::vector<StoredWeight>& store,
+                                         WeightSource& source, uint64_t chunk_bytes = 8ull << 20);
 
 /// Gives freed heap back to the OS (malloc_trim); called after each engine build.
 void release_heap();

@@ -14,6 +14,7 @@
 
 #include "backends/cpu/dnnl_linear.h"
 #include "backends/cpu/kernels.h"
+#include "exec/arena_plan.h"
 #include "ir/walk.h"
 
 namespace vlac::cpu {
@@ -26,8 +27,8 @@ using ir::ValueInfo;
 
 namespace {
 
-constexpr uint64_t kAlign = 64;
-uint64_t align_up(uint64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+constexpr uint64_t kAlign = exec::kArenaAlign;
+uint64_t align_up(uint64_t v) { return exec::align_up(v); }
 
 std::string shape_str(const std::vector<int64_t>& s) {
   std::string out = "[";
@@ -148,8 +149,7 @@ Status Executor::plan(const CpuWeights& weights) {
   attention_.resize(g.nodes().size());
 
   const size_t nv = g.values().size();
-  root_.resize(nv);
-  for (size_t v = 0; v < nv; ++v) root_[v] = ValueId(v);
+  root_ = exec::storage_roots(g, order_);
   ptr_.assign(nv, nullptr);
   weight_dtype_.assign(nv, DType::F32);
   weight_rounds_bf16_.assign(nv, false);
@@ -186,8 +186,7 @@ Status Executor::plan(const CpuWeights& weights) {
         if (o.dtype != DType::F32) return unsupported(label(n) + ": only f32 constants");
         break;
       }
-      case OpKind::Reshape:
-        root_[size_t(n.outputs[0])] = root_[size_t(n.inputs[0])];
+      case OpKind::Reshape:  // aliases its input (exec::storage_roots)
         break;
       case OpKind::Linear: {
         VLAC_RETURN_IF_ERROR(need_f32(0));
@@ -342,48 +341,10 @@ Status Executor::plan(const CpuWeights& weights) {
     }
   }
 
-  // Activations: liveness per storage root, then greedy placement (largest first, lowest
-  // offset whose time range does not collide).
-  std::vector<ir::LiveRange> live = ir::liveness(g, order_);
-  std::vector<int64_t> first(nv, -1), lastu(nv, -1);
-  for (size_t v = 0; v < nv; ++v) {
-    if (live[v].def < 0) continue;
-    const size_t r = size_t(root_[v]);
-    if (first[r] < 0 || live[v].def < first[r]) first[r] = live[v].def;
-    lastu[r] = std::max(lastu[r], live[v].last_use);
-  }
-  struct Block { ValueId v; uint64_t bytes; int64_t a, b; uint64_t off; };
-  std::vector<Block> blocks;
-  for (size_t v = 0; v < nv; ++v) {
-    if (root_[v] != ValueId(v) || first[v] < 0) continue;
-    const OpKind op = g.node(g.value(ValueId(v)).producer).op;
-    if (op == OpKind::Weight || op == OpKind::Input || op == OpKind::Constant) continue;
-    blocks.push_back({ValueId(v), align_up(std::max<uint64_t>(g.info(ValueId(v)).bytes(), 1)), first[v], lastu[v], 0});
-  }
-  std::vector<size_t> by_size(blocks.size());
-  for (size_t i = 0; i < by_size.size(); ++i) by_size[i] = i;
-  std::stable_sort(by_size.begin(), by_size.end(), [&](size_t x, size_t y) { return blocks[x].bytes > blocks[y].bytes; });
-  std::vector<size_t> placed;
-  std::vector<std::pair<uint64_t, uint64_t>> busy;
-  for (size_t bi : by_size) {
-    Block& b = blocks[bi];
-    busy.clear();
-    for (size_t pi : placed) {
-      const Block& p = blocks[pi];
-      if (p.a <= b.b && b.a <= p.b) busy.emplace_back(p.off, p.off + p.bytes);
-    }
-    std::sort(busy.begin(), busy.end());
-    uint64_t off = 0;
-    for (const auto& [s, e] : busy) {
-      if (off + b.bytes <= s) break;
-      off = std::max(off, e);
-    }
-    b.off = off;
-    arena_bytes_ = std::max(arena_bytes_, off + b.bytes);
-    placed.push_back(bi);
-  }
-  arena_blocks_.clear();
-  for (const Block& b : blocks) arena_blocks_.emplace_back(b.v, b.off);
+  // Activations: one arena planned from liveness (exec/arena_plan, shared with other backends).
+  exec::ArenaPlan arena = exec::plan_arena(g, order_, root_);
+  arena_bytes_ = arena.bytes;
+  arena_blocks_ = std::move(arena.blocks);
   if (!options_.shared_memory) {
     arena_.reset(new uint8_t[std::max<uint64_t>(arena_bytes_, kAlign)]);
     set_memory(arena_.get(), scratch_.get());
@@ -393,85 +354,19 @@ Status Executor::plan(const CpuWeights& weights) {
 }
 
 void Executor::plan_memo() {
-  const ir::Graph& g = graph_;
-  memo_node_.assign(g.nodes().size(), 0);
-  memo_results_.assign(g.nodes().size(), {});
-  memo_key_inputs_.clear();
-  memo_key_bytes_ = memo_slot_bytes_ = memo_hits_ = 0;
-  memo_node_count_ = memo_next_ = 0;
-  memo_.reset();
+  memo_ = {};
+  memo_hits_ = 0;
+  memo_next_ = 0;
+  memo_storage_.reset();
   memo_valid_.clear();
-  if (options_.memo_slots <= 0 || options_.memo_inputs.empty()) return;
-  auto is_memo_input = [&](const std::string& name) {
-    for (const std::string& m : options_.memo_inputs) {
-      if (name == m) return true;
-      const size_t colon = name.rfind(':');
-      if (!name.empty() && name[0] == '%' && colon != std::string::npos && name.compare(colon + 1, std::string::npos, m) == 0)
-        return true;
-    }
-    return false;
-  };
-  // "static" values: weights, constants, memo inputs, and the outputs of nodes reading only those.
-  std::vector<uint8_t> fixed(g.values().size(), 0);
-  for (size_t i = 0; i < g.inputs().size(); ++i) {
-    const ValueId v = g.inputs()[i];
-    if (!is_memo_input(g.node(g.value(v).producer).name)) continue;
-    memo_key_inputs_.push_back(int(i));
-    memo_key_bytes_ += g.info(v).bytes();
-    fixed[size_t(v)] = 1;
-  }
-  // Keys are compared by bytes on every run: only small inputs (a time value, a condition vector).
-  if (memo_key_inputs_.empty() || memo_key_bytes_ > 64 * 1024) {
-    memo_key_inputs_.clear();
+  if (options_.memo_slots > 0) memo_ = exec::plan_memo(graph_, order_, root_, options_.memo_inputs);
+  if (!memo_.enabled()) {
+    memo_ = {};
+    memo_.node.assign(graph_.nodes().size(), 0);
+    memo_.results.assign(graph_.nodes().size(), {});
     return;
   }
-  for (NodeId id : order_) {
-    const Node& n = g.node(id);
-    if (n.op == OpKind::Weight || n.op == OpKind::Constant) {
-      for (ValueId o : n.outputs) fixed[size_t(o)] = 1;
-      continue;
-    }
-    if (n.op == OpKind::Input || n.inputs.empty()) continue;
-    bool all = true;
-    for (ValueId v : n.inputs) all = all && fixed[size_t(v)];
-    if (!all) continue;
-    if (n.op == OpKind::Reshape) {
-      // A view of a weight, constant or input: static, but its bytes are not ours to write back.
-      const OpKind root_op = g.node(g.value(root_[size_t(n.inputs[0])]).producer).op;
-      if (root_op == OpKind::Weight || root_op == OpKind::Constant || root_op == OpKind::Input) {
-        for (ValueId o : n.outputs) fixed[size_t(o)] = 1;
-        continue;
-      }
-    }
-    memo_node_[size_t(id)] = 1;
-    ++memo_node_count_;
-    for (ValueId o : n.outputs) fixed[size_t(o)] = 1;
-  }
-  // Results kept: memo values read by a node outside the memo, or graph outputs.
-  std::vector<uint8_t> kept(g.values().size(), 0);
-  for (NodeId id : order_) {
-    const Node& n = g.node(id);
-    if (memo_node_[size_t(id)] || n.op == OpKind::Weight || n.op == OpKind::Constant || n.op == OpKind::Input) continue;
-    for (ValueId v : n.inputs)
-      if (memo_node_[size_t(g.value(v).producer)]) kept[size_t(v)] = 1;
-  }
-  for (ValueId v : g.outputs())
-    if (memo_node_[size_t(g.value(v).producer)]) kept[size_t(v)] = 1;
-  uint64_t off = align_up(memo_key_bytes_);
-  for (NodeId id : order_) {
-    if (!memo_node_[size_t(id)]) continue;
-    for (ValueId o : g.node(id).outputs) {
-      if (!kept[size_t(o)]) continue;
-      memo_results_[size_t(id)].emplace_back(o, off);
-      off += align_up(g.info(o).bytes());
-    }
-  }
-  if (memo_node_count_ == 0) {
-    memo_key_inputs_.clear();
-    return;
-  }
-  memo_slot_bytes_ = off;
-  memo_.reset(new uint8_t[size_t(memo_slot_bytes_) * size_t(options_.memo_slots)]);
+  memo_storage_.reset(new uint8_t[size_t(memo_.slot_bytes) * size_t(options_.memo_slots)]);
   memo_valid_.assign(size_t(options_.memo_slots), 0);
 }
 
@@ -571,11 +466,11 @@ std::string Executor::shape_key(ir::NodeId id) const {
 
 int Executor::memo_lookup(bool* hit) {
   *hit = false;
-  if (memo_key_inputs_.empty()) return -1;
+  if (!memo_.enabled()) return -1;
   const size_t slots = memo_valid_.size();
   auto key_matches = [&](const uint8_t* slot) {
     uint64_t at = 0;
-    for (int i : memo_key_inputs_) {
+    for (int i : memo_.key_inputs) {
       const ValueId v = graph_.inputs()[size_t(i)];
       const uint64_t b = graph_.info(v).bytes();
       if (std::memcmp(slot + at, ptr(v), b) != 0) return false;
@@ -584,7 +479,7 @@ int Executor::memo_lookup(bool* hit) {
     return true;
   };
   for (size_t s = 0; s < slots; ++s)
-    if (memo_valid_[s] && key_matches(memo_.get() + s * memo_slot_bytes_)) {
+    if (memo_valid_[s] && key_matches(memo_storage_.get() + s * memo_.slot_bytes)) {
       *hit = true;
       ++memo_hits_;
       return int(s);
@@ -593,9 +488,9 @@ int Executor::memo_lookup(bool* hit) {
   const size_t s = memo_next_;
   memo_next_ = (memo_next_ + 1) % slots;
   memo_valid_[s] = 0;
-  uint8_t* slot = memo_.get() + s * memo_slot_bytes_;
+  uint8_t* slot = memo_storage_.get() + s * memo_.slot_bytes;
   uint64_t at = 0;
-  for (int i : memo_key_inputs_) {
+  for (int i : memo_.key_inputs) {
     const ValueId v = graph_.inputs()[size_t(i)];
     const uint64_t b = graph_.info(v).bytes();
     std::memcpy(slot + at, ptr(v), b);
@@ -605,14 +500,14 @@ int Executor::memo_lookup(bool* hit) {
 }
 
 Status Executor::run_or_reuse(NodeId id, int slot, bool hit) {
-  if (slot < 0 || !memo_node_[size_t(id)]) return run_node(id);
-  uint8_t* base = memo_.get() + size_t(slot) * memo_slot_bytes_;
+  if (slot < 0 || !memo_.node[size_t(id)]) return run_node(id);
+  uint8_t* base = memo_storage_.get() + size_t(slot) * memo_.slot_bytes;
   if (hit) {
-    for (const auto& [v, off] : memo_results_[size_t(id)]) std::memcpy(ptr(v), base + off, graph_.info(v).bytes());
+    for (const auto& [v, off] : memo_.results[size_t(id)]) std::memcpy(ptr(v), base + off, graph_.info(v).bytes());
     return Status::ok();
   }
   VLAC_RETURN_IF_ERROR(run_node(id));
-  for (const auto& [v, off] : memo_results_[size_t(id)]) std::memcpy(base + off, ptr(v), graph_.info(v).bytes());
+  for (const auto& [v, off] : memo_.results[size_t(id)]) std::memcpy(base + off, ptr(v), graph_.info(v).bytes());
   return Status::ok();
 }
 

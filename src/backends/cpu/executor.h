@@ -16,18 +16,15 @@
 #include "core/dtype.h"
 #include "core/mapped_file.h"
 #include "core/status.h"
+#include "exec/memo_plan.h"
+#include "ir/backend.h"
 #include "ir/graph.h"
 
 namespace vlac::cpu {
 
 /// Bytes of one weight file (e.g. a mapped safetensors shard); borrowed, must outlive the
 /// CpuWeights built over it. WeightRef::offset is absolute in the file.
-struct WeightFile {
-  const uint8_t* data = nullptr;
-  uint64_t size = 0;
-  std::string path;                 // for error messages
-  const MappedFile* map = nullptr;  // optional: pages of converted weights are dropped from it
-};
+using WeightFile = WeightFileView;
 
 /// Weights in the form the kernels read, by name: fp32 or bf16 (matmul weights and embedding
 /// tables may stay bf16; everything else is fp32). Built once, shared by every executor.
@@ -122,8 +119,8 @@ class Executor {
   /// Bytes of packed weight copies (ExecutorOptions::pack_weights), else 0.
   uint64_t packed_bytes() const { return packed_bytes_; }
   /// ExecutorOptions::memo_inputs: nodes the memo covers, bytes it holds, runs that reused it.
-  size_t memo_nodes() const { return memo_node_count_; }
-  uint64_t memo_bytes() const { return memo_slot_bytes_ * memo_valid_.size(); }
+  size_t memo_nodes() const { return memo_.node_count; }
+  uint64_t memo_bytes() const { return memo_.slot_bytes * memo_valid_.size(); }
   uint64_t memo_hits() const { return memo_hits_; }
 
  private:
@@ -169,13 +166,11 @@ class Executor {
   uint64_t arena_bytes_ = 0, input_bytes_ = 0;
   int64_t scratch_floats_ = 0;
   uint64_t packed_bytes_ = 0;
-  // Memo (ExecutorOptions::memo_inputs). A slot = [key: the memo inputs' bytes][results].
-  std::vector<uint8_t> memo_node_;  // by node id: computed from memo inputs, weights, constants only
-  std::vector<std::vector<std::pair<ir::ValueId, uint64_t>>> memo_results_;  // by node id: (value, offset in slot)
-  std::vector<int> memo_key_inputs_;  // indices into graph().inputs()
-  uint64_t memo_key_bytes_ = 0, memo_slot_bytes_ = 0, memo_hits_ = 0;
-  size_t memo_node_count_ = 0, memo_next_ = 0;
-  std::unique_ptr<uint8_t[]> memo_;
+  // Memo (ExecutorOptions::memo_inputs): the plan (exec/memo_plan), its slots, the lookup state.
+  exec::MemoPlan memo_;
+  uint64_t memo_hits_ = 0;
+  size_t memo_next_ = 0;
+  std::unique_ptr<uint8_t[]> memo_storage_;
   std::vector<uint8_t> memo_valid_;  // by slot
 };
 

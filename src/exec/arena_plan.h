@@ -1,0 +1,36 @@
+// Backend-neutral execution planning, part 1: where every activation of a graph lives in one
+// arena. Storage roots (a reshape's output aliases its input), liveness per root over a
+// schedule, then greedy placement. The CPU executor uses it; a CUDA executor reuses it unchanged
+// (its arena is one device allocation at the same offsets).
+#pragma once
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "ir/graph.h"
+
+namespace vlac::exec {
+
+/// Alignment of every arena block (a cache line; also enough for any GPU vector load).
+inline constexpr uint64_t kArenaAlign = 64;
+inline uint64_t align_up(uint64_t v, uint64_t a = kArenaAlign) { return (v + a - 1) / a * a; }
+
+/// Storage root of every value (by value id): a Reshape's output shares its input's storage,
+/// transitively; every other value is its own root. `order` is a topological schedule.
+std::vector<ir::ValueId> storage_roots(const ir::Graph& g, const std::vector<ir::NodeId>& order);
+
+struct ArenaPlan {
+  /// (storage root, byte offset) of every activation placed in the arena. Weights, inputs and
+  /// constants are not in the arena (they live where the backend binds them).
+  std::vector<std::pair<ir::ValueId, uint64_t>> blocks;
+  uint64_t bytes = 0;  // arena size: the end of the highest block
+};
+
+/// Places every activation root of `order` in one arena: live range per root (earliest def,
+/// latest use over the values sharing it), then largest first at the lowest offset whose time
+/// range collides with no block placed so far. Deterministic; blocks in value-id order.
+/// Engines that run one after another may share one arena of the largest plan's size.
+ArenaPlan plan_arena(const ir::Graph& g, const std::vector<ir::NodeId>& order, const std::vector<ir::ValueId>& root);
+
+}  // namespace vlac::exec

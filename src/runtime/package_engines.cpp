@@ -1,0 +1,246 @@
+// Package engines (see package_engines.h). Engines share one activation arena (they run one
+// after another); values crossing engines and stages are copied into buffers owned here.
+#include "runtime/package_engines.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "backends/registry.h"
+#include "ir/serialize.h"
+#include "ir/walk.h"
+
+namespace vlac {
+
+using nlohmann::json;
+
+struct PackageEngines::Engine {
+  std::string name, stage;
+  ir::Graph program;                       // as packaged (compile-time shapes)
+  std::vector<std::string> output_names;   // manifest names of program outputs, in order
+  std::vector<ir::WeightRef> refs;         // file_id = index into `segments`, offset within it
+  std::vector<DType> run;                  // = stored dtype
+  std::vector<const PackageSegment*> segments;
+  uint64_t budget_bytes = 0;               // weight bytes a run touches (gathered tables: 0)
+  bool resident = false;
+  Backend* backend = nullptr;              // from the registry, by the manifest's name
+  std::unique_ptr<BoundWeights> weights;
+  std::unique_ptr<Executable> exec;
+  std::map<std::string, std::vector<int64_t>> planned;  // input shapes exec was planned for
+};
+
+PackageEngines::PackageEngines() = default;
+PackageEngines::PackageEngines(PackageEngines&&) noexcept = default;
+PackageEngines& PackageEngines::operator=(PackageEngines&&) noexcept = default;
+PackageEngines::~PackageEngines() = default;
+
+Result<PackageEngines> PackageEngines::open(const Package& pkg, PackageRunOptions options,
+                                            const BackendRegistry* registry) {
+  if (options.pack_weights && options.mem_budget > 0)
+    return invalid_argument("packed weights are copies held by each engine and cannot be evicted: use either a "
+                            "memory budget or packed weights, not both");
+  const BackendRegistry& reg = registry ? *registry : backend_registry();
+  PackageEngines pe_out;
+  pe_out.pkg_ = &pkg;
+  pe_out.options_ = std::move(options);
+  const std::string& where = pkg.path();
+  // Engines: programs and weight tables (bytes stay untouched until first use).
+  for (const PackageEngine& pe : pkg.manifest().engines) {
+    auto e = std::make_unique<Engine>();
+    e->name = pe.name;
+    const std::string ew = where + ": engine '" + pe.name + "'";
+    VLAC_ASSIGN_OR_RETURN(e->backend, reg.get(pe.backend, ew));
+    const json& x = pe.extra;
+    if (!x.contains("stage") || !x["stage"].is_string() || !x.contains("program") || !x.contains("weights") ||
+        !x["weights"].is_array())
+      return invalid_format(ew + ": needs stage, program and weights");
+    e->stage = x["stage"].get<std::string>();
+    VLAC_ASSIGN_OR_RETURN(e->program, ir::graph_from_json(x["program"], ew));
+    if (e->program.outputs().size() != pe.outputs.size() || e->program.inputs().size() != pe.inputs.size())
+      return invalid_format(ew + ": program inputs/outputs differ from the manifest's");
+    for (const auto& o : pe.outputs) e->output_names.push_back(o.name);
+    for (const json& w : x["weights"]) {
+      if (!w.is_object() || !w.contains("name") || !w["name"].is_string() || !w.contains("dtype") ||
+          !w["dtype"].is_string() || !w.contains("segment") || !w["segment"].is_string() || !w.contains("offset") ||
+          !w["offset"].is_number_unsigned() || !w.contains("shape") || !w["shape"].is_array())
+        return invalid_format(ew + ": a weight record needs name, dtype, shape, segment, offset");
+      ir::WeightRef r;
+      r.name = w["name"].get<std::string>();
+      auto dt = dtype_from_name(w["dtype"].get<std::string>());
+      if (!dt || (*dt != DType::F32 && *dt != DType::BF16))
+        return invalid_format(ew + ": weight '" + r.name + "' has a dtype the runtime does not bind (F32, BF16)");
+      r.dtype = *dt;
+      for (const json& s : w["shape"]) {
+        if (!s.is_number_integer() || s.get<int64_t>() < 0 || s.get<int64_t>() > (int64_t(1) << 40))
+          return invalid_format(ew + ": weight '" + r.name + "' has a bad shape");
+        r.shape.push_back(s.get<int64_t>());
+      }
+      if (r.shape.size() > 8) return invalid_format(ew + ": weight '" + r.name + "' has a bad shape");
+      ir::ValueInfo vi{r.dtype, r.shape};
+      r.bytes = vi.bytes();
+      r.offset = w["offset"].get<uint64_t>();
+      const PackageSegment* seg = pkg.find(w["segment"].get<std::string>());
+      if (!seg || seg->kind != package::SegmentKind::Engine)
+        return invalid_format(ew + ": weight '" + r.name + "' names no engine segment");
+      uint64_t end = 0;
+      if (__builtin_add_overflow(r.offset, r.bytes, &end) || end > seg->size)
+        return invalid_format(ew + ": weight '" + r.name + "' lies outside segment '" + seg->name + "'");
+      auto it = std::find(e->segments.begin(), e->segments.end(), seg);
+      r.file_id = uint32_t(it - e->segments.begin());
+      if (it == e->segments.end()) e->segments.push_back(seg);
+      e->refs.push_back(r);
+      e->run.push_back(r.dtype);
+    }
+    // Budget accounting: a weight only gathered from (embedding table) costs its looked-up rows.
+    const ir::Graph& g = e->program;
+    const ir::UseLists uses = ir::build_use_lists(g);
+    std::map<std::string, uint64_t> stored_bytes;
+    for (const auto& r : e->refs) stored_bytes[r.name] = r.bytes;
+    for (const ir::Node& n : g.nodes()) {
+      if (n.op != ir::OpKind::Weight) continue;
+      const ir::ValueId v = n.outputs[0];
+      bool gather_only = true;
+      for (int64_t u = uses.offsets[size_t(v)]; u < uses.offsets[size_t(v) + 1]; ++u)
+        if (g.node(uses.node_ids[size_t(u)]).op != ir::OpKind::Embedding) gather_only = false;
+      auto it = stored_bytes.find(g.weights()[size_t(n.weight)].name);
+      if (!gather_only && it != stored_bytes.end()) e->budget_bytes += it->second;
+    }
+    if (!pe_out.stage_engines_.count(e->stage)) pe_out.stage_order_.push_back(e->stage);
+    pe_out.stage_engines_[e->stage].push_back(pe_out.engines_.size());
+    pe_out.engines_.push_back(std::move(e));
+  }
+  return pe_out;
+}
+
+bool PackageEngines::has_stage(const std::string& stage) const {
+  auto it = stage_engines_.find(stage);
+  return it != stage_engines_.end() && !it->second.empty();
+}
+
+void PackageEngines::make_room(const Engine& next) {
+  if (options_.mem_budget == 0) return;
+  const uint64_t overhead = stats_.activation_bytes + (64ull << 20);
+  const uint64_t limit = options_.mem_budget > overhead ? options_.mem_budget - overhead : 0;
+  for (size_t i = 0; i < lru_.size() && resident_ + (next.resident ? 0 : next.budget_bytes) > limit;) {
+    Engine& e = *engines_[lru_[i]];
+    if (&e == &next) {
+      ++i;
+      continue;
+    }
+    for (const PackageSegment* s : e.segments) pkg_->drop(*s);
+    resident_ -= std::min(resident_, e.budget_bytes);
+    e.resident = false;
+    ++stats_.evictions;
+    stats_.evicted_bytes += e.budget_bytes;
+    lru_.erase(lru_.begin() + std::ptrdiff_t(i));
+  }
+}
+
+Status PackageEngines::prepare(Engine& e, const std::map<std::string, PackageValue>& values) {
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (ir::ValueId v : e.program.inputs()) {
+    const std::string name = ir::input_name(e.program, v);
+    auto it = values.find(name);
+    if (it == values.end())
+      return invalid_format(pkg_->path() + ": engine '" + e.name + "' reads '" + name + "', which no earlier engine makes");
+    if (it->second.info.dtype != e.program.info(v).dtype)
+      return invalid_format(pkg_->path() + ": engine '" + e.name + "': '" + name + "' has the wrong dtype");
+    shapes[name] = it->second.info.shape;
+  }
+  if (e.exec && shapes == e.planned) return Status::ok();
+  if (!e.weights) {
+    // First use: check the bytes of every segment it reads, then bind the weights in place.
+    for (const PackageSegment* s : e.segments) VLAC_RETURN_IF_ERROR(pkg_->verify(*s));
+    WeightBinding wb;
+    wb.refs = e.refs;
+    wb.run_dtypes = e.run;
+    for (const PackageSegment* s : e.segments) {
+      auto span = pkg_->data(*s);
+      wb.files.push_back({span.data(), span.size(), pkg_->path() + ": segment '" + s->name + "'", nullptr});
+    }
+    VLAC_ASSIGN_OR_RETURN(e.weights, e.backend->runtime().bind_weights(wb));
+  }
+  VLAC_ASSIGN_OR_RETURN(ir::Graph g, ir::respecialize(e.program, shapes));
+  ExecOptions eo;
+  eo.threads = options_.threads;
+  eo.shared_memory = true;
+  eo.pack_weights = options_.pack_weights;
+  eo.bf16_mqa_attention = options_.bf16_mqa_attention;
+  eo.memo_inputs = options_.memo_inputs;
+  eo.memo_slots = options_.memo_slots;
+  e.exec.reset();
+  VLAC_ASSIGN_OR_RETURN(e.exec, e.backend->runtime().plan(std::move(g), *e.weights, eo));
+  if (e.exec->memory().kind == MemoryKind::Device)
+    return unsupported(pkg_->path() + ": engine '" + e.name + "' (backend '" + std::string(e.backend->name()) +
+                       "') needs device memory for its arena; this runtime provides host memory only");
+  // The executable now holds packed copies of its weights: give the mapped pages back (they
+  // stay in the page cache; the few in-place weights left, norms and biases, fault in again on
+  // use), so packing trades the mapping for the copy instead of holding both.
+  if (options_.pack_weights)
+    for (const PackageSegment* s : e.segments) pkg_->release(*s);
+  stats_.packed_weight_bytes = 0;
+  for (const auto& other : engines_)
+    if (other->exec) stats_.packed_weight_bytes += other->exec->memory().packed_bytes;
+  e.planned = std::move(shapes);
+  ++stats_.engines_loaded;
+  return Status::ok();
+}
+
+Status PackageEngines::run_stage(const std::string& stage, std::map<std::string, PackageValue>* values) {
+  auto st = stage_engines_.find(stage);
+  if (st == stage_engines_.end()) return invalid_format(pkg_->path() + ": no engine of stage '" + stage + "'");
+  for (size_t id : st->second) {
+    Engine& e = *engines_[id];
+    VLAC_RETURN_IF_ERROR(prepare(e, *values));
+    // One arena and scratch shared by all engines (grown only when a new plan needs more).
+    const MemoryPlan mp = e.exec->memory();
+    if (mp.arena_bytes > arena_.size() || mp.scratch_bytes > scratch_.size() * 4) {
+      arena_.assign(std::max<uint64_t>(mp.arena_bytes, arena_.size()) + 64, 0);
+      scratch_.assign(std::max<uint64_t>(mp.scratch_bytes / 4 + 1, scratch_.size()), 0.0f);
+    }
+    uint8_t* base = arena_.data();
+    base += (64 - reinterpret_cast<uintptr_t>(base) % 64) % 64;
+    e.exec->bind_memory(base, scratch_.data());
+    const auto& ins = e.exec->graph().inputs();
+    for (size_t i = 0; i < ins.size(); ++i)
+      e.exec->bind_input(int(i), values->at(ir::input_name(e.exec->graph(), ins[i])).data);
+    uint64_t act = arena_.size() + scratch_.size() * 4;
+    for (const auto& [n, b] : store_) act += b.size();
+    for (const auto& other : engines_)
+      if (other->exec) act += other->exec->memory().memo_bytes;  // e.g. pi0.5's time-only results
+    stats_.activation_bytes = act;
+    make_room(e);
+    VLAC_RETURN_IF_ERROR(e.exec->run());
+    if (!e.resident) {
+      e.resident = true;
+      resident_ += e.budget_bytes;
+    }
+    lru_.erase(std::remove(lru_.begin(), lru_.end(), id), lru_.end());
+    lru_.push_back(id);
+    stats_.peak_resident_weight_bytes = std::max(stats_.peak_resident_weight_bytes, resident_);
+    // Outputs leave the shared arena: copy them into buffers owned here.
+    const auto& outs = e.exec->graph().outputs();
+    for (size_t i = 0; i < outs.size(); ++i) {
+      const ir::ValueInfo& info = e.exec->graph().info(outs[i]);
+      std::vector<uint8_t>& buf = store_[e.stage + "/" + e.output_names[i]];
+      if (buf.size() != info.bytes()) buf.resize(info.bytes());
+      std::memcpy(buf.data(), e.exec->data(outs[i]), info.bytes());
+      (*values)[e.output_names[i]] = PackageValue{buf.data(), info};
+    }
+  }
+  return Status::ok();
+}
+
+void PackageEngines::release_stage(const std::string& stage) {
+  auto st = stage_engines_.find(stage);
+  if (st == stage_engines_.end()) return;
+  for (size_t id : st->second) {
+    Engine& e = *engines_[id];
+    if (!e.resident) continue;
+    for (const PackageSegment* s : e.segments) pkg_->release(*s);
+    e.resident = false;
+    resident_ -= std::min(resident_, e.budget_bytes);
+    lru_.erase(std::remove(lru_.begin(), lru_.end(), id), lru_.end());
+  }
+}
+
+}  // namespace vlac

@@ -1,0 +1,91 @@
+// The engines of a .vlac package, run on the backends their manifest entries name (found in the
+// backend registry): programs and weight tables parsed at open (no byte read), each engine bound
+// and planned lazily for the shapes of its inputs, all sharing one activation arena and scratch;
+// values crossing engines copied into buffers owned here; with a memory budget, engines' pages
+// are evicted least recently run first (weight streaming). Backend- and policy-neutral: pi0.5's
+// runtime and the generic GraphPackage both run through it.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "ir/backend.h"
+#include "ir/graph.h"
+#include "package/package.h"
+
+namespace vlac {
+
+class BackendRegistry;
+
+struct PackageRunOptions {
+  int threads = 2;
+  /// 0: every engine stays mapped once touched. Otherwise mapped weights + activations are kept
+  /// under this many bytes by dropping engines' pages in turn (slower, the stats say how much).
+  uint64_t mem_budget = 0;
+  bool pack_weights = false;         // ExecOptions::pack_weights (not with mem_budget)
+  bool bf16_mqa_attention = false;   // ExecOptions::bf16_mqa_attention
+  std::vector<std::string> memo_inputs;  // ExecOptions::memo_inputs
+  int memo_slots = 0;
+};
+
+struct PackageRunStats {
+  int engines_loaded = 0;           // executables planned (lazily, on first use or new shapes)
+  uint64_t evictions = 0;           // engine segments whose pages were dropped for the budget
+  uint64_t evicted_bytes = 0;       // their size (re-read from disk when used again)
+  uint64_t peak_resident_weight_bytes = 0;  // by the budget's accounting
+  uint64_t activation_bytes = 0;    // arena + scratch + crossing buffers + memo slots
+  uint64_t packed_weight_bytes = 0; // packed weight copies of the live executables
+};
+
+/// A tensor handed between engines: borrowed data and its type.
+struct PackageValue {
+  const void* data = nullptr;
+  ir::ValueInfo info;
+};
+
+class PackageEngines {
+ public:
+  /// Parses the engine entries of `pkg` (borrowed; must outlive this). Every engine's backend must
+  /// be in `registry` (null: backend_registry()); the error names the package, the engine and
+  /// the backend.
+  static Result<PackageEngines> open(const Package& pkg, PackageRunOptions options,
+                                     const BackendRegistry* registry = nullptr);
+
+  PackageEngines(PackageEngines&&) noexcept;
+  PackageEngines& operator=(PackageEngines&&) noexcept;
+  ~PackageEngines();
+
+  /// Stage names in manifest order of their first engine.
+  const std::vector<std::string>& stages() const { return stage_order_; }
+  bool has_stage(const std::string& stage) const;
+  /// Runs the engines of `stage` in order; each reads its inputs from `values` by name and adds
+  /// its outputs there (pointing into buffers owned here, valid until the stage runs again).
+  Status run_stage(const std::string& stage, std::map<std::string, PackageValue>* values);
+  /// The stage's pages leave this process (they stay in the page cache).
+  void release_stage(const std::string& stage);
+  const PackageRunStats& stats() const { return stats_; }
+
+ private:
+  struct Engine;
+  PackageEngines();
+  Status prepare(Engine& e, const std::map<std::string, PackageValue>& values);
+  void make_room(const Engine& next);
+
+  const Package* pkg_ = nullptr;
+  PackageRunOptions options_;
+  std::vector<std::unique_ptr<Engine>> engines_;
+  std::map<std::string, std::vector<size_t>> stage_engines_;
+  std::vector<std::string> stage_order_;
+  std::vector<size_t> lru_;  // engine indices, least recently run first (resident ones)
+  uint64_t resident_ = 0;
+  PackageRunStats stats_;
+  std::map<std::string, std::vector<uint8_t>> store_;  // engine outputs, "<stage>/<name>"
+  std::vector<uint8_t> arena_;   // shared activation arena of all engines (host memory)
+  std::vector<float> scratch_;   // shared kernel scratch
+};
+
+}  // namespace vlac
