@@ -22,8 +22,9 @@ set +e
 ctest --preset aarch64 "$@" 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
 set -e
-passed=$(grep -cE 'Test +#[0-9]+: .* Passed' "$log" || true)
-failed=$(grep -cE 'Test +#[0-9]+: .* (\*\*\*Failed|\*\*\*Exception|\*\*\*Timeout|Failed)' "$log" || true)
-skipped=$(grep -cE 'Test +#[0-9]+: .* Skipped' "$log" || true)
-echo "arm64 (qemu cortex-a76): $passed passed, $failed failed, $skipped skipped (ctest exit $rc; log $log)"
+ran=$(grep -cE 'Test +#[0-9]+: ' "$log" || true)
+passed=$(grep -cE 'Test +#[0-9]+: .* Passed +[0-9.]+ sec' "$log" || true)
+skipped=$(grep -cE 'Test +#[0-9]+: .* Skipped +[0-9.]+ sec' "$log" || true)
+failed=$((ran - passed - skipped))
+echo "arm64 (qemu cortex-a76): $ran tests, $passed passed, $failed failed, $skipped skipped (ctest exit $rc; log $log)"
 exit "$rc"
