@@ -5,7 +5,7 @@ want=(g++ cmake ninja-build pkg-config libgtest-dev libgmock-dev libbenchmark-de
       libcli11-dev libxxhash-dev libopenblas-dev libdnnl-dev libsentencepiece-dev time)
 if [[ "${1:-build}" == test ]]; then
   # clang + its runtime for the libFuzzer targets; chromium renders the snapshot HTML in a test.
-  want+=(clang libclang-rt-14-dev chromium)
+  want+=(clang libclang-rt-14-dev chromium g++-aarch64-linux-gnu qemu-user-static)
 fi
 missing=()
 for p in "${want[@]}"; do

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install what is missing, build, and run every test: release build, then the ASan+UBSan
-# build, then each libFuzzer target for a bounded time.
+# build, then each libFuzzer target for a bounded time, then the arm64 cross build's parity tests
+# under qemu (scripts/test_arm64.sh; VLAC_SKIP_ARM64=1 leaves them out).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh test
@@ -43,3 +44,10 @@ for f in build-fuzz/fuzz_*; do
   n=$((n + 1))
 done
 echo "fuzz: $n targets ran without a crash"
+
+echo "== arm64 (qemu cortex-a76)"
+if [[ "${VLAC_SKIP_ARM64:-0}" == 1 ]]; then
+  echo "arm64: skipped (VLAC_SKIP_ARM64=1)"
+else
+  scripts/test_arm64.sh
+fi

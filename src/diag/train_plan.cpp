@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <functional>
 #include <map>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -799,7 +800,7 @@ Result<TrainPlan> plan_for_gpu(PolicyKind kind, const PolicyInputs& requested, c
       bool ok = false;
       int h = 0;
       VLAC_RETURN_IF_ERROR(best(trial, &h, &ok));
-      if (ok) chosen = trial;
+      if (ok) chosen = std::move(trial);  // a move: GCC 12 on aarch64 warns falsely on the copy
     }
     VLAC_RETURN_IF_ERROR(best(chosen, &halvings, &fit));
     std::vector<Step> steps;
