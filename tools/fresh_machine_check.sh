@@ -111,6 +111,7 @@ if [[ -n "$cache" && -s "$cache" ]]; then
 else
   debootstrap --variant=minbase --include=git,ca-certificates bookworm "$root" "$mirror" >>"$log" 2>&1 \
     || { say "debootstrap failed (see $log)"; exit 2; }
+  rm -f "$root"/var/cache/apt/archives/*.deb  # an installed system keeps no downloaded packages
   how="debootstrap --variant=minbase --include=git,ca-certificates bookworm"
   if [[ -n "$cache" ]]; then
     tar -C "$root" --numeric-owner -cpf "$cache.tmp" . && mv "$cache.tmp" "$cache"
