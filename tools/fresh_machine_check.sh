@@ -3,6 +3,9 @@
 # minbase chroot, so a missing package or a step that only works on a developer's machine shows
 # up before a user meets it. Needs root, debootstrap and network access to the Debian mirror.
 set -euo pipefail
+# The whole script is one { } group: bash reads it all before running it, so editing or checking
+# out this file while a check runs (they take an hour) cannot change what that check does.
+{
 
 usage() {
   cat <<'EOF'
@@ -144,7 +147,8 @@ mapfile -t cmds < <(awk '/^## Quick start/{q=1; next} q && /^## /{exit}
   q && /^```/{if (b) exit; b=1; next} q && b {sub(/[ \t]*#.*$/, ""); if (length) print}' "$root/root/vlac/README.md")
 ((${#cmds[@]})) || { say "no commands found in README.md's Quick start block"; exit 2; }
 
-names=() codes=() walls=() rsss=() failed=0
+names=() codes=() walls=() cpus=() rsss=() failed=0
+load0=$(cut -d' ' -f1-3 /proc/loadavg)
 for c in "${cmds[@]}"; do
   name=$(basename "${c%% *}" .sh)
   [[ -z "$only" || "$name" == "$only" ]] || continue
@@ -162,8 +166,10 @@ for c in "${cmds[@]}"; do
   set -e
   wall=$(awk -v a="$s" -v b="$(date +%s.%N)" 'BEGIN{printf "%.0f", b - a}')
   rss=$(awk -F': ' '/Maximum resident set size/{printf "%.0f MiB", $2 / 1024}' "$tv" 2>/dev/null || true)
+  # CPU time says what the wall time would be on an idle machine; a shared one stretches the wall.
+  cpu=$(awk -F': ' '/User time|System time/{t += $2} END{if (NR) printf "%.0f", t}' "$tv" 2>/dev/null || true)
   cat "$tv" >>"$log" 2>/dev/null || true
-  names+=("$c") codes+=("$code") walls+=("$wall") rsss+=("${rss:-?}")
+  names+=("$c") codes+=("$code") walls+=("$wall") cpus+=("${cpu:-?}") rsss+=("${rss:-?}")
   ((code == 0)) || failed=1
   say "'$c' exit $code after ${wall} s"
   if ((code != 0)); then say "last lines of the log:"; tail -n 25 "$log" >&2; fi
@@ -171,11 +177,12 @@ done
 ((${#names[@]})) || { say "no README command matches --only $only"; exit 2; }
 
 {
-  echo "summary (bookworm minbase chroot, $(nproc) cores, HEAD $head):"
+  echo "summary (bookworm minbase chroot, $(nproc) cores, load average $load0 at start, $(cut -d' ' -f1-3 /proc/loadavg) at end, HEAD $head):"
   printf '  %-22s %6s s  (%s)\n' "base system" "$t_base" "$how"
   for i in "${!names[@]}"; do
-    printf '  %-22s %6s s  exit %s  max rss %s\n' "${names[$i]}" "${walls[$i]}" "${codes[$i]}" "${rsss[$i]}"
+    printf '  %-22s %6s s  exit %s  cpu (user+sys) %s s  max rss %s\n' "${names[$i]}" "${walls[$i]}" "${codes[$i]}" "${cpus[$i]}" "${rsss[$i]}"
   done
   echo "  log: $log"
 } | tee -a "$log"
 exit "$failed"
+}
