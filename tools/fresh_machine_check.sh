@@ -59,6 +59,7 @@ parent=$(cd "$parent" && pwd -P)
 : >"$log"
 root=$(mktemp -d "$parent/vlac-fresh.XXXXXX")
 root=$(cd "$root" && pwd -P)
+chmod 755 "$root"  # mktemp's 0700 would keep every user but root (apt's _apt) out of the chroot's /
 [[ "$root" == "$parent"/vlac-fresh.* && "$root" != / ]] || { echo "fresh_machine_check: odd chroot path '$root'" >&2; exit 2; }
 
 say() { echo "fresh_machine_check: $*" | tee -a "$log" >&2; }
