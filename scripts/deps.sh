@@ -3,6 +3,8 @@
 set -euo pipefail
 want=(g++ cmake ninja-build pkg-config libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
       libcli11-dev libxxhash-dev libopenblas-dev libdnnl-dev libsentencepiece-dev time)
+# libdnnl-dev only recommends ocl-icd-opencl-dev, yet its CMake config calls find_package(OpenCL).
+want+=(ocl-icd-opencl-dev)
 if [[ "${1:-build}" == test ]]; then
   # clang + its runtime for the libFuzzer targets; chromium renders the snapshot HTML in a test.
   want+=(clang libclang-rt-14-dev chromium g++-aarch64-linux-gnu qemu-user-static)
