@@ -59,7 +59,6 @@ parent=$(cd "$parent" && pwd -P)
 : >"$log"
 root=$(mktemp -d "$parent/vlac-fresh.XXXXXX")
 root=$(cd "$root" && pwd -P)
-chmod 755 "$root"  # mktemp's 0700 would keep every user but root (apt's _apt) out of the chroot's /
 [[ "$root" == "$parent"/vlac-fresh.* && "$root" != / ]] || { echo "fresh_machine_check: odd chroot path '$root'" >&2; exit 2; }
 
 say() { echo "fresh_machine_check: $*" | tee -a "$log" >&2; }
@@ -122,6 +121,9 @@ else
     how+=", saved to $cache"
   fi
 fi
+# mktemp's 0700 (kept by a tarball made from it) would keep every user but root (apt's _apt)
+# out of the chroot's /.
+chmod 755 "$root"
 t_base=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b - a}')
 say "base system in ${t_base} s ($how, $(du -sh --one-file-system "$root" | cut -f1))"
 
