@@ -23,7 +23,14 @@ elseif(NOT VLAC_CUDA STREQUAL "OFF")
       set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
       set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
     endif()
+    # CMake 3.25's FindCUDAToolkit tags CUDA::nvToolsExt as deprecated without checking that the
+    # target exists when the project requires CMake >= 3.25; CUDA 13 ships no nvToolsExt library,
+    # so on Debian's unpatched cmake-data the call fails ("set_property could not find TARGET
+    # CUDA::nvToolsExt"). Looking the toolkit up as a 3.24 project skips that one property.
+    set(_vlac_cmake_min ${CMAKE_MINIMUM_REQUIRED_VERSION})
+    set(CMAKE_MINIMUM_REQUIRED_VERSION 3.24)
     find_package(CUDAToolkit REQUIRED)
+    set(CMAKE_MINIMUM_REQUIRED_VERSION ${_vlac_cmake_min})
     set(VLAC_HAVE_CUDA ON)
     message(STATUS "vlac: CUDA backend enabled (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, archs ${VLAC_CUDA_ARCHITECTURES})")
   elseif(VLAC_CUDA STREQUAL "ON")
