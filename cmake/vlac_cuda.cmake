@@ -10,6 +10,9 @@ set(VLAC_HAVE_CUDA OFF)
 if(VLAC_FUZZ AND VLAC_CUDA STREQUAL "AUTO")
   # The fuzz build is clang + sanitizers and fuzzes host code only.
   message(STATUS "vlac: the CUDA backend is skipped in the fuzz build")
+elseif(CMAKE_CROSSCOMPILING AND VLAC_CUDA STREQUAL "AUTO")
+  # The host's nvcc has no CUDA runtime for the target (e.g. the aarch64 preset on x86-64).
+  message(STATUS "vlac: the CUDA backend is skipped when cross-compiling (VLAC_CUDA=ON forces it)")
 elseif(NOT VLAC_CUDA STREQUAL "OFF")
   if(NOT CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX} AND EXISTS /usr/local/cuda/bin/nvcc)
     set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
