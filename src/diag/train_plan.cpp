@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <functional>
 #include <map>
+#include <set>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -198,6 +199,11 @@ uint64_t block_activation_bytes(const ActBlock& b, int e, bool frozen) {
   // the attention input (QKV), the attention output (o_proj), the MLP input and the last f-wide
   // tensor (down/fc2 input), and a cross-attention's K/V source. Measured: pi0.5 expert-only
   // keeps 24.1 GiB at batch 8 against 31.9 GiB with the same VLM trainable (freeze-vision).
+  if (!b.saved_tensor_bytes.empty()) {
+    uint64_t sum = 0;
+    for (int64_t t : b.saved_tensor_bytes) sum += static_cast<uint64_t>(t);
+    return sum;
+  }
   if (!b.transformer) return static_cast<uint64_t>(b.raw_elements) * e + static_cast<uint64_t>(b.raw_extra_bytes);
   const uint64_t sq = b.seqs * b.tokens_q, skv = b.seqs * b.tokens_kv;
   const uint64_t scores = static_cast<uint64_t>(b.seqs) * b.heads * b.tokens_q * b.tokens_kv;
@@ -393,8 +399,21 @@ Result<TrainPlan> plan_training(const PolicyArch& arch, const TrainOptions& o) {
   }
   // Count, per module, parameters by what they cost: stored only (frozen, buffers, or requiring
   // grad but never reached by the loss) and trainable-with-gradient by storage width.
-  std::vector<uint64_t> stored_bytes(nm, 0), train16(nm, 0), train32(nm, 0);
+  std::vector<uint64_t> stored_bytes(nm, 0), train16(nm, 0), train32(nm, 0), cast32(nm, 0);
   uint64_t largest_tensor = 0;
+  // What autocast casts (and caches, for leaf tensors that require grad): the weights and biases
+  // of Linear and convolution layers. LayerNorm/RMSNorm weights run in fp32, embeddings are not
+  // autocast ops, and GR00T's per-embodiment weights are gathered (W[cat_ids]) before their bmm,
+  // so their casts are per-sample activations, not cache entries.
+  std::set<std::string> cast_weights;
+  for (const ParamTensor& p : arch.params)
+    if (p.shape.size() >= 2 && !p.is_buffer && ends_with(p.name, ".weight") && p.name.find("embed") == std::string::npos)
+      cast_weights.insert(p.name.substr(0, p.name.size() - 7));
+  auto autocast_cast = [&](const ParamTensor& p) {
+    if (ends_with(p.name, ".weight")) return cast_weights.count(p.name.substr(0, p.name.size() - 7)) > 0;
+    if (ends_with(p.name, ".bias")) return cast_weights.count(p.name.substr(0, p.name.size() - 5)) > 0;
+    return false;
+  };
   for (const ParamTensor& p : arch.params) {
     const size_t m = static_cast<size_t>(p.module);
     if (o.openpi && arch.modules[m].role == ModuleRole::Unused) continue;  // not in the JAX model
@@ -418,6 +437,7 @@ Result<TrainPlan> plan_training(const PolicyArch& arch, const TrainOptions& o) {
     if (requires_grad) mp.trainable_params += n;
     if (requires_grad && (p.gets_grad || o.openpi)) {
       (wb == 4 ? train32 : train16)[m] += n;
+      if (wb == 4 && autocast_cast(p)) cast32[m] += n;
     } else {
       const int fb = (!requires_grad && o.frozen_dtype) ? dtype_bytes(*o.frozen_dtype) : wb;
       stored_bytes[m] += n * fb;
@@ -430,6 +450,7 @@ Result<TrainPlan> plan_training(const PolicyArch& arch, const TrainOptions& o) {
     // PEFT builds adapters in the base layer's dtype but autocast_adapter_dtype=True (its
     // default) keeps bf16/fp16 adapters in fp32 (measured: 1,287,168 fp32 adapter parameters).
     (weight_bytes_of(m) == 4 || !o.openpi ? train32 : train16)[m] += lora_params[m];
+    if (weight_bytes_of(m) == 4 || !o.openpi) cast32[m] += lora_params[m];  // adapters are Linear layers
   }
 
   // Bytes per trainable parameter. Hugging Face "Anatomy of Model's Memory"
@@ -483,7 +504,7 @@ Result<TrainPlan> plan_training(const PolicyArch& arch, const TrainOptions& o) {
         if (!s1) {
           if (wb == 4) {
             mp.weight_bytes += n * master;
-            plan.autocast_copy_bytes += n * working;
+            plan.autocast_copy_bytes += cast32[m] * working;
           } else {
             mp.weight_bytes += n * (master + working);
           }
