@@ -61,8 +61,6 @@ struct TrainOptions {
   // Overheads (see train_plan.cpp for the sources).
   uint64_t cuda_context_bytes = 640ull << 20;
   uint64_t workspace_bytes = 32ull << 20;
-  double allocator_persistent_fraction = 0.05;
-  double allocator_activation_fraction = 0.15;
 };
 
 /// The stack's own defaults for a policy (lerobot's for pi0/pi05/smolvla/act; Isaac-GR00T
@@ -136,11 +134,18 @@ struct TrainPlan {
   uint64_t persistent_bytes = 0;     // weights + optimizer state (+ DDP buckets, gathered unit)
   uint64_t forward_peak_bytes = 0;
   uint64_t optimizer_peak_bytes = 0;
+  /// The backward phase alone (layer by layer: saved tensors still held + gradients made so far
+  /// + one layer's gradients in flight); not above forward_peak_bytes in most setups, but the
+  /// phase torch measures between loss.backward()'s start and end.
+  uint64_t backward_peak_bytes = 0;
   uint64_t peak_allocated_bytes = 0;  // max of the two
   uint64_t ddp_bucket_bytes = 0;     // DDP gradient buckets (gradient_as_bucket_view=False)
   uint64_t gather_bytes = 0;         // ZeRO-3/FSDP: one gathered unit's params + grads
   uint64_t cuda_context_bytes = 0, workspace_bytes = 0, allocator_bytes = 0;
-  uint64_t peak_reserved_bytes = 0;  // peak allocated + allocator overhead (an estimate, see docs)
+  /// The caching-allocator model's replay of the run (diag/alloc_sim.h): its own peak allocated
+  /// and reserved; allocator_bytes = their difference, what the allocator holds beyond live bytes.
+  uint64_t sim_peak_allocated_bytes = 0, sim_peak_reserved_bytes = 0;
+  uint64_t peak_reserved_bytes = 0;  // peak allocated + allocator_bytes
   uint64_t total_bytes = 0;          // peak reserved + CUDA context: what the card must hold
   // Against a GPU (set by plan_for_gpu).
   std::optional<GpuSpec> gpu;
@@ -162,6 +167,8 @@ Result<TrainPlan> plan_for_gpu(PolicyKind kind, const PolicyInputs& inputs, cons
 /// `frozen`: the block's weights need no gradient but its inputs do (a frozen module coupled into
 /// the gradient path): the tensors autograd keeps only for weight gradients (Linear inputs) go.
 uint64_t block_activation_bytes(const ActBlock& b, int element_bytes, bool frozen = false);
+/// The same, tensor by tensor (bytes per sample; sums to block_activation_bytes).
+std::vector<uint64_t> block_saved_tensors(const ActBlock& b, int element_bytes, bool frozen = false);
 /// With full recomputation: only the block input (2sbh at 16 bits).
 uint64_t block_checkpoint_bytes(const ActBlock& b, int element_bytes);
 

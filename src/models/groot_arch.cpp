@@ -161,6 +161,17 @@ Result<PolicyArch> groot_policy_arch(const GrootDims& d, const PolicyInputs& in)
   v.heads = d.vision_heads;
   v.ffn_width = d.vision_mlp;
   v.flash = true;
+  // Tuned (tune_visual), per image and layer, from the census of the measured run
+  // (groot_b32_tunevl): the fp32 norm1/norm2 inputs (the residual stream is fp32 under
+  // autocast), bf16 copies for qkv, proj and fc1, the attention's six per-image bf16 tensors
+  // (q, k, v, q and k after the rotary embedding, output), the GELU input and fc2's input.
+  {
+    const int64_t t = patches, w = V, f = d.vision_mlp;
+    for (int64_t cam = 0; cam < in.cams; ++cam)
+      for (int64_t x : {4 * t * w, 2 * t * w, 2 * t * w, 2 * t * w, 2 * t * w, 2 * t * w, 2 * t * w, 2 * t * w,
+                        2 * t * w, 4 * t * w, 2 * t * w, 2 * t * f, 2 * t * f})
+        v.saved_tensor_bytes.push_back(x);
+  }
   a.blocks.push_back(v);
   ActBlock mg;
   mg.name = "patch mergers";
@@ -180,6 +191,17 @@ Result<PolicyArch> groot_policy_arch(const GrootDims& d, const PolicyInputs& in)
   l.ffn_width = d.lm_mlp;
   l.ffn_tensors = 4;
   l.flash = true;
+  // Tuned (tune_llm), per layer, from the model code (Qwen3 decoder layer, SDPA) and the census:
+  // Qwen3RMSNorm upcasts its (fp32 residual) input and keeps it with the normalised fp32 tensor,
+  // each of q/k/v_proj and gate/up_proj casts its own bf16 input, q_norm/k_norm keep the fp32
+  // upcast and the bf16 result, SDPA keeps q and k after RoPE, v and its output (= o_proj's
+  // input), the SwiGLU keeps gate's and up's outputs, act(gate) and the product (down's input).
+  {
+    const int64_t sw = prefix * L, sq = prefix * q, skv = prefix * kv, sf = prefix * d.lm_mlp;
+    l.saved_tensor_bytes = {4 * sw, 4 * sw, 2 * sw, 2 * sw, 2 * sw, 4 * sq, 2 * sq, 4 * skv, 2 * skv,
+                            2 * sq, 2 * skv, 2 * skv, 2 * sq, 4 * sw, 4 * sw, 2 * sw, 2 * sw,
+                            2 * sf, 2 * sf, 2 * sf, 2 * sf};
+  }
   a.blocks.push_back(l);
   // The action head, tensor by tensor from the model code (lerobot 0.6.1 groot_n1_7.py,
   // action_head/cross_attention_dit.py, diffusers Attention/FeedForward) under bf16 autocast with
