@@ -444,13 +444,14 @@ Result<TrainPlan> plan_training(const PolicyArch& arch, const TrainOptions& o) {
   // of Linear and convolution layers. LayerNorm/RMSNorm weights run in fp32, embeddings are not
   // autocast ops, and GR00T's per-embodiment weights are gathered (W[cat_ids]) before their bmm,
   // so their casts are per-sample activations, not cache entries.
+  // Weights are "<layer>.weight" or nn.MultiheadAttention's "<layer>.in_proj_weight".
   std::set<std::string> cast_weights;
   for (const ParamTensor& p : arch.params)
-    if (p.shape.size() >= 2 && !p.is_buffer && ends_with(p.name, ".weight") && p.name.find("embed") == std::string::npos)
-      cast_weights.insert(p.name.substr(0, p.name.size() - 7));
+    if (p.shape.size() >= 2 && !p.is_buffer && ends_with(p.name, "weight") && p.name.find("embed") == std::string::npos)
+      cast_weights.insert(p.name.substr(0, p.name.size() - 6));
   auto autocast_cast = [&](const ParamTensor& p) {
-    if (ends_with(p.name, ".weight")) return cast_weights.count(p.name.substr(0, p.name.size() - 7)) > 0;
-    if (ends_with(p.name, ".bias")) return cast_weights.count(p.name.substr(0, p.name.size() - 5)) > 0;
+    if (ends_with(p.name, "weight")) return cast_weights.count(p.name.substr(0, p.name.size() - 6)) > 0;
+    if (ends_with(p.name, "bias")) return cast_weights.count(p.name.substr(0, p.name.size() - 4)) > 0;
     return false;
   };
   for (const ParamTensor& p : arch.params) {
