@@ -10,7 +10,8 @@
 // returned. A request that fits no cached block makes a new segment: that, and only that, grows
 // reserved. Checked by replaying six measured traces (alloc/free sequences recorded by
 // torch.cuda.memory._record_memory_history): the replayed peak reserved matched the measured
-// one within 1% for five of them and 7% for the sixth (docs/mem-plan.md).
+// one within 1% for five of them and 7% for the sixth (docs/mem-plan.md,
+// tools/replay_allocator_trace.py).
 #pragma once
 
 #include <cstddef>
