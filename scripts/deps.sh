@@ -2,7 +2,7 @@
 # Installs the Debian packages vlac needs (only those missing). Usage: scripts/deps.sh [build|test]
 set -euo pipefail
 want=(g++ cmake ninja-build pkg-config libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
-      libcli11-dev libxxhash-dev libopenblas-dev libdnnl-dev libsentencepiece-dev time)
+      libcli11-dev libxxhash-dev libopenblas-dev libdnnl-dev libsentencepiece-dev liblzma-dev time)
 # libdnnl-dev only recommends ocl-icd-opencl-dev, yet its CMake config calls find_package(OpenCL).
 want+=(ocl-icd-opencl-dev)
 if [[ "${1:-build}" == test ]]; then

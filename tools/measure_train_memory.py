@@ -60,30 +60,38 @@ def _add(name, policy, batch, est_gib, **kw):
     CONFIGS[name] = dict(policy=policy, batch=batch, est_gib=est_gib, **kw)
 
 
-_add("act_b8", "act", 8, 3)
-_add("act_b64", "act", 64, 12)
-for b, e32, e16 in ((1, 66, 35), (4, 85, 45), (8, 135, 60)):
+_add("act_b8", "act", 8, 4)
+_add("act_b64", "act", 64, 17)
+for b, e32, e16 in ((1, 67, 40), (4, 82, 50), (8, 110, 73)):
     _add(f"pi05_fp32_b{b}", "pi05", b, e32, dtype="float32")
     _add(f"pi05_bf16_b{b}", "pi05", b, e16, dtype="bfloat16")
 _add("pi05_fp32_b8_gc", "pi05", 8, 68, dtype="float32", gradient_checkpointing=True)
 _add("pi05_bf16_b8_gc", "pi05", 8, 36, dtype="bfloat16", gradient_checkpointing=True)
-_add("pi05_bf16_b8_freezevis", "pi05", 8, 55, dtype="bfloat16", freeze_vision_encoder=True)
-_add("pi05_bf16_b8_expertonly", "pi05", 8, 40, dtype="bfloat16", train_expert_only=True)
-_add("pi05_bf16_b8_lora", "pi05", 8, 40, dtype="bfloat16", lora=True)
-_add("pi05_fp32_b8_expertonly", "pi05", 8, 45, dtype="float32", train_expert_only=True)
-_add("smolvla_b8", "smolvla", 8, 8)
-_add("smolvla_b64", "smolvla", 64, 50)
-_add("smolvla_b64_vlmbf16", "smolvla", 64, 30, vlm_bf16=True)
-_add("groot_b32", "groot", 32, 45)
-_add("groot_b64", "groot", 64, 60)
-_add("groot_b32_tunevl", "groot", 32, 85, tune_llm=True, tune_visual=True)
+_add("pi05_bf16_b8_freezevis", "pi05", 8, 57, dtype="bfloat16", freeze_vision_encoder=True)
+_add("pi05_bf16_b8_expertonly", "pi05", 8, 39, dtype="bfloat16", train_expert_only=True)
+_add("pi05_bf16_b8_lora", "pi05", 8, 37, dtype="bfloat16", lora=True)
+_add("pi05_fp32_b8_expertonly", "pi05", 8, 58, dtype="float32", train_expert_only=True)
+_add("smolvla_b8", "smolvla", 8, 7)
+_add("smolvla_b64", "smolvla", 64, 26)
+_add("smolvla_b64_vlmbf16", "smolvla", 64, 23, vlm_bf16=True)
+_add("groot_b32", "groot", 32, 41)
+_add("groot_b64", "groot", 64, 43)
+_add("groot_b32_tunevl", "groot", 32, 69, tune_llm=True, tune_visual=True)
+# A deliberate leak (issue 16, the analyser's staircase on a real run): backward(retain_graph=True)
+# and the loss kept in a list each step, so every step's saved activations stay alive.
+_add("act_b8_leak", "act", 8, 12, leak="retain_graph")
+
+# Snapshots shipped as test fixtures (tests/fixtures/snapshots/measured_*.pickle.xz): the trace is
+# cut to its last N events, exactly what a ring buffer of max_entries=N would have kept.
+FIXTURE_ENTRIES = {"act_b8": 40_000, "act_b64": 40_000, "act_b8_leak": 40_000, "smolvla_b8": 120_000,
+                   "pi05_bf16_b1": 150_000}
 
 STEPS = int(os.environ.get("VLAC_MEASURE_STEPS", "5"))
 # Off-GPU check of the code paths only (this project's CPU machine): VLAC_MEASURE_DEVICE=cpu and
 # VLAC_MEASURE_TINY=1 shrink the models; numbers from such a run mean nothing.
 DEVICE = os.environ.get("VLAC_MEASURE_DEVICE", "cuda")
 TINY = os.environ.get("VLAC_MEASURE_TINY") == "1"
-MAX_ENTRIES = 100_000
+MAX_ENTRIES = int(os.environ.get("VLAC_MEASURE_MAX_ENTRIES", "250000"))
 # With gradient checkpointing, the first measuring call (torch 2.11, python stacks recorded)
 # failed inside backward with "SystemError: run_backward returned NULL without setting an
 # exception" while the recomputation ran under the memory-history recorder; those runs record
@@ -346,13 +354,269 @@ def shrink_for_cpu_check(policy):
         g._cosmos_reason2_qwen3_vl_config = small
 
 
+# The caching allocator's own counters, per phase (issue 16: where peak reserved comes from).
+ALLOC_STATS = ("num_alloc_retries", "num_device_alloc", "num_device_free", "segment.all.current",
+               "segment.large_pool.current", "segment.small_pool.current", "reserved_bytes.large_pool.current",
+               "reserved_bytes.small_pool.current", "reserved_bytes.small_pool.peak", "allocated_bytes.small_pool.peak",
+               "allocated_bytes.large_pool.peak", "inactive_split_bytes.all.current", "inactive_split_bytes.all.peak",
+               "inactive_split_bytes.large_pool.current", "inactive_split_bytes.small_pool.current",
+               "requested_bytes.all.peak", "oversize_allocations.current")
+
+MIB = 2 ** 20
+
+
+class SavedCensus:
+    """What the first forward saves for backward, by module: every tensor autograd packs
+    (torch.autograd.graph.saved_tensors_hooks, identity hooks), counted once per storage and
+    charged to the innermost module running when it was first saved; parameters are skipped.
+    Keys are module paths with layer indices replaced by '*'."""
+
+    def __init__(self, model):
+        import torch
+        self.torch = torch
+        self.names = {id(m): n for n, m in model.named_modules()}
+        self.params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        self.stack = [""]
+        self.seen = {}
+        self.by = {}
+
+    def _pre(self, mod, _inp):
+        self.stack.append(self.names.get(id(mod), self.stack[-1]))
+
+    def _post(self, _mod, _inp, _out):
+        if len(self.stack) > 1:
+            self.stack.pop()
+
+    def _pack(self, t):
+        try:
+            st = t.untyped_storage()
+            ptr = st.data_ptr()
+            if ptr and ptr not in self.params and ptr not in self.seen and t.device.type != "cpu":
+                path = ".".join("*" if x.isdigit() else x for x in self.stack[-1].split("."))
+                self.seen[ptr] = path
+                key = (path, str(t.dtype).replace("torch.", ""), tuple(t.shape))
+                e = self.by.setdefault(key, [0, 0])
+                e[0] += st.nbytes()
+                e[1] += 1
+        except Exception:  # noqa: BLE001
+            pass
+        return t
+
+    def __enter__(self):
+        from torch.nn.modules import module as mm
+        self.h1 = mm.register_module_forward_pre_hook(self._pre)
+        self.h2 = mm.register_module_forward_hook(self._post)
+        self.ctx = self.torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self.ctx.__enter__()
+        return self
+
+    def __exit__(self, *a):
+        self.ctx.__exit__(*a)
+        self.h1.remove()
+        self.h2.remove()
+
+    def result(self):
+        by_module = {}
+        for (path, dt, shape), (nb, cnt) in self.by.items():
+            m = by_module.setdefault(path, {"bytes": 0, "tensors": 0, "by_dtype": {}})
+            m["bytes"] += nb
+            m["tensors"] += cnt
+            m["by_dtype"][dt] = m["by_dtype"].get(dt, 0) + nb
+        top = sorted(self.by.items(), key=lambda kv: -kv[1][0])[:400]
+        return {"total_bytes": sum(v[0] for v in self.by.values()), "by_module": by_module,
+                "top": [[p, dt, list(sh), nb, cnt] for (p, dt, sh), (nb, cnt) in top]}
+
+
+def segment_summary(segments):
+    """Reserved memory at a moment, by pool: segments, their sizes, the free (inactive) bytes
+    inside them and the largest free block -- what fragmentation holds."""
+    out = {}
+    for sg in segments:
+        pool = sg.get("segment_type", "?")
+        o = out.setdefault(pool, {"segments": 0, "reserved": 0, "allocated": 0, "inactive": 0,
+                                  "largest_inactive": 0, "inactive_hist": {}, "segment_sizes": {}})
+        o["segments"] += 1
+        o["reserved"] += sg["total_size"]
+        o["allocated"] += sg.get("allocated_size", 0)
+        sz = sg["total_size"]
+        o["segment_sizes"][str(sz)] = o["segment_sizes"].get(str(sz), 0) + 1
+        for bl in sg["blocks"]:
+            if bl["state"] == "inactive":
+                o["inactive"] += bl["size"]
+                o["largest_inactive"] = max(o["largest_inactive"], bl["size"])
+                bucket = next(x for x in (1, 2, 10, 20, 100, 1000, 10 ** 9) if bl["size"] <= x * MIB)
+                o["inactive_hist"][f"<={bucket}MiB"] = o["inactive_hist"].get(f"<={bucket}MiB", 0) + bl["size"]
+    for o in out.values():  # keep the JSON small: the 40 most common segment sizes
+        o["segment_sizes"] = dict(sorted(o["segment_sizes"].items(), key=lambda kv: -kv[1])[:40])
+    return out
+
+
+def user_site(frames):
+    for f in frames or []:
+        fn = f.get("filename", "")
+        if "/torch/" in fn or fn.startswith("<") or "measure_train_memory" in fn:
+            continue
+        return f"{os.path.basename(fn)}:{f.get('line')} {f.get('name')}"
+    return "(no python frame: autograd engine / C++)" if not frames else "(torch internals)"
+
+
+def segment_growth(snap):
+    """Every cudaMalloc of the recorded window (segment_alloc), charged to the phase it fell in
+    (the vlac:forward#k / backward#k / optimizer#k annotations) and the allocation that caused it:
+    where peak reserved grows beyond peak allocated."""
+    tr = (snap.get("device_traces") or [[]])[0]
+    marks = []
+    for a in snap.get("external_annotations", []) or []:
+        n = a.get("name", "")
+        if n.startswith("vlac:") and a.get("stage") == "START":
+            marks.append((a["time_us"], n[5:]))
+    marks.sort()
+
+    def phase_of(t):
+        ph = "before"
+        for tm, n in marks:
+            if tm <= t:
+                ph = n
+            else:
+                break
+        return ph
+    rows = {}
+    for i, e in enumerate(tr):
+        if e["action"] != "segment_alloc":
+            continue
+        trig = next((x for x in tr[i + 1:i + 4] if x["action"] == "alloc"), None)
+        ph = phase_of(e.get("time_us", 0))
+        site = user_site(trig.get("frames") if trig else e.get("frames"))
+        key = (ph, site)
+        r = rows.setdefault(key, [0, 0, 0])
+        r[0] += e["size"]
+        r[1] += 1
+        r[2] = max(r[2], trig["size"] if trig else 0)
+    by_phase = {}
+    for (ph, _), (b, c, _) in rows.items():
+        q = by_phase.setdefault(ph, [0, 0])
+        q[0] += b
+        q[1] += c
+    top = sorted(rows.items(), key=lambda kv: -kv[1][0])[:60]
+    return {"window_events": len(tr), "first_time_us": tr[0].get("time_us") if tr else None,
+            "marks": [[t, n] for t, n in marks],
+            "by_phase": {k: {"bytes": v[0], "segments": v[1]} for k, v in by_phase.items()},
+            "top": [[ph, site, b, c, mx] for (ph, site), (b, c, mx) in top]}
+
+
+# Configurations whose raw allocator trace comes back (no stacks): the block layout when
+# recording began, then every alloc/free/segment event -- enough to replay the caching allocator.
+TRACE_CONFIGS = ("act_b64", "pi05_bf16_b8_expertonly", "pi05_fp32_b4", "groot_b32", "pi05_bf16_b8_lora",
+                 "smolvla_b8")
+TRACE_ACTIONS = {"alloc": 1, "free_requested": 2, "free_completed": 3, "segment_alloc": 4, "segment_free": 5,
+                 "oom": 6, "snapshot": 7, "segment_map": 8, "segment_unmap": 9}
+
+
+def write_compact_trace(snap, start_segments, path):
+    """xz of: a JSON header line (segments when recording began, as [address, size, [[block
+    address, size, state], ...]], and the vlac:* annotations), then one '<BQQq' record per event
+    (action, address, size, time_us)."""
+    import lzma
+    import struct
+    segs = [[sg["address"], sg["total_size"], sg.get("segment_type", ""),
+             [[b["address"], b["size"], b["state"]] for b in sg["blocks"]]] for sg in (start_segments or [])]
+    ann = [[a.get("name"), a.get("stage"), a.get("time_us")] for a in snap.get("external_annotations", []) or []]
+    head = json.dumps({"segments_at_start": segs, "annotations": ann}).encode() + b"\n"
+    rec = struct.Struct("<BQQq")
+    body = b"".join(rec.pack(TRACE_ACTIONS.get(e["action"], 0), e.get("addr", 0) or 0, e.get("size", 0) or 0,
+                             e.get("time_us", 0) or 0) for e in (snap.get("device_traces") or [[]])[0])
+    with open(path, "wb") as f:
+        f.write(lzma.compress(head + body, preset=6))
+
+
+def run_vlac(path):
+    """vlac's own snapshot analyser (`vlac mem snapshot --json`) on one pickle, if a binary was
+    given (VLAC_BIN, libraries in VLAC_LIB); the timeline is dropped to keep the JSON small."""
+    vb = os.environ.get("VLAC_BIN")
+    if not vb:
+        return None
+    env = dict(os.environ)
+    if os.environ.get("VLAC_LIB"):
+        env["LD_LIBRARY_PATH"] = os.environ["VLAC_LIB"] + ":" + env.get("LD_LIBRARY_PATH", "")
+    t0 = time.time()
+    p = subprocess.run([vb, "mem", "snapshot", path, "--json", "--top", "12"], capture_output=True, text=True,
+                       env=env, timeout=120)
+    out = {"rc": p.returncode, "seconds": round(time.time() - t0, 2), "stderr": p.stderr[-600:]}
+    try:
+        j = json.loads(p.stdout)
+        j.pop("timeline", None)
+        out["json"] = j
+    except Exception as e:  # noqa: BLE001
+        out["parse_error"] = repr(e)[:300]
+        out["stdout_tail"] = p.stdout[-600:]
+    return out
+
+
+def postprocess_snapshot(snap, name, out_dir, res):
+    """Dumps the snapshot, runs vlac on it, records where reserved grew, and for the fixture
+    configurations also writes the trace cut to its last N events, xz-compressed."""
+    import lzma
+    import pickle
+    try:
+        res["segment_growth"] = segment_growth(snap)
+    except Exception as e:  # noqa: BLE001
+        res["segment_growth"] = {"error": repr(e)[:300]}
+    path = os.path.join(out_dir, f"{name}.pickle")
+    with open(path, "wb") as f:
+        pickle.dump(snap, f)  # what torch.cuda.memory._dump_snapshot writes
+    res["snapshot"] = os.path.basename(path)
+    res["snapshot_bytes"] = os.path.getsize(path)
+    res["snapshot_events"] = len((snap.get("device_traces") or [[]])[0])
+    try:
+        res["vlac"] = run_vlac(path)
+    except Exception as e:  # noqa: BLE001
+        res["vlac"] = {"error": repr(e)[:300]}
+    keep = FIXTURE_ENTRIES.get(name)
+    if keep:
+        try:
+            cut = dict(snap)
+            cut["device_traces"] = [t[-keep:] for t in snap["device_traces"]]
+            tpath = os.path.join(out_dir, f"measured_{name}.pickle")
+            with open(tpath, "wb") as f:
+                pickle.dump(cut, f)
+            res["fixture_vlac"] = run_vlac(tpath)
+            with open(tpath, "rb") as f, open(tpath + ".xz", "wb") as g:
+                g.write(lzma.compress(f.read(), preset=6))
+            res["fixture"] = {"file": os.path.basename(tpath) + ".xz", "entries": keep,
+                              "pickle_bytes": os.path.getsize(tpath), "xz_bytes": os.path.getsize(tpath + ".xz")}
+            os.remove(tpath)
+        except Exception as e:  # noqa: BLE001
+            res["fixture"] = {"error": repr(e)[:300]}
+    if os.environ.get("VLAC_MEASURE_KEEP_PICKLES") != "1":
+        os.remove(path)
+
+
 class _CpuMem:
     @staticmethod
     def zero(*_a, **_k):
         return 0
 
 
+def fake_run(name, out_dir):
+    """VLAC_MEASURE_FAKE=SNAPSHOT.pickle: no torch; a recorded snapshot stands in for the run, so
+    the driver, vlac's analysis, the fixture cut and the packing can be checked off the GPU."""
+    import pickle
+    with open(os.environ["VLAC_MEASURE_FAKE"], "rb") as f:
+        snap = pickle.load(f)
+    res = {"name": name, "config": {k: v for k, v in CONFIGS[name].items() if k != "est_gib"}, "ok": True,
+           "fake": True, "phases": {}, "peak_allocated": 0, "peak_reserved": 0}
+    res["segments_end"] = segment_summary(snap["segments"])
+    if name in TRACE_CONFIGS:
+        write_compact_trace(snap, snap["segments"], os.path.join(out_dir, f"trace_{name}.bin.xz"))
+    postprocess_snapshot(snap, name, out_dir, res)
+    with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    print(json.dumps({k: res.get(k) for k in ("name", "ok")}), flush=True)
+
+
 def run_one(name, out_dir):
+    if os.environ.get("VLAC_MEASURE_FAKE"):
+        return fake_run(name, out_dir)
     import torch
     if DEVICE == "cpu":  # code-path check only
         for f in ("memory_allocated", "memory_reserved", "max_memory_allocated", "max_memory_reserved"):
@@ -369,8 +633,10 @@ def run_one(name, out_dir):
 
     def mem():
         torch.cuda.synchronize()
+        st = torch.cuda.memory_stats()
         return {"allocated": torch.cuda.memory_allocated(), "reserved": torch.cuda.memory_reserved(),
-                "peak_allocated": torch.cuda.max_memory_allocated(), "peak_reserved": torch.cuda.max_memory_reserved()}
+                "peak_allocated": torch.cuda.max_memory_allocated(), "peak_reserved": torch.cuda.max_memory_reserved(),
+                "stats": {k: st.get(k, 0) for k in ALLOC_STATS}}
 
     phases = {}
     try:
@@ -398,40 +664,76 @@ def run_one(name, out_dir):
         phases["batch"] = mem()
         record = not cfg.get("gradient_checkpointing")  # see NO_RECORD_WHY
         res["snapshot_recorded"] = record
+        start_segments = torch.cuda.memory._snapshot()["segments"] if name in TRACE_CONFIGS else None
         if record:
             torch.cuda.memory._record_memory_history(enabled="all", context="all", stacks="python", max_entries=MAX_ENTRIES)
+        from torch.autograd.profiler import record_function
+        census = SavedCensus(policy) if cfg.get("census", True) and not cfg.get("gradient_checkpointing") else None
+        leak = cfg.get("leak") == "retain_graph"
+        kept = []  # the leak: every step's loss, with its graph
         step_times = []
+        last = STEPS - 1
+        steps_peak = {"peak_allocated": 0, "peak_reserved": 0}
         for step in range(STEPS):
             ts = time.time()
-            if step == 0:
+            # Step 1 (no optimizer state yet) and the last step (steady: the state in place) are
+            # measured phase by phase; steps 2..5 together give the steady peak.
+            timed = step in (0, last)
+            sfx = "" if step == 0 else "_steady"
+            if step == last and step > 0:
+                m = mem()
+                steps_peak = {k: max(steps_peak[k], m[k]) for k in steps_peak}
+            if timed:
                 torch.cuda.reset_peak_memory_stats()
-            loss = loss_fn(policy, b)
-            if step == 0:
-                phases["forward"] = mem()
+            with record_function(f"vlac:forward#{step}"):
+                if census is not None and step == 0:
+                    with census:
+                        loss = loss_fn(policy, b)
+                else:
+                    loss = loss_fn(policy, b)
+            if timed:
+                phases["forward" + sfx] = mem()
                 torch.cuda.reset_peak_memory_stats()
-            loss.backward()
-            if step == 0:
-                phases["backward"] = mem()
+            with record_function(f"vlac:backward#{step}"):
+                loss.backward(retain_graph=leak)
+            if timed:
+                phases["backward" + sfx] = mem()
                 torch.cuda.reset_peak_memory_stats()
-            gn = torch.nn.utils.clip_grad_norm_(trainable, opt_cfg.grad_clip_norm)
-            opt.step()
-            opt.zero_grad()
+            with record_function(f"vlac:optimizer#{step}"):
+                gn = torch.nn.utils.clip_grad_norm_(trainable, opt_cfg.grad_clip_norm)
+                opt.step()
+                opt.zero_grad()
+            if leak:
+                kept.append(loss)
             del loss
-            if step == 0:
-                phases["optimizer"] = mem()
-                torch.cuda.reset_peak_memory_stats()
+            if timed:
+                phases["optimizer" + sfx] = mem()
+                if step == 0:
+                    torch.cuda.reset_peak_memory_stats()
             torch.cuda.synchronize()
             step_times.append(time.time() - ts)
             if step > 0:
                 b = batch_fn()  # a fresh batch each step, as a data loader gives
-        phases["steps"] = mem()
+            if step == 0:
+                phases["after_step1"] = mem()
+        end = mem()
+        if STEPS > 1:
+            for k in ("forward_steady", "backward_steady", "optimizer_steady"):
+                steps_peak = {q: max(steps_peak[q], phases[k][q]) for q in steps_peak}
+            end.update(steps_peak)
+        phases["steps"] = end
         res["grad_norm"] = float(gn)
+        if census is not None:
+            res["saved_census"] = census.result()
         if record:
-            snap = os.path.join(out_dir, f"{name}.pickle")
-            torch.cuda.memory._dump_snapshot(snap)
+            snap = torch.cuda.memory._snapshot()
             torch.cuda.memory._record_memory_history(enabled=None)
-            res["snapshot"] = os.path.basename(snap)
-            res["snapshot_bytes"] = os.path.getsize(snap)
+            res["segments_end"] = segment_summary(snap["segments"])
+            if name in TRACE_CONFIGS:
+                write_compact_trace(snap, start_segments, os.path.join(out_dir, f"trace_{name}.bin.xz"))
+            postprocess_snapshot(snap, name, out_dir, res)
+        else:
+            res["segments_end"] = segment_summary(torch.cuda.memory._snapshot()["segments"])
         free, total = torch.cuda.mem_get_info()
         res["device"] = {"total": total, "free": free, "used_by_all": total - free,
                          "reserved": torch.cuda.memory_reserved(), "nvml_this_process": nvml_used()}
@@ -448,6 +750,8 @@ def run_one(name, out_dir):
     res["phases"] = phases
     res["peak_allocated"] = max((p["peak_allocated"] for k, p in phases.items() if k != "load"), default=0)
     res["peak_reserved"] = max((p["peak_reserved"] for k, p in phases.items() if k != "load"), default=0)
+    if "steps" in phases:  # steps 2..5 (the steady peak), as in the first measuring calls
+        res["peak_allocated_steps"] = phases["steps"]["peak_allocated"]
     res["wall_s"] = time.time() - t0
     with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
         json.dump(res, f, indent=1)
@@ -492,7 +796,7 @@ def versions():
     return v
 
 
-def drive(names, out_dir, budget_gib, deadline_s, tar_name, max_tar_mib, run_timeout_s=240):
+def drive(names, out_dir, budget_gib, deadline_s, tar_name, max_tar_mib, run_timeout_s=150):
     os.makedirs(out_dir, exist_ok=True)
     t0 = time.time()
     summary = {"argv": sys.argv, "runs": [], "not_run": []}
@@ -538,27 +842,32 @@ def drive(names, out_dir, budget_gib, deadline_s, tar_name, max_tar_mib, run_tim
         results[r["name"]]["ran_alongside"] = r["alongside"]
     summary["results"] = results
     summary["wall_s"] = time.time() - t0
-    # Snapshots: one tar.xz, smallest first, until the size cap.
-    snaps = sorted((os.path.getsize(os.path.join(out_dir, f)), f) for f in os.listdir(out_dir) if f.endswith(".pickle"))
-    packed = []
-    tar_path = os.path.join(out_dir, tar_name)
-    with tarfile.open(tar_path, "w:xz") as tar:
-        for size, f in snaps:
+    # Fixture snapshots (measured_*.pickle.xz) into one uncompressed tar, smallest first, up to
+    # the cap; every run's log into logs.tar.xz; the per-run JSONs live on in train_memory.json.
+    xzs = sorted((os.path.getsize(os.path.join(out_dir, f)), f) for f in os.listdir(out_dir)
+                 if f.endswith((".pickle.xz", ".bin.xz")))
+    packed, total = [], 0
+    with tarfile.open(os.path.join(out_dir, tar_name), "w") as tar:
+        for size, f in xzs:
+            if total + size > max_tar_mib * MIB:
+                continue
             tar.add(os.path.join(out_dir, f), arcname=f)
             packed.append(f)
-            if os.path.getsize(tar_path) > max_tar_mib * 2**20:
-                break
+            total += size
     summary["snapshots_packed"] = packed
-    for _, f in snaps:
-        os.remove(os.path.join(out_dir, f))
-    logs = [f for f in os.listdir(out_dir) if f.endswith(".log") or (f.endswith(".json") and f[:-5] in CONFIGS)]
-    for f in logs:
-        os.remove(os.path.join(out_dir, f))
+    with tarfile.open(os.path.join(out_dir, "logs.tar.xz"), "w:xz") as tar:
+        for f in sorted(os.listdir(out_dir)):
+            if f.endswith(".log"):
+                tar.add(os.path.join(out_dir, f), arcname=f)
+    for f in os.listdir(out_dir):
+        if f.endswith((".log", ".pickle", ".pickle.xz", ".bin.xz")) or (f.endswith(".json") and f[:-5] in CONFIGS):
+            os.remove(os.path.join(out_dir, f))
     with open(os.path.join(out_dir, "train_memory.json"), "w") as f:
         json.dump(summary, f, indent=1)
-    print(json.dumps({n: (r.get("ok"), r.get("peak_allocated"), r.get("peak_reserved"), r.get("error", "")[:200])
+    print(json.dumps({n: (r.get("ok"), r.get("peak_allocated"), r.get("peak_reserved"), r.get("error", "")[:200],
+                          ((r.get("vlac") or {}).get("json") or {}).get("shape"))
                       for n, r in results.items()}, indent=1))
-    print("not run:", pending, "tar bytes:", os.path.getsize(tar_path), "packed:", packed)
+    print("not run:", pending, "packed:", packed, "bytes:", total)
 
 
 def main():
@@ -569,7 +878,7 @@ def main():
     ap.add_argument("--list", action="store_true")
     ap.add_argument("--budget-gib", type=float, default=120.0, help="sum of estimated peaks run at once")
     ap.add_argument("--deadline-s", type=float, default=240.0, help="start no run after this many seconds")
-    ap.add_argument("--tar", default="snapshots.tar.xz")
+    ap.add_argument("--tar", default="snapshots.tar")
     ap.add_argument("--max-tar-mib", type=float, default=14.0)
     a = ap.parse_args()
     if a.list:

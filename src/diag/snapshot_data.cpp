@@ -2,9 +2,15 @@
 // blocks -> frames), never the pickle's own nesting, so hostile nesting cannot recurse here.
 #include "diag/snapshot_data.h"
 
+#include <algorithm>
 #include <cmath>
-
+#include <cstring>
 #include <unordered_map>
+#include <vector>
+
+#ifdef VLAC_HAVE_LZMA
+#include <lzma.h>
+#endif
 
 #include "core/mapped_file.h"
 
@@ -228,10 +234,66 @@ const char* to_string(TraceAction a) {
 
 Result<SnapshotData> decode_snapshot(const PickleDoc& doc) { return Decoder(doc).run(); }
 
+namespace {
+
+bool is_xz(std::span<const uint8_t> b) {
+  static const uint8_t kMagic[6] = {0xFD, '7', 'z', 'X', 'Z', 0x00};
+  return b.size() >= 6 && std::memcmp(b.data(), kMagic, 6) == 0;
+}
+
+// The whole xz stream into memory, refusing more than `cap` bytes out (a pickle bigger than the
+// reader's input limit would be refused anyway) and any stream error, naming the file.
+Result<std::vector<uint8_t>> unxz(std::span<const uint8_t> in, uint64_t cap, const std::string& path) {
+#ifdef VLAC_HAVE_LZMA
+  lzma_stream s = LZMA_STREAM_INIT;
+  if (lzma_stream_decoder(&s, 1ull << 30, 0) != LZMA_OK) return invalid_format(path + ": cannot start the xz decoder");
+  std::vector<uint8_t> out(std::min<uint64_t>(cap, std::max<uint64_t>(in.size() * 8, 1 << 20)));
+  s.next_in = in.data();
+  s.avail_in = in.size();
+  s.next_out = out.data();
+  s.avail_out = out.size();
+  lzma_ret r = LZMA_OK;
+  while (true) {
+    r = lzma_code(&s, LZMA_FINISH);
+    if (r == LZMA_STREAM_END) break;
+    if (r != LZMA_OK && r != LZMA_BUF_ERROR) break;
+    if (s.avail_out == 0) {
+      const size_t used = out.size();
+      if (used >= cap) {
+        lzma_end(&s);
+        return invalid_format(path + ": xz stream decompresses to more than " + std::to_string(cap) + " bytes");
+      }
+      out.resize(std::min<uint64_t>(cap, used * 2));
+      s.next_out = out.data() + used;
+      s.avail_out = out.size() - used;
+    } else if (r == LZMA_BUF_ERROR) {
+      break;  // input ended before the stream did
+    }
+  }
+  const size_t produced = out.size() - s.avail_out;
+  lzma_end(&s);
+  if (r != LZMA_STREAM_END)
+    return invalid_format(path + ": not a complete xz stream (liblzma error " + std::to_string(static_cast<int>(r)) + ")");
+  out.resize(produced);
+  return out;
+#else
+  (void)in;
+  (void)cap;
+  return invalid_format(path + ": xz-compressed snapshot, but this vlac was built without liblzma (install liblzma-dev and rebuild, or run xz -d first)");
+#endif
+}
+
+}  // namespace
+
 Result<SnapshotData> load_snapshot_file(const std::string& path, const PickleLimits& limits) {
   auto map = MappedFile::open(path);
   if (!map.is_ok()) return map.status();
   std::span<const uint8_t> bytes(map->data(), static_cast<size_t>(map->size()));
+  std::vector<uint8_t> plain;
+  if (is_xz(bytes)) {
+    VLAC_ASSIGN_OR_RETURN(plain, unxz(bytes, limits.max_input_bytes, path));
+    bytes = std::span<const uint8_t>(plain.data(), plain.size());
+  }
   auto doc = read_pickle(bytes, limits);
   if (!doc.is_ok()) return doc.status().with_context(path);
   auto data = decode_snapshot(doc.value());

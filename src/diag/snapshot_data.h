@@ -84,7 +84,8 @@ struct SnapshotData {
 /// that is not a dict) are InvalidFormat naming the key and index.
 Result<SnapshotData> decode_snapshot(const PickleDoc& doc);
 
-/// Maps and decodes a snapshot file; errors name the file.
+/// Maps and decodes a snapshot file (plain, or xz-compressed when built with liblzma); errors
+/// name the file.
 Result<SnapshotData> load_snapshot_file(const std::string& path, const PickleLimits& limits = {});
 
 const char* to_string(TraceAction a);

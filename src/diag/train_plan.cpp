@@ -7,11 +7,13 @@
 #include <cstdio>
 #include <functional>
 #include <map>
+#include <set>
 #include <utility>
 
 #include <nlohmann/json.hpp>
 
 #include "core/bytes.h"
+#include "diag/alloc_sim.h"
 
 namespace vlac::diag {
 
@@ -184,7 +186,7 @@ Result<GpuSpec> parse_gpu(const std::string& text) {
 
 // ---- activations -------------------------------------------------------------------------
 
-uint64_t block_activation_bytes(const ActBlock& b, int e, bool frozen) {
+std::vector<uint64_t> block_saved_tensors(const ActBlock& b, int e, bool frozen) {
   // Korthikanti et al. 2022 (arXiv:2205.05198, section 4.1), per layer with 16-bit activations:
   // attention 11sbh + 5as^2b, MLP 19sbh, two LayerNorms 4sbh -> sbh(34 + 5as/h). Generalised
   // term by term so that a GPT block (h_q = h_kv = h, MLP 4h, GeLU, dropout) gives exactly that:
@@ -198,37 +200,76 @@ uint64_t block_activation_bytes(const ActBlock& b, int e, bool frozen) {
   // the attention input (QKV), the attention output (o_proj), the MLP input and the last f-wide
   // tensor (down/fc2 input), and a cross-attention's K/V source. Measured: pi0.5 expert-only
   // keeps 24.1 GiB at batch 8 against 31.9 GiB with the same VLM trainable (freeze-vision).
-  if (!b.transformer) return static_cast<uint64_t>(b.raw_elements) * e + static_cast<uint64_t>(b.raw_extra_bytes);
+  // Each term is one tensor (the allocator model needs their sizes, not only their sum).
+  std::vector<uint64_t> t;
+  auto add = [&](uint64_t bytes) {
+    if (bytes) t.push_back(bytes);
+  };
+  const uint64_t E = static_cast<uint64_t>(e);
+  if (!b.saved_tensor_bytes.empty()) {
+    for (int64_t x : b.saved_tensor_bytes) add(static_cast<uint64_t>(x));
+    return t;
+  }
+  if (!b.transformer) {
+    if (!b.raw_tensor_elements.empty()) {
+      for (int64_t x : b.raw_tensor_elements) add(static_cast<uint64_t>(x) * E);
+    } else {
+      add(static_cast<uint64_t>(b.raw_elements) * E);
+    }
+    add(static_cast<uint64_t>(b.raw_extra_bytes));
+    return t;
+  }
   const uint64_t sq = b.seqs * b.tokens_q, skv = b.seqs * b.tokens_kv;
   const uint64_t scores = static_cast<uint64_t>(b.seqs) * b.heads * b.tokens_q * b.tokens_kv;
-  const uint64_t keep_lin = frozen ? 0 : 1;
-  uint64_t elems = 0, bytes = 0, mask = 0;
+  const bool keep_lin = !frozen;
   if (b.q_width > 0) {
-    elems += keep_lin * sq * b.width + sq * b.q_width + keep_lin * sq * b.q_width + 2 * skv * b.kv_width;
-    if (b.kv_in_width > 0) elems += keep_lin * skv * b.kv_in_width;  // cross-attention keeps its K/V source
+    if (keep_lin) add(sq * b.width * E);  // attention input
+    add(sq * b.q_width * E);              // Q
+    if (keep_lin) add(sq * b.q_width * E);  // attention output (o_proj input)
+    add(skv * b.kv_width * E);            // K
+    add(skv * b.kv_width * E);            // V
+    if (b.kv_in_width > 0 && keep_lin) add(skv * b.kv_in_width * E);  // cross-attention keeps its K/V source
     if (!b.flash) {
-      elems += scores * (b.dropout ? 2 : 1);
+      add(scores * E);
+      if (b.dropout) add(scores * E);
       // transformers' eager attention: softmax(dtype=float32) then .to(q.dtype): the fp32 softmax
       // output is what softmax's backward keeps, the cast what attn @ V keeps.
-      if (b.softmax_fp32 && e < 4) bytes += scores * 4;
+      if (b.softmax_fp32 && e < 4) add(scores * 4);
     }
-    if (b.qk_fp32 && e < 4) bytes += (sq * b.q_width + skv * b.kv_width) * 2;  // fp32 Q, K over the 16-bit ones
-    if (b.dropout) mask += (b.flash ? 0 : scores) + sq * b.width;
+    if (b.qk_fp32 && e < 4) {  // fp32 Q, K over the 16-bit ones
+      add(sq * b.q_width * 2);
+      add(skv * b.kv_width * 2);
+    }
+    if (b.dropout) {
+      if (!b.flash) add(scores);
+      add(sq * b.width);
+    }
   }
   if (b.ffn_width > 0) {
-    elems += keep_lin * sq * b.width + static_cast<uint64_t>(b.ffn_tensors - (frozen ? 1 : 0)) * sq * b.ffn_width;
-    if (b.dropout) mask += sq * b.width;
+    if (keep_lin) add(sq * b.width * E);
+    for (int i = 0; i < b.ffn_tensors - (frozen ? 1 : 0); ++i) add(sq * b.ffn_width * E);
+    if (b.dropout) add(sq * b.width);
   }
-  elems += static_cast<uint64_t>(b.norms) * sq * b.width;
+  for (int i = 0; i < b.norms; ++i) add(sq * b.width * E);
   if (b.fp32_norms) {
     // PiGemmaRMSNorm (lerobot pi_gemma.py) normalises x.float(): per norm it keeps the fp32
     // normalised input (for the weight's gradient, so not when frozen) and the fp32 scaled
     // output; in a bf16 run also the fp32 upcast and the bf16 cast of the output (the measured
     // sites pi_gemma.py:106/108/120: 2.24 + 2.24 + 1.09 GiB at batch 8).
-    const uint64_t per = (e < 4 ? 10 : 8) - (frozen ? 4 : 0);
-    bytes += static_cast<uint64_t>(b.norms) * sq * b.width * per;
+    const uint64_t n = sq * b.width;
+    for (int i = 0; i < b.norms; ++i) {
+      if (!frozen) add(4 * n);  // normalised input
+      add(4 * n);               // scaled output
+      if (e < 4) add(2 * n);    // bf16 cast of the output
+    }
   }
-  return elems * e + bytes + mask;
+  return t;
+}
+
+uint64_t block_activation_bytes(const ActBlock& b, int e, bool frozen) {
+  uint64_t sum = 0;
+  for (uint64_t x : block_saved_tensors(b, e, frozen)) sum += x;
+  return sum;
 }
 
 uint64_t block_checkpoint_bytes(const ActBlock& b, int e) {
@@ -364,11 +405,14 @@ Result<TrainPlan> plan_training(const PolicyArch& arch, const TrainOptions& o) {
   // LoRA: adapters r*(in+out) on each targeted Linear; the module's base weights are frozen
   // (openpi freezes the whole LLM except adapters; PEFT freezes every non-adapter weight).
   std::vector<uint64_t> lora_params(nm, 0);
+  std::vector<std::pair<int, uint64_t>> lora_tensors;  // (module, elements): A (r x in), B (out x r)
   if (o.lora_r > 0) {
     for (const ParamTensor& p : arch.params) {
       if (lora_matches(p, arch.modules[p.module].name, targets)) {
         lora_params[p.module] += static_cast<uint64_t>(o.lora_r) * static_cast<uint64_t>(p.shape[0] + p.shape[1]);
         lora[p.module] = true;
+        lora_tensors.push_back({p.module, static_cast<uint64_t>(o.lora_r) * static_cast<uint64_t>(p.shape[1])});
+        lora_tensors.push_back({p.module, static_cast<uint64_t>(o.lora_r) * static_cast<uint64_t>(p.shape[0])});
       }
     }
     bool any = false;
@@ -393,8 +437,23 @@ Result<TrainPlan> plan_training(const PolicyArch& arch, const TrainOptions& o) {
   }
   // Count, per module, parameters by what they cost: stored only (frozen, buffers, or requiring
   // grad but never reached by the loss) and trainable-with-gradient by storage width.
-  std::vector<uint64_t> stored_bytes(nm, 0), train16(nm, 0), train32(nm, 0);
+  std::vector<uint64_t> stored_bytes(nm, 0), train16(nm, 0), train32(nm, 0), cast32(nm, 0);
+  std::vector<SimParam> sim_params;  // the allocator model's view of every tensor (see below)
   uint64_t largest_tensor = 0;
+  // What autocast casts (and caches, for leaf tensors that require grad): the weights and biases
+  // of Linear and convolution layers. LayerNorm/RMSNorm weights run in fp32, embeddings are not
+  // autocast ops, and GR00T's per-embodiment weights are gathered (W[cat_ids]) before their bmm,
+  // so their casts are per-sample activations, not cache entries.
+  // Weights are "<layer>.weight" or nn.MultiheadAttention's "<layer>.in_proj_weight".
+  std::set<std::string> cast_weights;
+  for (const ParamTensor& p : arch.params)
+    if (p.shape.size() >= 2 && !p.is_buffer && ends_with(p.name, "weight") && p.name.find("embed") == std::string::npos)
+      cast_weights.insert(p.name.substr(0, p.name.size() - 6));
+  auto autocast_cast = [&](const ParamTensor& p) {
+    if (ends_with(p.name, "weight")) return cast_weights.count(p.name.substr(0, p.name.size() - 6)) > 0;
+    if (ends_with(p.name, "bias")) return cast_weights.count(p.name.substr(0, p.name.size() - 4)) > 0;
+    return false;
+  };
   for (const ParamTensor& p : arch.params) {
     const size_t m = static_cast<size_t>(p.module);
     if (o.openpi && arch.modules[m].role == ModuleRole::Unused) continue;  // not in the JAX model
@@ -410,19 +469,43 @@ Result<TrainPlan> plan_training(const PolicyArch& arch, const TrainOptions& o) {
       wb = 4;
     if (p.is_buffer) {
       stored_bytes[m] += n * 4;
+      sim_params.push_back({static_cast<int>(m), n * 4, n * 4, 0, 0, 0, false, 0, 0});
       continue;
     }
     mp.params += n;
     largest_tensor = std::max(largest_tensor, n);
     const bool requires_grad = trainable[m] && !lora[m];
     if (requires_grad) mp.trainable_params += n;
+    {
+      // The same parameter for the allocator model: built in fp32 by every stack here, then cast.
+      const bool grads = requires_grad && (p.gets_grad || o.openpi);
+      const int fb = (!requires_grad && o.frozen_dtype) ? dtype_bytes(*o.frozen_dtype) : wb;
+      SimParam sp;
+      sp.module = static_cast<int>(m);
+      sp.construct_bytes = n * 4;
+      sp.stored_bytes = n * static_cast<uint64_t>(grads ? wb : fb);
+      if (grads) {
+        const uint64_t gb = mixed ? 4 : static_cast<uint64_t>(wb);
+        sp.grad_bytes = n * gb;
+        sp.moment_bytes = o.optimizer == OptimizerKind::AdamW8bit ? n : n * gb;
+        sp.moments = o.optimizer == OptimizerKind::Sgd ? 0 : o.optimizer == OptimizerKind::SgdMomentum ? 1 : 2;
+        sp.foreach_temp = o.optimizer == OptimizerKind::AdamW && !o.openpi;
+        sp.dtype_group = wb == 4 ? 0 : 1;
+        if (mixed && wb == 4 && o.half_copy && !o.openpi && autocast_cast(p)) sp.cast_bytes = n * 2;
+      }
+      sim_params.push_back(sp);
+    }
     if (requires_grad && (p.gets_grad || o.openpi)) {
       (wb == 4 ? train32 : train16)[m] += n;
+      if (wb == 4 && autocast_cast(p)) cast32[m] += n;
     } else {
       const int fb = (!requires_grad && o.frozen_dtype) ? dtype_bytes(*o.frozen_dtype) : wb;
       stored_bytes[m] += n * fb;
     }
   }
+  for (const auto& [m, n] : lora_tensors)  // PEFT keeps adapters in fp32 (autocast_adapter_dtype)
+    sim_params.push_back({m, n * 4, n * 4, n * 4, n * 4, o.optimizer == OptimizerKind::Sgd ? 0 : o.optimizer == OptimizerKind::SgdMomentum ? 1 : 2,
+                          o.optimizer == OptimizerKind::AdamW && !o.openpi, 0, 0});
   for (size_t m = 0; m < nm; ++m) {
     if (lora_params[m] == 0) continue;
     plan.modules[m].lora_params = lora_params[m];
@@ -430,6 +513,7 @@ Result<TrainPlan> plan_training(const PolicyArch& arch, const TrainOptions& o) {
     // PEFT builds adapters in the base layer's dtype but autocast_adapter_dtype=True (its
     // default) keeps bf16/fp16 adapters in fp32 (measured: 1,287,168 fp32 adapter parameters).
     (weight_bytes_of(m) == 4 || !o.openpi ? train32 : train16)[m] += lora_params[m];
+    if (weight_bytes_of(m) == 4 || !o.openpi) cast32[m] += lora_params[m];  // adapters are Linear layers
   }
 
   // Bytes per trainable parameter. Hugging Face "Anatomy of Model's Memory"
@@ -483,7 +567,7 @@ Result<TrainPlan> plan_training(const PolicyArch& arch, const TrainOptions& o) {
         if (!s1) {
           if (wb == 4) {
             mp.weight_bytes += n * master;
-            plan.autocast_copy_bytes += n * working;
+            plan.autocast_copy_bytes += cast32[m] * working;
           } else {
             mp.weight_bytes += n * (master + working);
           }
@@ -523,11 +607,11 @@ Result<TrainPlan> plan_training(const PolicyArch& arch, const TrainOptions& o) {
     if (in_path[m]) {
       const uint64_t saved = o.gradient_checkpointing ? block_checkpoint_bytes(b, e) : full;
       plan.modules[m].activation_bytes += B * saved * static_cast<uint64_t>(b.count);
-      if (b.transformer) working = std::max(working, B * full);
-    } else if (b.transformer) {
-      // Frozen, outside the gradient path: nothing is saved, but the forward still holds a
-      // layer's input, output and widest intermediates at once -- for one sequence: pi0.5 and
-      // SmolVLA embed the cameras one at a time (embed_prefix loops over the images).
+    }
+    if (b.transformer) {
+      // The forward's own temporaries beyond what is saved: a layer's input, output and widest
+      // intermediates at once -- for one sequence: pi0.5 and SmolVLA embed the cameras one at
+      // a time (embed_prefix loops over the images). Backward's are in backward_peak_bytes.
       const uint64_t sq = b.tokens_q;
       uint64_t transient = sq * b.width * 3 + 2 * sq * b.ffn_width;
       if (!b.flash && b.q_width > 0) transient += static_cast<uint64_t>(b.heads) * b.tokens_q * b.tokens_kv;
@@ -587,15 +671,137 @@ Result<TrainPlan> plan_training(const PolicyArch& arch, const TrainOptions& o) {
   plan.optimizer_peak_bytes =
       plan.persistent_bytes + plan.input_bytes + plan.grad_bytes + plan.optimizer_temp_bytes + plan.workspace_bytes;
   plan.peak_allocated_bytes = std::max(plan.forward_peak_bytes, plan.optimizer_peak_bytes);
-  // Allocator: the caching allocator rounds blocks (2 MiB / 20 MiB buffers) and fragments most
-  // where activations come and go each step; torchtune measured 16.39 -> 10.83 GiB peak reserved
-  // just from expandable segments (meta-pytorch/torchtune#1185). Measured here: peak reserved
-  // exceeded peak allocated by 1-28 % (median 4 %). We charge 5 % on persistent tensors and
-  // 15 % on the per-step ones: a margin for the fit, our choice, not a fitted model.
-  plan.allocator_bytes = static_cast<uint64_t>(static_cast<double>(plan.persistent_bytes + plan.grad_bytes) *
-                                                   o.allocator_persistent_fraction +
-                                               static_cast<double>(per_step + plan.input_bytes) *
-                                                   o.allocator_activation_fraction);
+  // Peak reserved: PyTorch's caching allocator holds more than the live bytes -- every request
+  // rounded to 512 B and carved from 2 MiB / 20 MiB / 2 MiB-rounded segments, and free blocks a
+  // later request does not fit (the holes activations leave between the optimizer state, the
+  // gradients' places after zero_grad, the fp32 weights lerobot builds before casting to bf16).
+  // No margin: the run's tensors, as this plan sizes them, are replayed in order through a model
+  // of the allocator (diag/alloc_sim.h) and its overhead at the peak -- reserved minus allocated
+  // -- is added to the peak allocated above. Only the allocator is modelled, not which tensor
+  // is alive: that is the plan's.
+  {
+    std::vector<SimLayer> layers;
+    std::vector<std::vector<size_t>> module_layers(nm);
+    for (const ActBlock& b : arch.blocks) {
+      const size_t m = static_cast<size_t>(b.module);
+      const int e = act_bytes_of(m);
+      const bool frozen = in_path[m] && !plan.modules[m].trainable;
+      // pi0.5/SmolVLA/ACT embed the cameras one at a time: a vision layer's tensors are per camera.
+      ActBlock one = b;
+      int64_t reps = 1;
+      if (b.transformer && b.seqs > 1 && b.saved_tensor_bytes.empty()) {
+        reps = b.seqs;
+        one.seqs = 1;
+      }
+      std::vector<uint64_t> per = block_saved_tensors(one, e, frozen);
+      for (uint64_t& x : per) x *= B;
+      if (in_path[m] && o.gradient_checkpointing && b.transformer && arch.modules[m].role == ModuleRole::Vision) {
+        // lerobot checkpoints a camera's whole vision tower (embed_image under _apply_checkpoint):
+        // one unit per camera keeping its output; backward recomputes all its layers at once.
+        for (int64_t r = 0; r < reps; ++r) {
+          SimLayer L;
+          L.checkpointed = true;
+          L.saved = {B * static_cast<uint64_t>(one.input_elements()) * static_cast<uint64_t>(e)};
+          for (int64_t l = 0; l < b.count; ++l) L.full.insert(L.full.end(), per.begin(), per.end());
+          for (int64_t l = 0; l < b.count; ++l) module_layers[m].push_back(layers.size());
+          layers.push_back(std::move(L));
+        }
+        continue;
+      }
+      for (int64_t r = 0; r < reps; ++r)
+        for (int64_t l = 0; l < b.count; ++l) {
+          SimLayer L;
+          if (in_path[m]) {
+            if (o.gradient_checkpointing && b.transformer) {
+              L.checkpointed = true;
+              L.full = per;
+              L.saved = {B * static_cast<uint64_t>(one.input_elements()) * static_cast<uint64_t>(e)};
+            } else {
+              L.saved = per;
+            }
+          } else {
+            L.backward = false;
+            if (b.transformer) {
+              const uint64_t sq = static_cast<uint64_t>(one.tokens_q) * one.seqs, E = static_cast<uint64_t>(e);
+              for (int k = 0; k < 3; ++k) L.transient.push_back(B * sq * one.width * E);
+              for (int k = 0; k < 2; ++k) L.transient.push_back(B * sq * one.ffn_width * E);
+              if (!one.flash && one.q_width > 0)
+                L.transient.push_back(B * static_cast<uint64_t>(one.heads) * one.tokens_q * one.tokens_kv * E);
+            } else {
+              L.transient = per;
+            }
+          }
+          module_layers[m].push_back(layers.size());
+          layers.push_back(std::move(L));
+        }
+    }
+    // Each module's gradients come out of its layers' backward, last layer first: its
+    // parameters, in table (forward) order, spread evenly over its layers.
+    std::vector<std::vector<int>> module_params(nm);
+    for (size_t i = 0; i < sim_params.size(); ++i) module_params[static_cast<size_t>(sim_params[i].module)].push_back(static_cast<int>(i));
+    for (size_t m = 0; m < nm; ++m) {
+      const auto& ls = module_layers[m];
+      const auto& ps = module_params[m];
+      for (size_t j = 0; j < ps.size(); ++j) {
+        if (sim_params[static_cast<size_t>(ps[j])].grad_bytes == 0 && sim_params[static_cast<size_t>(ps[j])].cast_bytes == 0) continue;
+        if (ls.empty()) {
+          if (!layers.empty()) layers.back().params.push_back(ps[j]);
+          continue;
+        }
+        layers[ls[j * ls.size() / ps.size()]].params.push_back(ps[j]);
+      }
+    }
+    if (o.gpus > 1) {
+      for (SimParam& sp : sim_params) {  // what one GPU holds of each tensor
+        if (s3) sp.stored_bytes = div(sp.stored_bytes);
+        if (s2) sp.grad_bytes = div(sp.grad_bytes);
+        if (s1) sp.moment_bytes = div(sp.moment_bytes);
+      }
+    }
+    std::vector<uint64_t> batch;
+    for (int64_t c = 0; c < in.cams; ++c) batch.push_back(B * 4 * static_cast<uint64_t>(3 * in.image_h * in.image_w));
+    batch.push_back(B * 4 * static_cast<uint64_t>(in.chunk * in.action_dim + in.state_dim));
+    // The backward phase's own peak: going from the last layer to the first, what is still saved
+    // (this layer and those before it, with their autocast copies), the gradients made so far
+    // (this layer's and those after it) and this layer's gradients of its saved tensors in flight
+    // (its recomputed tensors when checkpointed).
+    {
+      std::vector<uint64_t> saved(layers.size(), 0), grads(layers.size(), 0), casts(layers.size(), 0), flight(layers.size(), 0);
+      for (size_t l = 0; l < layers.size(); ++l) {
+        const SimLayer& L = layers[l];
+        if (!L.backward) continue;
+        uint64_t biggest = 0, full = 0;
+        for (uint64_t x : L.saved) saved[l] += x;
+        for (uint64_t x : (L.checkpointed ? L.full : L.saved)) {
+          biggest = std::max(biggest, x);
+          full += x;
+        }
+        flight[l] = L.checkpointed ? full + biggest : 2 * biggest;
+        for (int pi : L.params) {
+          grads[l] += sim_params[static_cast<size_t>(pi)].grad_bytes;
+          casts[l] += sim_params[static_cast<size_t>(pi)].cast_bytes;
+        }
+      }
+      uint64_t after = 0, best = 0, before = 0;
+      std::vector<uint64_t> upto(layers.size() + 1, 0);
+      for (size_t l = 0; l < layers.size(); ++l) upto[l + 1] = upto[l] + saved[l] + casts[l];
+      for (size_t l = layers.size(); l-- > 0;) {
+        after += grads[l];
+        before = upto[l + 1];
+        if (layers[l].backward) best = std::max(best, before + after + flight[l]);
+      }
+      for (const SimLayer& L : layers) (void)L;
+      plan.backward_peak_bytes = plan.persistent_bytes + plan.input_bytes + plan.workspace_bytes + best;
+    }
+    // openpi's JAX trainer runs under XLA's own allocator (BFC, preallocating): not modelled.
+    if (!o.openpi) {
+      const AllocSimResult sim = simulate_training_allocator(sim_params, layers, batch, o.workspace_bytes);
+      plan.sim_peak_allocated_bytes = sim.peak_allocated;
+      plan.sim_peak_reserved_bytes = sim.peak_reserved;
+      plan.allocator_bytes = sim.peak_reserved - std::min(sim.peak_reserved, sim.peak_allocated);
+    }
+  }
+  plan.peak_allocated_bytes = std::max(plan.peak_allocated_bytes, plan.backward_peak_bytes);
   plan.peak_reserved_bytes = plan.peak_allocated_bytes + plan.allocator_bytes;
   plan.total_bytes = plan.peak_reserved_bytes + plan.cuda_context_bytes;
   return plan;
@@ -883,6 +1089,9 @@ nlohmann::json plan_to_json(const TrainPlan& p) {
   j["cuda_context_bytes"] = p.cuda_context_bytes;
   j["workspace_bytes"] = p.workspace_bytes;
   j["allocator_bytes"] = p.allocator_bytes;
+  j["backward_peak_bytes"] = p.backward_peak_bytes;
+  j["sim_peak_allocated_bytes"] = p.sim_peak_allocated_bytes;
+  j["sim_peak_reserved_bytes"] = p.sim_peak_reserved_bytes;
   j["total_bytes"] = p.total_bytes;
   if (p.gpu) {
     j["gpu"] = {{"name", p.gpu->name}, {"bytes", p.gpu->bytes}};
@@ -954,15 +1163,16 @@ std::string plan_to_text(const TrainPlan& p) {
   line("cuBLAS workspace", p.workspace_bytes);
   out += "  forward/backward adds:\n";
   line("  activations kept for backward", p.activation_bytes);
-  line("  one block live (recompute / backward)", p.working_bytes);
+  line("  one layer's forward temporaries", p.working_bytes);
   line("  autocast copies of trainable weights", p.autocast_copy_bytes);
   out += "  optimizer step adds:\n";
   line("  gradients", p.grad_bytes);
   line("  AdamW foreach temporary", p.optimizer_temp_bytes);
-  line("peak in forward/backward", p.forward_peak_bytes);
+  line("peak in forward", p.forward_peak_bytes);
+  line("peak in backward", p.backward_peak_bytes);
   line("peak in the optimizer step", p.optimizer_peak_bytes);
   line("peak allocated (torch.cuda.max_memory_allocated)", p.peak_allocated_bytes);
-  line("allocator overhead (5% / 15% per-step)", p.allocator_bytes);
+  line("caching allocator (rounding, free blocks)", p.allocator_bytes);
   line("CUDA context", p.cuda_context_bytes);
   out += "  " + pad("total", 46, false) + pad(format_bytes(p.total_bytes), 12) + "\n";
   if (p.gpu) {

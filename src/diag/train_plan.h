@@ -61,8 +61,6 @@ struct TrainOptions {
   // Overheads (see train_plan.cpp for the sources).
   uint64_t cuda_context_bytes = 640ull << 20;
   uint64_t workspace_bytes = 32ull << 20;
-  double allocator_persistent_fraction = 0.05;
-  double allocator_activation_fraction = 0.15;
 };
 
 /// The stack's own defaults for a policy (lerobot's for pi0/pi05/smolvla/act; Isaac-GR00T
@@ -120,27 +118,33 @@ struct TrainPlan {
   std::vector<ModulePlan> modules;
   uint64_t params = 0, trainable_params = 0;
   uint64_t weight_bytes = 0, grad_bytes = 0, optimizer_bytes = 0, activation_bytes = 0;
-  uint64_t working_bytes = 0;        // one transformer block's full activations live (recompute/backward)
+  uint64_t working_bytes = 0;        // one layer's forward temporaries (input, output, widest intermediates)
   uint64_t input_bytes = 0;          // the micro-batch itself on the GPU (fp32 images, targets)
-  /// Under autocast: the 16-bit copies of the trainable fp32 weights (the autocast cast cache,
-  /// kept by backward). Alive in forward/backward only, not at the optimizer step.
+  /// Under autocast: the 16-bit copies of the trainable fp32 Linear/conv weights and biases (the
+  /// autocast cast cache, kept by backward). Alive in forward/backward only, not at the optimizer step.
   uint64_t autocast_copy_bytes = 0;
   /// torch.optim.AdamW's foreach step (the CUDA default): torch._foreach_sqrt(exp_avg_sq) makes
   /// one temporary as large as the parameters it updates, alive with the gradients.
   uint64_t optimizer_temp_bytes = 0;
-  // The step's two peaks, as torch.cuda.max_memory_allocated sees them (tested against
-  // measurements: tests/fixtures/train_memory): forward/backward = weights + optimizer state +
-  // batch + activations + working set (+ autocast copies); optimizer step = weights + optimizer
-  // state + batch + gradients + AdamW's temporary. Activations are freed before the step and
-  // gradients set to None after it (zero_grad), so the two never add up.
+  // The step's three phase peaks, as torch.cuda.max_memory_allocated sees them (tested against
+  // measurements: tests/fixtures/train_memory): forward = weights + optimizer state + batch +
+  // activations + one layer's temporaries (+ autocast copies); backward: see below; optimizer
+  // step = weights + optimizer state + batch + gradients + AdamW's temporary. Activations are
+  // freed before the step and gradients set to None after it (zero_grad), so they never add up.
   uint64_t persistent_bytes = 0;     // weights + optimizer state (+ DDP buckets, gathered unit)
   uint64_t forward_peak_bytes = 0;
   uint64_t optimizer_peak_bytes = 0;
-  uint64_t peak_allocated_bytes = 0;  // max of the two
+  /// The backward phase (layer by layer from the last: saved tensors still held + gradients made
+  /// so far + one layer's gradients in flight, or its recomputed tensors when checkpointed).
+  uint64_t backward_peak_bytes = 0;
+  uint64_t peak_allocated_bytes = 0;  // max of the three
   uint64_t ddp_bucket_bytes = 0;     // DDP gradient buckets (gradient_as_bucket_view=False)
   uint64_t gather_bytes = 0;         // ZeRO-3/FSDP: one gathered unit's params + grads
   uint64_t cuda_context_bytes = 0, workspace_bytes = 0, allocator_bytes = 0;
-  uint64_t peak_reserved_bytes = 0;  // peak allocated + allocator overhead (an estimate, see docs)
+  /// The caching-allocator model's replay of the run (diag/alloc_sim.h): its own peak allocated
+  /// and reserved; allocator_bytes = their difference, what the allocator holds beyond live bytes.
+  uint64_t sim_peak_allocated_bytes = 0, sim_peak_reserved_bytes = 0;
+  uint64_t peak_reserved_bytes = 0;  // peak allocated + allocator_bytes
   uint64_t total_bytes = 0;          // peak reserved + CUDA context: what the card must hold
   // Against a GPU (set by plan_for_gpu).
   std::optional<GpuSpec> gpu;
@@ -162,6 +166,8 @@ Result<TrainPlan> plan_for_gpu(PolicyKind kind, const PolicyInputs& inputs, cons
 /// `frozen`: the block's weights need no gradient but its inputs do (a frozen module coupled into
 /// the gradient path): the tensors autograd keeps only for weight gradients (Linear inputs) go.
 uint64_t block_activation_bytes(const ActBlock& b, int element_bytes, bool frozen = false);
+/// The same, tensor by tensor (bytes per sample; sums to block_activation_bytes).
+std::vector<uint64_t> block_saved_tensors(const ActBlock& b, int element_bytes, bool frozen = false);
 /// With full recomputation: only the block input (2sbh at 16 bits).
 uint64_t block_checkpoint_bytes(const ActBlock& b, int element_bytes);
 

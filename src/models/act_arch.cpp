@@ -37,22 +37,26 @@ std::vector<ConvTensor> resnet18_trunk_tensors() {
   return t;
 }
 
-void resnet18_saved_activations(int64_t h, int64_t w, int64_t* elements, int64_t* extra_bytes) {
+void resnet18_saved_activations(int64_t h, int64_t w, int64_t* elements, int64_t* extra_bytes,
+                                std::vector<int64_t>* tensors) {
   // What autograd keeps (frozen BN is x*scale+bias with buffer scale: only the scale is saved;
   // in-place ReLU keeps its output, which is also the next conv's saved input):
   //   stem: the image (conv1 input), ReLU output at /2, max-pool output at /4 (+ int64 indices);
   //   each BasicBlock: the ReLU output after conv1 and the block's output ReLU (2 maps of its size).
   auto down = [](int64_t x, int f) { return (x + f - 1) / f; };
-  int64_t e = 3 * h * w;
-  e += 64 * down(h, 2) * down(w, 2);
+  std::vector<int64_t> t = {3 * h * w, 64 * down(h, 2) * down(w, 2)};
   const int64_t pooled = 64 * down(h, 4) * down(w, 4);
-  e += pooled;
+  t.push_back(pooled);
   *extra_bytes = pooled * 8;
   const int64_t widths[4] = {64, 128, 256, 512};
   const int strides[4] = {4, 8, 16, 32};
   for (int layer = 0; layer < 4; ++layer)
-    e += 2 /*blocks*/ * 2 /*maps*/ * widths[layer] * down(h, strides[layer]) * down(w, strides[layer]);
+    for (int k = 0; k < 2 /*blocks*/ * 2 /*maps*/; ++k)
+      t.push_back(widths[layer] * down(h, strides[layer]) * down(w, strides[layer]));
+  int64_t e = 0;
+  for (int64_t x : t) e += x;
   *elements = e;
+  if (tensors) *tensors = std::move(t);
 }
 
 Result<PolicyArch> act_policy_arch(const ActDims& d, const PolicyInputs& in) {
@@ -137,9 +141,11 @@ Result<PolicyArch> act_policy_arch(const ActDims& d, const PolicyInputs& in) {
   bb.module = 0;
   bb.transformer = false;
   int64_t el = 0, extra = 0;
-  resnet18_saved_activations(in.image_h, in.image_w, &el, &extra);
+  std::vector<int64_t> maps;
+  resnet18_saved_activations(in.image_h, in.image_w, &el, &extra, &maps);
   bb.raw_elements = in.cams * el;
   bb.raw_extra_bytes = in.cams * extra;
+  for (int64_t c = 0; c < in.cams; ++c) bb.raw_tensor_elements.insert(bb.raw_tensor_elements.end(), maps.begin(), maps.end());
   a.blocks.push_back(bb);
   ActBlock ip;
   ip.name = "input projections";

@@ -31,7 +31,8 @@ std::vector<ConvTensor> resnet18_trunk_tensors();
 
 /// Activation elements (and fixed extra bytes: int64 max-pool indices) the ResNet-18 trunk saves
 /// for backward on one image of h x w; see act_arch.cpp for what each layer keeps.
-void resnet18_saved_activations(int64_t h, int64_t w, int64_t* elements, int64_t* extra_bytes);
+void resnet18_saved_activations(int64_t h, int64_t w, int64_t* elements, int64_t* extra_bytes,
+                                std::vector<int64_t>* tensors = nullptr);  // tensors: the maps one by one
 
 /// The planner's description of ACT for `inputs` (state/action dims size the projections).
 Result<PolicyArch> act_policy_arch(const ActDims& dims, const PolicyInputs& inputs);

@@ -161,6 +161,17 @@ Result<PolicyArch> groot_policy_arch(const GrootDims& d, const PolicyInputs& in)
   v.heads = d.vision_heads;
   v.ffn_width = d.vision_mlp;
   v.flash = true;
+  // Tuned (tune_visual), per image and layer, from the census of the measured run
+  // (groot_b32_tunevl): the fp32 norm1/norm2 inputs (the residual stream is fp32 under
+  // autocast), bf16 copies for qkv, proj and fc1, the attention's six per-image bf16 tensors
+  // (q, k, v, q and k after the rotary embedding, output), the GELU input and fc2's input.
+  {
+    const int64_t t = patches, w = V, f = d.vision_mlp;
+    for (int64_t cam = 0; cam < in.cams; ++cam)
+      for (int64_t x : {4 * t * w, 2 * t * w, 2 * t * w, 2 * t * w, 2 * t * w, 2 * t * w, 2 * t * w, 2 * t * w,
+                        2 * t * w, 4 * t * w, 2 * t * w, 2 * t * f, 2 * t * f})
+        v.saved_tensor_bytes.push_back(x);
+  }
   a.blocks.push_back(v);
   ActBlock mg;
   mg.name = "patch mergers";
@@ -180,13 +191,62 @@ Result<PolicyArch> groot_policy_arch(const GrootDims& d, const PolicyInputs& in)
   l.ffn_width = d.lm_mlp;
   l.ffn_tensors = 4;
   l.flash = true;
+  // Tuned (tune_llm), per layer, from the model code (Qwen3 decoder layer, SDPA) and the census:
+  // Qwen3RMSNorm upcasts its (fp32 residual) input and keeps it with the normalised fp32 tensor,
+  // each of q/k/v_proj and gate/up_proj casts its own bf16 input, q_norm/k_norm keep the fp32
+  // upcast and the bf16 result, SDPA keeps q and k after RoPE, v and its output (= o_proj's
+  // input), the SwiGLU keeps gate's and up's outputs, act(gate) and the product (down's input).
+  {
+    const int64_t sw = prefix * L, sq = prefix * q, skv = prefix * kv, sf = prefix * d.lm_mlp;
+    l.saved_tensor_bytes = {4 * sw, 4 * sw, 2 * sw, 2 * sw, 2 * sw, 4 * sq, 2 * sq, 4 * skv, 2 * skv,
+                            2 * sq, 2 * skv, 2 * skv, 2 * sq, 4 * sw, 4 * sw, 2 * sw, 2 * sw,
+                            2 * sf, 2 * sf, 2 * sf, 2 * sf};
+  }
   a.blocks.push_back(l);
+  // The action head, tensor by tensor from the model code (lerobot 0.6.1 groot_n1_7.py,
+  // action_head/cross_attention_dit.py, diffusers Attention/FeedForward) under bf16 autocast with
+  // fp32 parameters, per sample. Checked against the saved-tensor census of the measured run
+  // (tools/measure_train_memory.py, groot_b32: 5.85 GiB saved besides the weights' bf16 casts).
+  // Autocast rules that set the dtypes: LayerNorm runs in fp32; F.linear/bmm/SDPA in bf16, each
+  // call casting its fp32 input anew (only leaf weights are cached), so every Linear saves its own
+  // bf16 copy of an fp32 input; bf16 + fp32 adds promote to fp32. The residual stream is therefore
+  // fp32 throughout: the backbone's hidden states (fp32 embedding + bf16 sublayer outputs), the
+  // per-embodiment MLPs' outputs (bf16 bmm + fp32 bias) and every block output. SDPA (no stored
+  // scores) keeps q, k, v, its output and fp32 row statistics; nn.Dropout keeps its 1-byte mask.
+  const int64_t T = sa, Dd = D, F = 4 * D, Sv = prefix, Dkv = d.backbone_embedding_dim;
   ActBlock ln;
   ln.name = "vlln";
   ln.module = 2;
   ln.transformer = false;
-  ln.raw_elements = prefix * d.backbone_embedding_dim;
+  ln.saved_tensor_bytes = {4 * Sv * Dkv};  // LayerNorm input: the backbone's fp32 hidden states
   a.blocks.push_back(ln);
+  // BasicTransformerBlock (norm_type layer_norm): norm1 input (fp32), one bf16 copy of its output
+  // per to_q/to_k/to_v, q/k/v and the SDPA output (bf16), the to_out and block-final dropout
+  // masks, norm3 input (fp32), the ff proj input copy, the GELU input and dropout mask (F-wide),
+  // the down projection's input (the dropped bf16 GELU output) and the FeedForward's final mask.
+  auto basic_block = [](int64_t t, int64_t w, int64_t f, bool ada, int64_t kv_tokens, int64_t kv_in,
+                        int64_t kv_width) {
+    std::vector<int64_t> out = {4 * t * w};     // norm1 input (fp32 residual)
+    if (ada) out.push_back(4 * t * w);          // AdaLayerNorm: norm(x) * (1 + scale) keeps norm(x)
+    out.push_back(2 * t * w);                   // to_q input (bf16 copy)
+    const bool cross = kv_tokens > 0;
+    const int64_t st = cross ? kv_tokens : t, sw = cross ? kv_in : w, kw = cross ? kv_width : w;
+    out.push_back(2 * st * sw);                 // to_k input (a bf16 copy of its own)
+    out.push_back(2 * st * sw);                 // to_v input
+    out.push_back(2 * t * w);                   // q
+    out.push_back(2 * st * kw);                 // k
+    out.push_back(2 * st * kw);                 // v
+    out.push_back(2 * t * w);                   // SDPA output = to_out input
+    out.push_back(t * w);                       // to_out dropout mask
+    out.push_back(t * w);                       // block final_dropout mask
+    out.push_back(4 * t * w);                   // norm3 input (fp32 residual)
+    out.push_back(2 * t * w);                   // ff proj input (bf16 copy)
+    out.push_back(2 * t * f);                   // GELU input
+    out.push_back(t * f);                       // dropout mask
+    out.push_back(2 * t * f);                   // down projection input
+    out.push_back(t * w);                       // FeedForward final dropout mask
+    return out;
+  };
   ActBlock vs;  // diffusers BasicTransformerBlock: SDPA, dropout 0.2, GELU FFN 4x
   vs.name = "VL self-attention block";
   vs.module = 2;
@@ -198,9 +258,11 @@ Result<PolicyArch> groot_policy_arch(const GrootDims& d, const PolicyInputs& in)
   vs.ffn_width = 4 * BE;
   vs.dropout = true;
   vs.flash = true;
+  vs.saved_tensor_bytes = basic_block(Sv, BE, 4 * BE, false, 0, 0, 0);
   a.blocks.push_back(vs);
-  // DiT: SDPA attention (no stored scores), dropout 0.2, GELU-tanh FFN 4x. AlternateVLDiT
-  // alternates image and text tokens in its cross blocks; counted here over all VL tokens.
+  // DiT: AdaLayerNorm blocks; even blocks cross-attend to the VL features (K/V projected from
+  // the fp32 2048-wide features, each of to_k and to_v casting its own bf16 copy), odd blocks
+  // self-attend (interleave_self_attention). AlternateVLDiT only masks image vs text tokens.
   ActBlock c;
   c.name = "DiT block (cross-attn to VL)";
   c.module = 3;
@@ -213,18 +275,30 @@ Result<PolicyArch> groot_policy_arch(const GrootDims& d, const PolicyInputs& in)
   c.ffn_width = 4 * D;
   c.dropout = true;
   c.flash = true;
+  c.saved_tensor_bytes = basic_block(T, Dd, F, true, Sv, Dkv, Dd);
   a.blocks.push_back(c);
   ActBlock s = c;
   s.name = "DiT block (self-attn)";
   s.count = d.dit_layers / 2;
   s.tokens_kv = sa;
   s.kv_in_width = 0;
+  s.saved_tensor_bytes = basic_block(T, Dd, F, true, 0, 0, 0);
   a.blocks.push_back(s);
+  // Per-embodiment MLPs (CategorySpecificLinear: bmm(x, W[cat_ids]) + b[cat_ids]): the gathered
+  // fp32 weight is cast to bf16 for the bmm, and that per-sample bf16 copy is what bmm keeps for
+  // x's gradient -- in every layer whose input requires grad (not state_encoder.layer1 nor
+  // action_encoder.W1, fed by the batch): 9.83M weights, 19.7 MB per sample. Plus the heads'
+  // small activations: W2/W3 inputs, the action encoder's fp32 output and swish, the DiT output
+  // norm, proj_out_2's input, the decoder's fp32 output and layer inputs, the loss terms.
+  const int64_t A = d.max_action_dim, Ch = in.chunk;
   ActBlock h;
   h.name = "state/action encoders, decoder";
   h.module = 4;
   h.transformer = false;
-  h.raw_elements = d.max_state_dim + H + in.chunk * (d.max_action_dim + 4 * I) + sa * (2 * H + D);
+  h.saved_tensor_bytes = {2 * H * I, 2 * 2 * I * I, 2 * I * I, 2 * H * H, 2 * H * A,  // bf16 weight copies
+                          2 * Ch * 2 * I, 2 * Ch * I, 2 * 4 * Ch * I,                  // W2, W3 inputs; fp32 out, swish
+                          4 * T * D, 4 * T * D, 2 * T * D,                            // DiT out, norm_out, proj_out_2 in
+                          4 * T * H, 2 * T * H, 2 * T * H, 3 * 4 * Ch * A};            // decoder, loss
   a.blocks.push_back(h);
   a.description = "GR00T N1.7: Qwen3-VL ViT " + std::to_string(V) + "x" + std::to_string(d.vision_depth) +
                   ", Qwen3 LLM " + std::to_string(L) + "x" + std::to_string(d.select_layer) + " (of " +

@@ -81,6 +81,12 @@ struct ActBlock {
   bool transformer = true;       // false: `raw_elements` per sample (convnets, linear heads)
   int64_t raw_elements = 0;      // activation elements saved per sample (non-transformer)
   int64_t raw_extra_bytes = 0;   // bytes saved per sample at fixed size (int64 max-pool indices)
+  std::vector<int64_t> raw_tensor_elements;  // optional: raw_elements tensor by tensor (sums to it)
+  /// When not empty: the tensors one layer saves for backward, bytes per sample, enumerated from
+  /// the model code (and checked against a measured saved-tensor census) instead of the
+  /// Korthikanti terms -- for blocks whose dtypes those terms cannot express (GR00T's diffusers
+  /// blocks under autocast keep an fp32 residual stream and a bf16 copy per consuming Linear).
+  std::vector<int64_t> saved_tensor_bytes;
   int64_t input_elements() const { return seqs * tokens_q * width; }  // block input, per sample
 };
 

@@ -2,6 +2,8 @@
 // unless the test says why the published setting differs.
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include <nlohmann/json.hpp>
 
 #include "diag/train_plan.h"
@@ -44,7 +46,26 @@ TEST(TrainPlan, HuggingFaceEighteenBytesPerParameter) {
   o.mixed = MixedPrecision::Bf16;
   TrainPlan p = plan_of(PolicyKind::Act, o);
   EXPECT_EQ(p.params, p.trainable_params);
-  EXPECT_EQ(model_states(p) - buffer_bytes(PolicyKind::Act), 18 * p.trainable_params);
+  // The 16-bit copy is autocast's cast cache, which holds only what autocast casts: Linear and
+  // convolution weights and biases (norm weights run in fp32, embeddings are not autocast ops),
+  // so those cost 18 bytes and the rest 16.
+  auto arch = build_policy_arch(PolicyKind::Act, PolicyInputs{}, nullptr, "");
+  auto ends = [](const std::string& a, const std::string& b) {
+    return a.size() >= b.size() && a.compare(a.size() - b.size(), b.size(), b) == 0;
+  };
+  std::set<std::string> layers;  // "<layer>.weight" / nn.MultiheadAttention's "in_proj_weight"
+  for (const auto& t : arch->params)
+    if (!t.is_buffer && t.shape.size() >= 2 && ends(t.name, "weight") && t.name.find("embed") == std::string::npos)
+      layers.insert(t.name.substr(0, t.name.size() - 6));
+  uint64_t cast = 0;
+  for (const auto& t : arch->params) {
+    if (t.is_buffer) continue;
+    if ((ends(t.name, "weight") && layers.count(t.name.substr(0, t.name.size() - 6))) ||
+        (ends(t.name, "bias") && layers.count(t.name.substr(0, t.name.size() - 4))))
+      cast += t.numel();
+  }
+  EXPECT_GT(cast, p.trainable_params * 9 / 10);
+  EXPECT_EQ(model_states(p) - buffer_bytes(PolicyKind::Act), 16 * p.trainable_params + 2 * cast);
   // Same 18 for a 16-bit-stored model under mixed precision (fp32 master instead of the copy).
   o.dtype = WeightDtype::Bf16;
   TrainPlan q = plan_of(PolicyKind::Act, o);
@@ -113,14 +134,17 @@ TEST(TrainPlan, GrootDefaultRecipeAndTuneLlm) {
   const TrainOptions def = default_train_options(PolicyKind::GrootN17);
   EXPECT_EQ(def.mixed, MixedPrecision::Bf16);
   EXPECT_EQ(def.batch, 32);
-  for (int64_t batch : {32, 64}) {  // hardware guide single-GPU default; FinetuneConfig global 64
+  // Batch 32 fits the 40 GB card; batch 64 (FinetuneConfig's global batch on one GPU) does not:
+  // measured 41.1 GiB reserved + the CUDA context, over the A100-40's 40.0 GiB.
+  for (int64_t batch : {32, 64}) {
     TrainOptions o = def;
     o.batch = batch;
     auto p = plan_for_gpu(PolicyKind::GrootN17, {}, nullptr, "", o, parse_gpu("RTX4090").value());
     ASSERT_TRUE(p.is_ok()) << p.status().message();
     EXPECT_FALSE(p->fits) << batch;
     EXPECT_GT(static_cast<double>(p->total_bytes), 35.0 * kGB) << batch;
-    EXPECT_LT(p->total_bytes, parse_gpu("A100-40")->bytes) << batch;
+    if (batch == 32) EXPECT_LT(p->total_bytes, parse_gpu("A100-40")->bytes);
+    else EXPECT_GT(p->total_bytes, parse_gpu("A100-40")->bytes);
     EXPECT_EQ(p->trainable_params, 1620515968ull);
   }
   TrainOptions o = def;
