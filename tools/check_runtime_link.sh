@@ -5,6 +5,8 @@
 set -euo pipefail
 lib="${1:-build}/src"
 rt="vlac_runtime vlac_policy vlac_pi05_spec vlac_backends vlac_backend_cpu vlac_exec vlac_ir vlac_package vlac_io vlac_mem vlac_core"
+# The CUDA backend, where it was built (its library lives in its own folder).
+[ -f "$lib/backends/cuda/libvlac_backend_cuda.a" ] && ln -sf "$(cd "$lib/backends/cuda" && pwd)/libvlac_backend_cuda.a" "$lib/libvlac_backend_cuda.a" && rt="$rt vlac_backend_cuda"
 compile_side="vlac_models vlac_partition vlac_policy_folder"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

@@ -2,6 +2,9 @@
 #include "backends/registry.h"
 
 #include "backends/cpu/backend.h"
+#if defined(VLAC_HAVE_CUDA)
+#include "backends/cuda/backend.h"
+#endif
 
 namespace vlac {
 
@@ -41,8 +44,12 @@ Result<Backend*> BackendRegistry::get(std::string_view name, const std::string& 
 BackendRegistry& backend_registry() {
   static BackendRegistry* reg = [] {
     auto* r = new BackendRegistry;  // never destroyed: backends may be used from atexit paths
-    // Built-in backends, explicitly (a CUDA build adds cuda::make_cuda_backend() here).
+    // Built-in backends, explicitly. The CUDA backend registers wherever it was built, GPU or
+    // not: without a device its calls return one error saying so.
     (void)r->add(cpu::make_cpu_backend());
+#if defined(VLAC_HAVE_CUDA)
+    (void)r->add(cuda::make_cuda_backend());
+#endif
     return r;
   }();
   return *reg;

@@ -2,6 +2,12 @@
 // weight source the compile drivers give a backend.
 #include "ir/backend.h"
 
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "core/bytes.h"
 #include "core/mapped_file.h"
 #include "ir/walk.h"
 
@@ -38,6 +44,53 @@ void FileWeightSource::release_range(const ir::WeightRef& ref, uint64_t offset, 
   if (ref.file_id >= files_.size()) return;
   const WeightFileView& f = files_[ref.file_id];
   if (f.map) f.map->drop(ref.offset + offset, bytes);
+}
+
+Status Executable::write_input(int i, const void* src, uint64_t bytes) {
+  const auto& ins = graph().inputs();
+  if (i < 0 || size_t(i) >= ins.size()) return internal_error("write_input: input index out of range");
+  if (bytes != graph().info(ins[size_t(i)]).bytes())
+    return internal_error("write_input: " + std::to_string(bytes) + " bytes for an input of " +
+                          std::to_string(graph().info(ins[size_t(i)]).bytes()));
+  bind_input(i, nullptr);
+  void* dst = input_data(i);
+  if (!dst) return internal_error("write_input: the executable has no own buffer for input " + std::to_string(i));
+  if (bytes) std::memcpy(dst, src, bytes);
+  return Status::ok();
+}
+
+namespace {
+
+class HeapBuffer final : public BackendBuffer {
+ public:
+  HeapBuffer(void* p, uint64_t bytes) : p_(p), bytes_(bytes) {}
+  ~HeapBuffer() override { std::free(p_); }
+  void* data() const override { return p_; }
+  uint64_t bytes() const override { return bytes_; }
+  MemoryKind kind() const override { return MemoryKind::Host; }
+
+ private:
+  void* p_;
+  uint64_t bytes_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<BackendBuffer>> BackendRuntime::allocate(uint64_t bytes, MemoryKind kind, const std::string& what) {
+  if (kind != MemoryKind::Host)
+    return unsupported(std::string(name()) + " backend: " + what + ": no " + memory_kind_name(kind) + " memory");
+  const uint64_t rounded = (std::max<uint64_t>(bytes, 1) + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, rounded);
+  if (!p)
+    return Status(StatusCode::ResourceExhausted, std::string(name()) + " backend: " + what + ": out of memory allocating " +
+                                                     format_bytes(bytes) + " (" + std::to_string(bytes) + " bytes)");
+  std::memset(p, 0, rounded);
+  return std::unique_ptr<BackendBuffer>(std::make_unique<HeapBuffer>(p, bytes));
+}
+
+Status BackendRuntime::copy(void* dst, const void* src, uint64_t bytes) {
+  if (bytes) std::memmove(dst, src, bytes);
+  return Status::ok();
 }
 
 }  // namespace vlac

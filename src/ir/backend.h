@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -188,6 +189,9 @@ struct ExecOptions {
   /// Attention with one KV head shared by several query heads runs its matmuls in bf16
   /// (lerobot's bf16 mode computes Gemma's and the expert's attention so).
   bool bf16_mqa_attention = false;
+  /// Names the executable in messages (an engine name, "prefix"); backends prefix their errors
+  /// with it (a CUDA error or an out-of-memory names the engine, the node and the bytes).
+  std::string label;
   /// Inputs taking few distinct values over the executable's life (pi0.5's denoise time): the
   /// nodes computed from them alone run once per value and are reused (exec/memo_plan).
   std::vector<std::string> memo_inputs;
@@ -227,6 +231,41 @@ class Executable {
   /// Runs whose memo inputs repeated a value seen before (ExecOptions::memo_inputs).
   virtual uint64_t memo_hits() const = 0;
   virtual size_t memo_nodes() const = 0;
+  /// Where input_data(), data() and what bind_input() takes live (MemoryPlan::kind).
+  virtual MemoryKind memory_kind() const { return memory().kind; }
+  /// Copies `bytes` (= the input's size) from host memory `src` into input i's own buffer, ordered
+  /// before the next run(); the input reads its own buffer again (as bind_input(i, nullptr)). On a
+  /// GPU an own buffer may be allocated here on first use (never in run()), and `src` must stay
+  /// valid until the next synchronize() of the runtime (a backend Host buffer inside a recorded
+  /// sequence: RunSequence). Host backends: memcpy.
+  virtual Status write_input(int i, const void* src, uint64_t bytes);
+};
+
+/// Memory a backend allocates for its callers: arenas shared by engines, values crossing engines,
+/// and Host staging buffers (page-locked on a GPU, so copies from them are asynchronous and can be
+/// recorded in a RunSequence). 64-byte aligned; freed with the object.
+class BackendBuffer {
+ public:
+  virtual ~BackendBuffer() = default;
+  virtual void* data() const = 0;
+  virtual uint64_t bytes() const = 0;
+  virtual MemoryKind kind() const = 0;
+};
+
+/// Runs recorded once and replayed: a GPU backend captures the runs and copies `body` enqueues
+/// (CUDA graphs) and replays them; the default just calls `body` each time (the CPU). Per key
+/// (e.g. a prefix shape): the first call runs `body` directly (it plans kernels, fills memos),
+/// the second records it, later calls replay the recording. So `body` must do the same work on
+/// every call, read host memory only from this backend's Host buffers (whose contents at replay
+/// are what counts) and never synchronize; host-side decisions in it (memo hits) are frozen at
+/// recording. Replanning an executable the body uses needs clear().
+class RunSequence {
+ public:
+  virtual ~RunSequence() = default;
+  virtual Status run(uint64_t /*key*/, const std::function<Status()>& body) { return body(); }
+  virtual void clear() {}
+  /// Calls that replayed a recording.
+  virtual uint64_t replays() const { return 0; }
 };
 
 class BackendRuntime {
@@ -240,6 +279,19 @@ class BackendRuntime {
   /// absent from `weights` or of another shape.
   virtual Result<std::unique_ptr<Executable>> plan(ir::Graph program, const BoundWeights& weights,
                                                    const ExecOptions& options) = 0;
+  /// The memory kind of this backend's executables (arenas, inputs, values).
+  virtual MemoryKind memory_kind() const { return MemoryKind::Host; }
+  /// `bytes` of `kind` memory (Host: page-locked on a GPU backend); `what` names it in errors
+  /// (an out-of-memory error gives the bytes asked for). Default: Host only, from the heap.
+  virtual Result<std::unique_ptr<BackendBuffer>> allocate(uint64_t bytes, MemoryKind kind, const std::string& what);
+  /// Copies `bytes` between any memory this backend's executables or buffers use and host memory,
+  /// ordered with its runs (a GPU: asynchronous on its stream, except to or from pageable host
+  /// memory). A host destination holds the bytes after synchronize(). Default: memcpy.
+  virtual Status copy(void* dst, const void* src, uint64_t bytes);
+  /// Waits until every run and copy enqueued so far is done; reports an asynchronous failure.
+  virtual Status synchronize() { return Status::ok(); }
+  /// A recorder of run sequences on this backend (see RunSequence); default: runs directly.
+  virtual std::unique_ptr<RunSequence> make_sequence() { return std::make_unique<RunSequence>(); }
 };
 
 /// One backend: its device, and its compile and runtime halves (the compiler may be null for a

@@ -2,8 +2,10 @@
 // Euler loop over planned executors. The denoise loop allocates nothing unless recording.
 #include "policy/pi05_policy.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <map>
 
 #include "backends/registry.h"
@@ -141,7 +143,9 @@ uint64_t Pi05Policy::activation_bytes() const {
 Status Pi05Policy::plan_for(const Pi05PrefixShape& shape) {
   if (planned_ && planned_->cameras == shape.cameras && planned_->n_text == shape.n_text) return Status::ok();
   const Pi05Model& m = *model_;
+  BackendRuntime& rt = backend_->runtime();
   const bool debug = options_.record_intermediates;
+  if (seq_) seq_->clear();  // recordings name the executables planned below
   step_.reset();
   prefix_.reset();
   planned_.reset();
@@ -155,20 +159,26 @@ Status Pi05Policy::plan_for(const Pi05PrefixShape& shape) {
   eo.memo_slots = int(m.euler().steps);
   VLAC_ASSIGN_OR_RETURN(Pi05Graph pg, m.build_prefix(shape, debug));
   prefix_outputs_ = pg.outputs;
-  VLAC_ASSIGN_OR_RETURN(prefix_, backend_->runtime().plan(std::move(pg.graph), *weights_, eo));
+  eo.label = "prefix";
+  VLAC_ASSIGN_OR_RETURN(prefix_, rt.plan(std::move(pg.graph), *weights_, eo));
   const int64_t P = int64_t(shape.cameras.size()) * m.image_tokens() + shape.n_text;
   VLAC_ASSIGN_OR_RETURN(Pi05Graph sg, m.build_step(P, debug));
   step_outputs_ = sg.outputs;
   step_velocity_ = sg.output("velocity");
   step_x_next_ = sg.output("x_next");
-  VLAC_ASSIGN_OR_RETURN(step_, backend_->runtime().plan(std::move(sg.graph), *weights_, eo));
+  eo.label = "step";
+  VLAC_ASSIGN_OR_RETURN(step_, rt.plan(std::move(sg.graph), *weights_, eo));
   step_x_ = step_->input_index(kPi05InX);
   step_t_ = step_->input_index(kPi05InTime);
   // Positions: prefix 0..P-1, suffix P..P+H-1 (compact prefix: every token valid).
-  int64_t* pp = static_cast<int64_t*>(prefix_->input_data(prefix_->input_index(kPi05InPrefixPos)));
-  for (int64_t i = 0; i < P; ++i) pp[i] = i;
-  int64_t* sp = static_cast<int64_t*>(step_->input_data(step_->input_index(kPi05InSuffixPos)));
-  for (int64_t i = 0; i < m.config().chunk_size; ++i) sp[i] = P + i;
+  {
+    std::vector<int64_t> pp(static_cast<size_t>(P)), sp(static_cast<size_t>(m.config().chunk_size));
+    for (int64_t i = 0; i < P; ++i) pp[size_t(i)] = i;
+    for (int64_t i = 0; i < m.config().chunk_size; ++i) sp[size_t(i)] = P + i;
+    VLAC_RETURN_IF_ERROR(prefix_->write_input(prefix_->input_index(kPi05InPrefixPos), pp.data(), pp.size() * 8));
+    VLAC_RETURN_IF_ERROR(step_->write_input(step_->input_index(kPi05InSuffixPos), sp.data(), sp.size() * 8));
+    VLAC_RETURN_IF_ERROR(rt.synchronize());  // pp and sp leave scope
+  }
   // The step reads the prefix K/V where the prefix executor left them (graph outputs).
   step_prefix_inputs_.clear();
   for (int64_t l = 0; l < m.dims().lm_depth; ++l)
@@ -181,27 +191,100 @@ Status Pi05Policy::plan_for(const Pi05PrefixShape& shape) {
       if (in < 0 || out == ir::kNone) return internal_error("pi0.5: graphs disagree on '" + name + "'");
       step_->bind_input(in, prefix_->data(out));
     }
+  // Host staging for the inputs written per observation / per step.
+  image_stage_.clear();
+  image_inputs_.clear();
+  const uint64_t image_bytes = uint64_t(m.dims().channels * m.dims().image_size * m.dims().image_size) * 4;
+  for (const std::string& cam : shape.cameras) {
+    image_inputs_.push_back(prefix_->input_index(pi05_image_input(cam)));
+    VLAC_ASSIGN_OR_RETURN(auto b, rt.allocate(image_bytes, MemoryKind::Host, "staging of camera " + cam));
+    image_stage_.push_back(std::move(b));
+  }
+  prefix_tokens_ = shape.n_text > 0 ? prefix_->input_index(kPi05InTokens) : -1;
+  VLAC_ASSIGN_OR_RETURN(tokens_stage_, rt.allocate(uint64_t(std::max<int64_t>(shape.n_text, 1)) * 8, MemoryKind::Host,
+                                                   "staging of the prompt tokens"));
+  const Pi05EulerSpec e = m.euler();
+  VLAC_ASSIGN_OR_RETURN(noise_stage_, rt.allocate(uint64_t(m.config().chunk_size * m.dims().max_action_dim) * 4,
+                                                  MemoryKind::Host, "staging of the noise"));
+  VLAC_ASSIGN_OR_RETURN(times_, rt.allocate(uint64_t(e.steps) * 4, MemoryKind::Host, "the Euler times"));
+  for (int64_t k = 0; k < e.steps; ++k) static_cast<float*>(times_->data())[k] = e.time(k);
   planned_ = shape;
+  return Status::ok();
+}
+
+Status Pi05Policy::stage_observation(const Pi05Observation& obs) {
+  for (size_t c = 0; c < obs.cameras.size(); ++c) {
+    float* dst = static_cast<float*>(image_stage_[c]->data());
+    const std::vector<float>& src = obs.images[c];
+    if (src.size() * 4 != image_stage_[c]->bytes()) return invalid_argument("pi0.5: image of the wrong size");
+    for (size_t i = 0; i < src.size(); ++i) dst[i] = src[i] * 2.0f - 1.0f;  // SigLIP range [-1, 1]
+  }
+  staged_tokens_ = int64_t(obs.tokens.size());
+  if (!obs.tokens.empty()) std::memcpy(tokens_stage_->data(), obs.tokens.data(), obs.tokens.size() * 8);
+  return Status::ok();
+}
+
+Status Pi05Policy::enqueue_prefix() {
+  for (size_t c = 0; c < image_inputs_.size(); ++c)
+    VLAC_RETURN_IF_ERROR(prefix_->write_input(image_inputs_[c], image_stage_[c]->data(), image_stage_[c]->bytes()));
+  if (prefix_tokens_ >= 0)
+    VLAC_RETURN_IF_ERROR(prefix_->write_input(prefix_tokens_, tokens_stage_->data(), uint64_t(staged_tokens_) * 8));
+  return prefix_->run();
+}
+
+Status Pi05Policy::download(void* dst, const void* src, uint64_t bytes) {
+  BackendRuntime& rt = backend_->runtime();
+  VLAC_RETURN_IF_ERROR(rt.copy(dst, src, bytes));
+  return rt.synchronize();
+}
+
+Status Pi05Policy::dump_value(const Executable& e, const std::string& name, std::vector<int64_t> shape, ir::ValueId v) {
+  std::vector<float> host(size_t(e.graph().info(v).numel()));
+  VLAC_RETURN_IF_ERROR(download(host.data(), e.data(v), host.size() * 4));
+  dump_.add_f32(name, std::move(shape), host.data());
   return Status::ok();
 }
 
 Status Pi05Policy::run_prefix(const Pi05Observation& obs) {
   const Pi05Model& m = *model_;
   VLAC_RETURN_IF_ERROR(plan_for(Pi05PrefixShape{obs.cameras, int64_t(obs.tokens.size())}));
-  for (size_t c = 0; c < obs.cameras.size(); ++c) {
-    float* dst = static_cast<float*>(prefix_->input_data(prefix_->input_index(pi05_image_input(obs.cameras[c]))));
-    const std::vector<float>& src = obs.images[c];
-    for (size_t i = 0; i < src.size(); ++i) dst[i] = src[i] * 2.0f - 1.0f;  // SigLIP range [-1, 1]
-  }
-  if (!obs.tokens.empty())
-    std::memcpy(prefix_->input_data(prefix_->input_index(kPi05InTokens)), obs.tokens.data(), obs.tokens.size() * 8);
-  VLAC_RETURN_IF_ERROR(prefix_->run());
+  VLAC_RETURN_IF_ERROR(stage_observation(obs));
+  VLAC_RETURN_IF_ERROR(enqueue_prefix());
   if (options_.record_intermediates) {
     const int64_t hd = m.dims().head_dim;
     for (const auto& [name, v] : prefix_outputs_) {
       std::vector<int64_t> shape = prefix_->graph().info(v).shape;
       if (name.rfind("prefix.k.", 0) == 0 || name.rfind("prefix.v.", 0) == 0) shape = {shape[0], shape[1] * hd};
-      dump_.add_f32(name, shape, static_cast<const float*>(prefix_->data(v)));
+      VLAC_RETURN_IF_ERROR(dump_value(*prefix_, name, shape, v));
+    }
+  }
+  // The stage is complete here (its latency is measured by the caller); the CPU has nothing to wait for.
+  return backend_->runtime().synchronize();
+}
+
+Status Pi05Policy::enqueue_denoise() {
+  const Pi05Model& m = *model_;
+  const Pi05EulerSpec e = m.euler();
+  const int64_t H = m.config().chunk_size, A = m.dims().max_action_dim;
+  const uint64_t bytes = uint64_t(H * A) * 4;
+  BackendRuntime& rt = backend_->runtime();
+  VLAC_RETURN_IF_ERROR(step_->write_input(step_x_, noise_stage_->data(), bytes));
+  const float* times = static_cast<const float*>(times_->data());
+  for (int64_t k = 0; k < e.steps; ++k) {
+    VLAC_RETURN_IF_ERROR(step_->write_input(step_t_, times + k, 4));
+    if (options_.record_intermediates) {
+      const std::string sk = "step." + std::to_string(k) + ".";
+      dump_.add_f32(sk + "time", {1}, times + k);
+      VLAC_RETURN_IF_ERROR(dump_value(*step_, sk + "x_in", {H, A}, step_->graph().inputs()[size_t(step_x_)]));
+    }
+    VLAC_RETURN_IF_ERROR(step_->run());
+    VLAC_RETURN_IF_ERROR(rt.copy(step_->input_data(step_x_), step_->data(step_x_next_), bytes));
+    if (options_.record_intermediates) {
+      const std::string sk = "step." + std::to_string(k) + ".";
+      for (const auto& [name, v] : step_outputs_) {
+        const std::string n = name == "x_next" ? "x" : name;
+        VLAC_RETURN_IF_ERROR(dump_value(*step_, sk + n, step_->graph().info(v).shape, v));
+      }
     }
   }
   return Status::ok();
@@ -210,32 +293,33 @@ Status Pi05Policy::run_prefix(const Pi05Observation& obs) {
 Status Pi05Policy::denoise(const float* noise, float* action_normalized) {
   if (!step_) return internal_error("pi0.5: denoise before run_prefix");
   const Pi05Model& m = *model_;
-  const Pi05EulerSpec e = m.euler();
   const int64_t H = m.config().chunk_size, A = m.dims().max_action_dim;
-  const size_t bytes = size_t(H * A) * 4;
-  float* x = static_cast<float*>(step_->input_data(step_x_));
-  float* t = static_cast<float*>(step_->input_data(step_t_));
-  std::memcpy(x, noise, bytes);
-  for (int64_t k = 0; k < e.steps; ++k) {
-    t[0] = e.time(k);
-    if (options_.record_intermediates) {
-      const std::string sk = "step." + std::to_string(k) + ".";
-      dump_.add_f32(sk + "time", {1}, t);
-      dump_.add_f32(sk + "x_in", {H, A}, x);
-    }
-    VLAC_RETURN_IF_ERROR(step_->run());
-    std::memcpy(x, step_->data(step_x_next_), bytes);
-    if (options_.record_intermediates) {
-      const std::string sk = "step." + std::to_string(k) + ".";
-      for (const auto& [name, v] : step_outputs_) {
-        const std::string n = name == "x_next" ? "x" : name;
-        dump_.add_f32(sk + n, step_->graph().info(v).shape, static_cast<const float*>(step_->data(v)));
-      }
-    }
-  }
-  std::memcpy(action_normalized, x, bytes);
-  if (options_.record_intermediates) dump_.add_f32("action_normalized", {H, A}, x);
+  const uint64_t bytes = uint64_t(H * A) * 4;
+  std::memcpy(noise_stage_->data(), noise, bytes);
+  VLAC_RETURN_IF_ERROR(enqueue_denoise());
+  VLAC_RETURN_IF_ERROR(download(action_normalized, step_->input_data(step_x_), bytes));
+  if (options_.record_intermediates) dump_.add_f32("action_normalized", {H, A}, action_normalized);
   return Status::ok();
+}
+
+Status Pi05Policy::run_chunk(const Pi05Observation& obs, const float* noise, float* action_normalized) {
+  if (options_.record_intermediates) return invalid_argument("pi0.5: run_chunk does not record intermediates");
+  const Pi05Model& m = *model_;
+  VLAC_RETURN_IF_ERROR(plan_for(Pi05PrefixShape{obs.cameras, int64_t(obs.tokens.size())}));
+  VLAC_RETURN_IF_ERROR(stage_observation(obs));
+  const int64_t H = m.config().chunk_size, A = m.dims().max_action_dim;
+  const uint64_t bytes = uint64_t(H * A) * 4;
+  std::memcpy(noise_stage_->data(), noise, bytes);
+  if (!seq_) seq_ = backend_->runtime().make_sequence();
+  // One recording per prefix shape (plan_for clears them when it replans).
+  uint64_t key = std::hash<std::string>{}(std::to_string(obs.tokens.size()));
+  for (const std::string& c : obs.cameras) key = key * 1000003u ^ std::hash<std::string>{}(c);
+  const Status st = seq_->run(key, [this]() -> Status {
+    VLAC_RETURN_IF_ERROR(enqueue_prefix());
+    return enqueue_denoise();
+  });
+  VLAC_RETURN_IF_ERROR(st);
+  return download(action_normalized, step_->input_data(step_x_), bytes);
 }
 
 }  // namespace vlac

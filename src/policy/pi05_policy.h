@@ -77,6 +77,12 @@ class Pi05Policy {
   /// The flow-matching loop from `noise` [H·A] to `action_normalized` [H·A] over the cached
   /// prefix. No heap allocation (unless recording intermediates).
   Status denoise(const float* noise, float* action_normalized);
+  /// run_prefix + denoise as one chunk recorded once per prefix shape and replayed after that
+  /// (RunSequence: CUDA graphs on a GPU; the CPU runs it directly, with the same results). The
+  /// only host synchronization is the download of the actions. Not with record_intermediates.
+  Status run_chunk(const Pi05Observation& obs, const float* noise, float* action_normalized);
+  /// Chunks replayed from a recording (run_chunk).
+  uint64_t chunk_replays() const { return seq_ ? seq_->replays() : 0; }
 
   /// Bytes of activation arenas + input buffers of the current executors.
   uint64_t activation_bytes() const;
@@ -85,6 +91,13 @@ class Pi05Policy {
  private:
   Pi05Policy() = default;
   Status plan_for(const Pi05PrefixShape& shape);
+  // Host-side staging of an observation (images in SigLIP's range, tokens) into Host buffers.
+  Status stage_observation(const Pi05Observation& obs);
+  // The device work of a prefix / of the Euler loop from the staged noise (no host sync).
+  Status enqueue_prefix();
+  Status enqueue_denoise();
+  Status download(void* dst, const void* src, uint64_t bytes);
+  Status dump_value(const Executable& e, const std::string& name, std::vector<int64_t> shape, ir::ValueId v);
 
   Pi05PolicyOptions options_;
   bool bf16_ = false;
@@ -99,6 +112,14 @@ class Pi05Policy {
   std::vector<int> step_prefix_inputs_;  // step input index of prefix.k.0, prefix.v.0, k.1, ...
   int step_x_ = -1, step_t_ = -1;
   ir::ValueId step_x_next_ = ir::kNone, step_velocity_ = ir::kNone;
+  // Host staging buffers of this backend (page-locked on a GPU): per present camera, tokens,
+  // noise, and the Euler times (one float per step, written once per plan).
+  std::vector<std::unique_ptr<BackendBuffer>> image_stage_;
+  std::unique_ptr<BackendBuffer> tokens_stage_, noise_stage_, times_;
+  std::vector<int> image_inputs_;
+  int prefix_tokens_ = -1;
+  int64_t staged_tokens_ = 0;
+  std::unique_ptr<RunSequence> seq_;
   Pi05Intermediates dump_;
 };
 

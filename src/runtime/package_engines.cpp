@@ -19,6 +19,7 @@ struct PackageEngines::Engine {
   std::vector<std::string> output_names;   // manifest names of program outputs, in order
   std::vector<ir::WeightRef> refs;         // file_id = index into `segments`, offset within it
   std::vector<DType> run;                  // = stored dtype
+  std::vector<bool> gather_only;           // by ref: only gathered from (an embedding table)
   std::vector<const PackageSegment*> segments;
   uint64_t budget_bytes = 0;               // weight bytes a run touches (gathered tables: 0)
   bool resident = false;
@@ -48,7 +49,7 @@ Result<PackageEngines> PackageEngines::open(const Package& pkg, PackageRunOption
     auto e = std::make_unique<Engine>();
     e->name = pe.name;
     const std::string ew = where + ": engine '" + pe.name + "'";
-    VLAC_ASSIGN_OR_RETURN(e->backend, reg.get(pe.backend, ew));
+    VLAC_ASSIGN_OR_RETURN(e->backend, reg.get(pe_out.options_.backend.empty() ? pe.backend : pe_out.options_.backend, ew));
     const json& x = pe.extra;
     if (!x.contains("stage") || !x["stage"].is_string() || !x.contains("program") || !x.contains("weights") ||
         !x["weights"].is_array())
@@ -94,6 +95,7 @@ Result<PackageEngines> PackageEngines::open(const Package& pkg, PackageRunOption
     const ir::Graph& g = e->program;
     const ir::UseLists uses = ir::build_use_lists(g);
     std::map<std::string, uint64_t> stored_bytes;
+    std::map<std::string, bool> gathered;
     for (const auto& r : e->refs) stored_bytes[r.name] = r.bytes;
     for (const ir::Node& n : g.nodes()) {
       if (n.op != ir::OpKind::Weight) continue;
@@ -101,15 +103,32 @@ Result<PackageEngines> PackageEngines::open(const Package& pkg, PackageRunOption
       bool gather_only = true;
       for (int64_t u = uses.offsets[size_t(v)]; u < uses.offsets[size_t(v) + 1]; ++u)
         if (g.node(uses.node_ids[size_t(u)]).op != ir::OpKind::Embedding) gather_only = false;
-      auto it = stored_bytes.find(g.weights()[size_t(n.weight)].name);
+      const std::string& wname = g.weights()[size_t(n.weight)].name;
+      auto it = stored_bytes.find(wname);
       if (!gather_only && it != stored_bytes.end()) e->budget_bytes += it->second;
+      auto [gi, fresh] = gathered.emplace(wname, gather_only);
+      if (!fresh) gi->second = gi->second && gather_only;
+    }
+    for (const auto& r : e->refs) {
+      auto gi = gathered.find(r.name);
+      e->gather_only.push_back(gi != gathered.end() && gi->second);
     }
     if (!pe_out.stage_engines_.count(e->stage)) pe_out.stage_order_.push_back(e->stage);
     pe_out.stage_engines_[e->stage].push_back(pe_out.engines_.size());
     pe_out.engines_.push_back(std::move(e));
   }
+  if (pe_out.engines_.empty()) {
+    VLAC_ASSIGN_OR_RETURN(pe_out.backend0_,
+                          reg.get(pe_out.options_.backend.empty() ? std::string(kDefaultBackend) : pe_out.options_.backend,
+                                  where));
+  } else {
+    pe_out.backend0_ = pe_out.engines_.front()->backend;
+  }
+  pe_out.rt_ = &pe_out.backend0_->runtime();
   return pe_out;
 }
+
+std::string PackageEngines::device_description() const { return backend0_->device().description; }
 
 bool PackageEngines::has_stage(const std::string& stage) const {
   auto it = stage_engines_.find(stage);
@@ -153,14 +172,20 @@ Status PackageEngines::prepare(Engine& e, const std::map<std::string, PackageVal
     WeightBinding wb;
     wb.refs = e.refs;
     wb.run_dtypes = e.run;
+    wb.gather_only = e.gather_only;
     for (const PackageSegment* s : e.segments) {
       auto span = pkg_->data(*s);
       wb.files.push_back({span.data(), span.size(), pkg_->path() + ": segment '" + s->name + "'", nullptr});
     }
     VLAC_ASSIGN_OR_RETURN(e.weights, e.backend->runtime().bind_weights(wb));
+    // A backend that copied the weights into its own memory (a GPU) reads the segments no more,
+    // except gathered rows of a table it keeps mapped: the pages leave this process (memory rule 6).
+    if (e.backend->runtime().memory_kind() != MemoryKind::Host)
+      for (const PackageSegment* s : e.segments) pkg_->release(*s);
   }
   VLAC_ASSIGN_OR_RETURN(ir::Graph g, ir::respecialize(e.program, shapes));
   ExecOptions eo;
+  eo.label = e.name;
   eo.threads = options_.threads;
   eo.shared_memory = true;
   eo.pack_weights = options_.pack_weights;
@@ -169,9 +194,6 @@ Status PackageEngines::prepare(Engine& e, const std::map<std::string, PackageVal
   eo.memo_slots = options_.memo_slots;
   e.exec.reset();
   VLAC_ASSIGN_OR_RETURN(e.exec, e.backend->runtime().plan(std::move(g), *e.weights, eo));
-  if (e.exec->memory().kind == MemoryKind::Device)
-    return unsupported(pkg_->path() + ": engine '" + e.name + "' (backend '" + std::string(e.backend->name()) +
-                       "') needs device memory for its arena; this runtime provides host memory only");
   // The executable now holds packed copies of its weights: give the mapped pages back (they
   // stay in the page cache; the few in-place weights left, norms and biases, fault in again on
   // use), so packing trades the mapping for the copy instead of holding both.
@@ -191,20 +213,37 @@ Status PackageEngines::run_stage(const std::string& stage, std::map<std::string,
   for (size_t id : st->second) {
     Engine& e = *engines_[id];
     VLAC_RETURN_IF_ERROR(prepare(e, *values));
-    // One arena and scratch shared by all engines (grown only when a new plan needs more).
+    // One arena and scratch shared by all engines of a backend (grown only when a new plan needs
+    // more), in the memory kind the plan asks for.
     const MemoryPlan mp = e.exec->memory();
-    if (mp.arena_bytes > arena_.size() || mp.scratch_bytes > scratch_.size() * 4) {
-      arena_.assign(std::max<uint64_t>(mp.arena_bytes, arena_.size()) + 64, 0);
-      scratch_.assign(std::max<uint64_t>(mp.scratch_bytes / 4 + 1, scratch_.size()), 0.0f);
+    BackendRuntime& rt = e.backend->runtime();
+    Shared& sh = shared_[&rt];
+    if (!sh.arena || mp.arena_bytes > sh.arena->bytes() || mp.scratch_bytes > sh.scratch->bytes()) {
+      const uint64_t ab = std::max<uint64_t>(mp.arena_bytes, sh.arena ? sh.arena->bytes() : 0);
+      const uint64_t sb = std::max<uint64_t>(mp.scratch_bytes, sh.scratch ? sh.scratch->bytes() : 0);
+      sh.arena.reset();
+      sh.scratch.reset();
+      VLAC_ASSIGN_OR_RETURN(sh.arena, rt.allocate(ab, mp.kind, pkg_->path() + ": the activation arena (engine '" + e.name + "')"));
+      VLAC_ASSIGN_OR_RETURN(sh.scratch, rt.allocate(sb, mp.kind, pkg_->path() + ": the kernel scratch (engine '" + e.name + "')"));
     }
-    uint8_t* base = arena_.data();
-    base += (64 - reinterpret_cast<uintptr_t>(base) % 64) % 64;
-    e.exec->bind_memory(base, scratch_.data());
+    e.exec->bind_memory(sh.arena->data(), sh.scratch->data());
     const auto& ins = e.exec->graph().inputs();
-    for (size_t i = 0; i < ins.size(); ++i)
-      e.exec->bind_input(int(i), values->at(ir::input_name(e.exec->graph(), ins[i])).data);
-    uint64_t act = arena_.size() + scratch_.size() * 4;
-    for (const auto& [n, b] : store_) act += b.size();
+    const MemoryKind kind = e.exec->memory_kind();
+    for (size_t i = 0; i < ins.size(); ++i) {
+      const PackageValue& pv = values->at(ir::input_name(e.exec->graph(), ins[i]));
+      if (pv.kind == kind) {
+        e.exec->bind_input(int(i), pv.data);
+      } else if (pv.kind == MemoryKind::Host) {  // e.g. host inputs of a GPU engine: uploaded
+        VLAC_RETURN_IF_ERROR(e.exec->write_input(int(i), pv.data, pv.info.bytes()));
+      } else {
+        return unsupported(pkg_->path() + ": engine '" + e.name + "' (" + memory_kind_name(kind) + " memory) reads '" +
+                           ir::input_name(e.exec->graph(), ins[i]) + "' from " + memory_kind_name(pv.kind) +
+                           " memory: engines of one package must share a memory kind");
+      }
+    }
+    uint64_t act = 0;
+    for (const auto& [r, b] : shared_) act += b.arena->bytes() + b.scratch->bytes();
+    for (const auto& [n, b] : store_) act += b->bytes();
     for (const auto& other : engines_)
       if (other->exec) act += other->exec->memory().memo_bytes;  // e.g. pi0.5's time-only results
     stats_.activation_bytes = act;
@@ -221,10 +260,14 @@ Status PackageEngines::run_stage(const std::string& stage, std::map<std::string,
     const auto& outs = e.exec->graph().outputs();
     for (size_t i = 0; i < outs.size(); ++i) {
       const ir::ValueInfo& info = e.exec->graph().info(outs[i]);
-      std::vector<uint8_t>& buf = store_[e.stage + "/" + e.output_names[i]];
-      if (buf.size() != info.bytes()) buf.resize(info.bytes());
-      std::memcpy(buf.data(), e.exec->data(outs[i]), info.bytes());
-      (*values)[e.output_names[i]] = PackageValue{buf.data(), info};
+      std::unique_ptr<BackendBuffer>& buf = store_[e.stage + "/" + e.output_names[i]];
+      if (!buf || buf->bytes() != info.bytes() || buf->kind() != kind) {
+        buf.reset();
+        VLAC_ASSIGN_OR_RETURN(buf, rt.allocate(info.bytes(), kind, pkg_->path() + ": output '" + e.output_names[i] +
+                                                                         "' of engine '" + e.name + "'"));
+      }
+      VLAC_RETURN_IF_ERROR(rt.copy(buf->data(), e.exec->data(outs[i]), info.bytes()));
+      (*values)[e.output_names[i]] = PackageValue{buf->data(), info, kind};
     }
   }
   return Status::ok();

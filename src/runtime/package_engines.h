@@ -30,6 +30,9 @@ struct PackageRunOptions {
   bool bf16_mqa_attention = false;   // ExecOptions::bf16_mqa_attention
   std::vector<std::string> memo_inputs;  // ExecOptions::memo_inputs
   int memo_slots = 0;
+  /// Runs every engine on this registry backend instead of the one its manifest entry names
+  /// (weights are bound by name, so a CPU package's engines run on "cuda" too). Empty: the manifest's.
+  std::string backend;
 };
 
 struct PackageRunStats {
@@ -45,6 +48,7 @@ struct PackageRunStats {
 struct PackageValue {
   const void* data = nullptr;
   ir::ValueInfo info;
+  MemoryKind kind = MemoryKind::Host;  // where `data` lives (an engine's own values: its backend's kind)
 };
 
 class PackageEngines {
@@ -69,6 +73,14 @@ class PackageEngines {
   void release_stage(const std::string& stage);
   const PackageRunStats& stats() const { return stats_; }
 
+  /// The backend runtime of the engines (the first engine's; all of a pi0.5 package share one)
+  /// and the memory kind of the values they produce. Callers allocate their crossing buffers,
+  /// copy, synchronize and record chunks through it, so one code path drives CPU and GPU.
+  BackendRuntime& runtime() const { return *rt_; }
+  MemoryKind memory_kind() const { return rt_->memory_kind(); }
+  /// The backend's device line (DeviceInfo::description).
+  std::string device_description() const;
+
  private:
   struct Engine;
   PackageEngines();
@@ -83,9 +95,15 @@ class PackageEngines {
   std::vector<size_t> lru_;  // engine indices, least recently run first (resident ones)
   uint64_t resident_ = 0;
   PackageRunStats stats_;
-  std::map<std::string, std::vector<uint8_t>> store_;  // engine outputs, "<stage>/<name>"
-  std::vector<uint8_t> arena_;   // shared activation arena of all engines (host memory)
-  std::vector<float> scratch_;   // shared kernel scratch
+  BackendRuntime* rt_ = nullptr;
+  Backend* backend0_ = nullptr;
+  // Engine outputs, "<stage>/<name>", in the producing backend's memory.
+  std::map<std::string, std::unique_ptr<BackendBuffer>> store_;
+  // The activation arena and kernel scratch shared by all engines of one backend runtime.
+  struct Shared {
+    std::unique_ptr<BackendBuffer> arena, scratch;
+  };
+  std::map<BackendRuntime*, Shared> shared_;
 };
 
 }  // namespace vlac

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <functional>
 
 namespace vlac {
 
@@ -93,6 +94,7 @@ Status Pi05PackagePolicy::load_manifest() {
   // The step's time-only part (time MLP, adaRMS modulations) is computed once per value of t.
   ro.memo_inputs = {kPi05InTime, kPi05Cond};
   ro.memo_slots = int(steps_);
+  ro.backend = options_.backend;
   VLAC_ASSIGN_OR_RETURN(PackageEngines engines, PackageEngines::open(*pkg_, std::move(ro)));
   engines_ = std::make_unique<PackageEngines>(std::move(engines));
   for (const char* s : {"vision", "lm", "step"})
@@ -106,57 +108,96 @@ Status Pi05PackagePolicy::run_stage(const std::string& stage, std::map<std::stri
   return st;
 }
 
-Status Pi05PackagePolicy::run_prefix(const Pi05Observation& obs) {
+Status Pi05PackagePolicy::buffer(std::unique_ptr<BackendBuffer>* b, uint64_t bytes, MemoryKind kind, const char* what) {
+  if (*b && (*b)->bytes() == bytes && (*b)->kind() == kind) return Status::ok();
+  b->reset();
+  VLAC_ASSIGN_OR_RETURN(*b, engines_->runtime().allocate(bytes, kind, pkg_->path() + ": " + what));
+  return Status::ok();
+}
+
+double Pi05PackagePolicy::stage_done(std::chrono::steady_clock::time_point t0) {
+  // A GPU enqueues asynchronously: the stage's latency is measured once its work is done (the
+  // eager path only; a recorded chunk is timed as a whole by the caller).
+  if (engines_->memory_kind() != MemoryKind::Host) (void)engines_->runtime().synchronize();
+  return ms_since(t0);
+}
+
+Status Pi05PackagePolicy::stage_observation(const Pi05Observation& obs) {
   if (obs.cameras.empty()) return invalid_argument("pi0.5: no camera present");
-  const int64_t nt = int64_t(obs.tokens.size());
-  const int64_t P = int64_t(obs.cameras.size()) * n_img_ + nt;
-  embeddings_.assign(size_t(P * W_), 0.0f);
-  stats_.vision_ms.clear();
-  stats_.text_ms = 0;
-  image_in_.resize(size_t(C_ * R_ * R_));
+  const uint64_t image_elems = uint64_t(C_ * R_ * R_);
+  if (image_stage_.size() < obs.cameras.size()) image_stage_.resize(obs.cameras.size());
   for (size_t c = 0; c < obs.cameras.size(); ++c) {
-    if (obs.images[c].size() != image_in_.size()) return invalid_argument("pi0.5: image of the wrong size");
-    for (size_t i = 0; i < image_in_.size(); ++i) image_in_[i] = obs.images[c][i] * 2.0f - 1.0f;  // SigLIP range
+    if (obs.images[c].size() != image_elems) return invalid_argument("pi0.5: image of the wrong size");
+    VLAC_RETURN_IF_ERROR(buffer(&image_stage_[c], image_elems * 4, MemoryKind::Host, "image staging"));
+    float* dst = static_cast<float*>(image_stage_[c]->data());
+    for (size_t i = 0; i < image_elems; ++i) dst[i] = obs.images[c][i] * 2.0f - 1.0f;  // SigLIP range
+  }
+  n_cams_ = int64_t(obs.cameras.size());
+  n_text_ = int64_t(obs.tokens.size());
+  const int64_t P = n_cams_ * n_img_ + n_text_;
+  if (n_text_ > 0) {
+    VLAC_RETURN_IF_ERROR(buffer(&tokens_, uint64_t(n_text_) * 8, MemoryKind::Host, "token staging"));
+    std::memcpy(tokens_->data(), obs.tokens.data(), size_t(n_text_) * 8);
+  }
+  VLAC_RETURN_IF_ERROR(buffer(&prefix_pos_, uint64_t(P) * 8, MemoryKind::Host, "prefix positions"));
+  for (int64_t i = 0; i < P; ++i) static_cast<int64_t*>(prefix_pos_->data())[i] = i;
+  VLAC_RETURN_IF_ERROR(buffer(&suffix_pos_, uint64_t(H_) * 8, MemoryKind::Host, "suffix positions"));
+  for (int64_t i = 0; i < H_; ++i) static_cast<int64_t*>(suffix_pos_->data())[i] = P + i;
+  VLAC_RETURN_IF_ERROR(buffer(&times_, uint64_t(steps_) * 4, MemoryKind::Host, "Euler times"));
+  Pi05EulerSpec euler;
+  euler.steps = steps_;
+  euler.dt = dt_;
+  for (int64_t k = 0; k < steps_; ++k) static_cast<float*>(times_->data())[k] = euler.time(k);
+  VLAC_RETURN_IF_ERROR(buffer(&noise_, uint64_t(H_ * A_) * 4, MemoryKind::Host, "noise staging"));
+  VLAC_RETURN_IF_ERROR(buffer(&embeddings_, uint64_t(P * W_) * 4, engines_->memory_kind(), "prefix embeddings"));
+  VLAC_RETURN_IF_ERROR(buffer(&x_, uint64_t(H_ * A_) * 4, engines_->memory_kind(), "the action state"));
+  return Status::ok();
+}
+
+Status Pi05PackagePolicy::enqueue_prefix() {
+  BackendRuntime& rt = engines_->runtime();
+  const MemoryKind kind = engines_->memory_kind();
+  const int64_t nt = n_text_;
+  const int64_t P = n_cams_ * n_img_ + nt;
+  uint8_t* emb = static_cast<uint8_t*>(embeddings_->data());
+  if (!recording_) stats_.vision_ms.clear();
+  if (!recording_) stats_.text_ms = 0;
+  for (int64_t c = 0; c < n_cams_; ++c) {
     std::map<std::string, Slot> v;
-    v[kPi05InImage] = Slot{image_in_.data(), ir::ValueInfo{DType::F32, {C_, R_, R_}}};
+    v[kPi05InImage] = Slot{image_stage_[size_t(c)]->data(), ir::ValueInfo{DType::F32, {C_, R_, R_}}, MemoryKind::Host};
     const auto tv = std::chrono::steady_clock::now();
     VLAC_RETURN_IF_ERROR(run_stage("vision", &v));
-    stats_.vision_ms.push_back(ms_since(tv));
     auto it = v.find(kPi05OutImageTokens);
     if (it == v.end() || it->second.info.shape != std::vector<int64_t>{n_img_, W_} || it->second.info.dtype != DType::F32)
       return invalid_format(pkg_->path() + ": the vision engines do not produce image_tokens F32[" + std::to_string(n_img_) +
                             ", " + std::to_string(W_) + "]");
-    const Slot& tok = it->second;
-    std::memcpy(embeddings_.data() + size_t(int64_t(c) * n_img_ * W_), tok.data, size_t(n_img_ * W_) * 4);
+    VLAC_RETURN_IF_ERROR(rt.copy(emb + uint64_t(c * n_img_ * W_) * 4, it->second.data, uint64_t(n_img_ * W_) * 4));
+    if (!recording_) stats_.vision_ms.push_back(stage_done(tv));
   }
   // The prefix stages run once per observation: their pages leave this process when done (the
   // page cache keeps them, so the next observation maps them back with minor faults only).
-  engines_->release_stage("vision");
+  if (!recording_) engines_->release_stage("vision");
   if (nt > 0) {
     if (!engines_->has_stage("text")) return invalid_format(pkg_->path() + ": no engine of stage 'text'");
-    tokens_ = obs.tokens;
     std::map<std::string, Slot> v;
-    v[kPi05InTokens] = Slot{tokens_.data(), ir::ValueInfo{DType::I64, {nt}}};
+    v[kPi05InTokens] = Slot{tokens_->data(), ir::ValueInfo{DType::I64, {nt}}, MemoryKind::Host};
     const auto tt = std::chrono::steady_clock::now();
     VLAC_RETURN_IF_ERROR(run_stage("text", &v));
-    stats_.text_ms = ms_since(tt);
     auto it = v.find(kPi05OutTextEmbeddings);
     if (it == v.end() || it->second.info.shape != std::vector<int64_t>{nt, W_} || it->second.info.dtype != DType::F32)
       return invalid_format(pkg_->path() + ": the text engines do not produce text_embeddings F32[" + std::to_string(nt) +
                             ", " + std::to_string(W_) + "]");
-    const Slot& te = it->second;
-    std::memcpy(embeddings_.data() + size_t(int64_t(obs.cameras.size()) * n_img_ * W_), te.data, size_t(nt * W_) * 4);
-    engines_->release_stage("text");
+    VLAC_RETURN_IF_ERROR(rt.copy(emb + uint64_t(n_cams_ * n_img_ * W_) * 4, it->second.data, uint64_t(nt * W_) * 4));
+    if (!recording_) stats_.text_ms = stage_done(tt);
+    if (!recording_) engines_->release_stage("text");
   }
-  prefix_pos_.resize(size_t(P));
-  for (int64_t i = 0; i < P; ++i) prefix_pos_[size_t(i)] = i;
   std::map<std::string, Slot> v;
-  v[kPi05InPrefixEmbeddings] = Slot{embeddings_.data(), ir::ValueInfo{DType::F32, {P, W_}}};
-  v[kPi05InPrefixPos] = Slot{prefix_pos_.data(), ir::ValueInfo{DType::I64, {P}}};
+  v[kPi05InPrefixEmbeddings] = Slot{embeddings_->data(), ir::ValueInfo{DType::F32, {P, W_}}, kind};
+  v[kPi05InPrefixPos] = Slot{prefix_pos_->data(), ir::ValueInfo{DType::I64, {P}}, MemoryKind::Host};
   const auto tl = std::chrono::steady_clock::now();
   VLAC_RETURN_IF_ERROR(run_stage("lm", &v));
-  stats_.lm_ms = ms_since(tl);
-  engines_->release_stage("lm");
+  if (!recording_) stats_.lm_ms = stage_done(tl);
+  if (!recording_) engines_->release_stage("lm");
   prefix_kv_.clear();
   for (int64_t l = 0; l < depth_; ++l)
     for (const char* kv : {"prefix.k.", "prefix.v."}) {
@@ -170,33 +211,70 @@ Status Pi05PackagePolicy::run_prefix(const Pi05Observation& obs) {
   return Status::ok();
 }
 
-Status Pi05PackagePolicy::denoise(const float* noise, float* action_normalized) {
+Status Pi05PackagePolicy::run_prefix(const Pi05Observation& obs) {
+  VLAC_RETURN_IF_ERROR(stage_observation(obs));
+  return enqueue_prefix();
+}
+
+Status Pi05PackagePolicy::enqueue_denoise() {
   if (prefix_len_ == 0) return internal_error("pi0.5: denoise before run_prefix");
-  x_.assign(noise, noise + H_ * A_);
-  t_.assign(1, 0.0f);
-  suffix_pos_.resize(size_t(H_));
-  for (int64_t i = 0; i < H_; ++i) suffix_pos_[size_t(i)] = prefix_len_ + i;
+  BackendRuntime& rt = engines_->runtime();
+  const uint64_t bytes = uint64_t(H_ * A_) * 4;
+  VLAC_RETURN_IF_ERROR(rt.copy(x_->data(), noise_->data(), bytes));
   std::map<std::string, Slot> v = prefix_kv_;
-  v[kPi05InX] = Slot{x_.data(), ir::ValueInfo{DType::F32, {H_, A_}}};
-  v[kPi05InTime] = Slot{t_.data(), ir::ValueInfo{DType::F32, {1}}};
-  v[kPi05InSuffixPos] = Slot{suffix_pos_.data(), ir::ValueInfo{DType::I64, {H_}}};
-  Pi05EulerSpec euler;
-  euler.steps = steps_;
-  euler.dt = dt_;
-  stats_.step_ms.assign(size_t(steps_), 0.0);
+  v[kPi05InX] = Slot{x_->data(), ir::ValueInfo{DType::F32, {H_, A_}}, engines_->memory_kind()};
+  v[kPi05InSuffixPos] = Slot{suffix_pos_->data(), ir::ValueInfo{DType::I64, {H_}}, MemoryKind::Host};
+  if (!recording_) stats_.step_ms.assign(size_t(steps_), 0.0);
+  const float* times = static_cast<const float*>(times_->data());
   for (int64_t k = 0; k < steps_; ++k) {
-    t_[0] = euler.time(k);  // x_ and t_ are bound in place; outputs are overwritten each step
+    // x_ is bound in place; t is read from the step's entry of the Euler times; outputs are
+    // overwritten each step.
+    v[kPi05InTime] = Slot{times + k, ir::ValueInfo{DType::F32, {1}}, MemoryKind::Host};
     const auto ts = std::chrono::steady_clock::now();
     VLAC_RETURN_IF_ERROR(run_stage("step", &v));
-    stats_.step_ms[size_t(k)] = ms_since(ts);
     auto it = v.find("x_next");
-    if (it == v.end() || it->second.info.bytes() != x_.size() * 4 || it->second.info.dtype != DType::F32)
+    if (it == v.end() || it->second.info.bytes() != bytes || it->second.info.dtype != DType::F32)
       return invalid_format(pkg_->path() + ": the step engines do not produce 'x_next' F32[" + std::to_string(H_) + ", " +
                             std::to_string(A_) + "]");
-    std::memcpy(x_.data(), it->second.data, x_.size() * 4);
+    VLAC_RETURN_IF_ERROR(rt.copy(x_->data(), it->second.data, bytes));
+    if (!recording_) stats_.step_ms[size_t(k)] = stage_done(ts);
   }
-  std::memcpy(action_normalized, x_.data(), x_.size() * 4);
   return Status::ok();
+}
+
+Status Pi05PackagePolicy::denoise(const float* noise, float* action_normalized) {
+  if (prefix_len_ == 0) return internal_error("pi0.5: denoise before run_prefix");
+  std::memcpy(noise_->data(), noise, size_t(H_ * A_) * 4);
+  VLAC_RETURN_IF_ERROR(enqueue_denoise());
+  BackendRuntime& rt = engines_->runtime();
+  VLAC_RETURN_IF_ERROR(rt.copy(action_normalized, x_->data(), uint64_t(H_ * A_) * 4));
+  return rt.synchronize();
+}
+
+Status Pi05PackagePolicy::run_chunk(const Pi05Observation& obs, const float* noise, float* action_normalized) {
+  // Buffers (re)allocated by staging change what a recording points at: a new shape, new recordings.
+  const void* before[3] = {embeddings_ ? embeddings_->data() : nullptr, x_ ? x_->data() : nullptr,
+                           tokens_ ? tokens_->data() : nullptr};
+  VLAC_RETURN_IF_ERROR(stage_observation(obs));
+  std::memcpy(noise_->data(), noise, size_t(H_ * A_) * 4);
+  uint64_t key = std::hash<std::string>{}(std::to_string(obs.tokens.size()));
+  for (const std::string& c : obs.cameras) key = key * 1000003u ^ std::hash<std::string>{}(c);
+  if (!seq_) seq_ = engines_->runtime().make_sequence();
+  if (before[0] != embeddings_->data() || before[1] != x_->data() || before[2] != (tokens_ ? tokens_->data() : nullptr) ||
+      key != seq_key_)
+    seq_->clear();
+  seq_key_ = key;
+  recording_ = true;
+  Status st = seq_->run(key, [this]() -> Status {
+    VLAC_RETURN_IF_ERROR(enqueue_prefix());
+    return enqueue_denoise();
+  });
+  recording_ = false;
+  static_cast<PackageRunStats&>(stats_) = engines_->stats();
+  VLAC_RETURN_IF_ERROR(st);
+  BackendRuntime& rt = engines_->runtime();
+  VLAC_RETURN_IF_ERROR(rt.copy(action_normalized, x_->data(), uint64_t(H_ * A_) * 4));
+  return rt.synchronize();
 }
 
 }  // namespace vlac

@@ -5,6 +5,7 @@
 // builder or partitioner: everything it needs is in the package.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -31,6 +32,8 @@ struct Pi05PackageOptions {
   /// a copy owned by its executable, Pi05PackageStats::packed_weight_bytes): faster matmuls,
   /// more memory. Not with mem_budget (the copies are not evictable).
   bool pack_weights = false;
+  /// Runs every engine on this registry backend ("cuda", "cpu") instead of the manifest's.
+  std::string backend;
 };
 
 /// What the runtime did, for the report.
@@ -68,6 +71,14 @@ class Pi05PackagePolicy {
   Status run_prefix(const Pi05Observation& obs);
   /// The Euler loop from `noise` [H·A] to `action_normalized` [H·A].
   Status denoise(const float* noise, float* action_normalized);
+  /// run_prefix + denoise as one chunk, recorded once per prefix shape and replayed after that
+  /// (RunSequence: CUDA graphs on a GPU, run directly on the CPU). Stage times are not measured
+  /// inside (stats keep the last eager run's); the only host synchronization is the actions' download.
+  Status run_chunk(const Pi05Observation& obs, const float* noise, float* action_normalized);
+  uint64_t chunk_replays() const { return seq_ ? seq_->replays() : 0; }
+  /// The engines' backend runtime and its device line.
+  BackendRuntime& runtime() const { return engines_->runtime(); }
+  std::string device_description() const { return engines_->device_description(); }
 
   /// True when the package file was replaced on disk since open (this object keeps the old one).
   bool replaced_on_disk() const { return pkg_->replaced_on_disk(); }
@@ -79,6 +90,11 @@ class Pi05PackagePolicy {
   Pi05PackagePolicy() = default;
   Status load_manifest();
   Status run_stage(const std::string& stage, std::map<std::string, Slot>* values);
+  Status stage_observation(const Pi05Observation& obs);  // host staging of images and tokens
+  Status enqueue_prefix();                               // vision, text, lm (timed unless recording_)
+  Status enqueue_denoise();                              // the Euler loop from the staged noise
+  Status buffer(std::unique_ptr<BackendBuffer>* b, uint64_t bytes, MemoryKind kind, const char* what);
+  double stage_done(std::chrono::steady_clock::time_point t0);  // ms, after the stage's work finished
 
   Pi05PackageOptions options_;
   std::unique_ptr<Package> pkg_;
@@ -89,12 +105,17 @@ class Pi05PackagePolicy {
   float dt_ = -0.1f;
   std::unique_ptr<PackageEngines> engines_;
   Pi05PackageStats stats_;
-  // Buffers the runtime owns between stages.
-  std::vector<float> image_in_, embeddings_, x_;
-  std::vector<int64_t> tokens_, prefix_pos_, suffix_pos_;
-  std::vector<float> t_;
+  // Buffers the runtime owns between stages, from the engines' backend: Host staging
+  // (page-locked on a GPU) for what the host writes, the engines' memory for what they exchange.
+  std::vector<std::unique_ptr<BackendBuffer>> image_stage_;  // per present camera
+  std::unique_ptr<BackendBuffer> tokens_, prefix_pos_, suffix_pos_, times_, noise_;  // Host
+  std::unique_ptr<BackendBuffer> embeddings_, x_;  // engines' memory
+  int64_t n_cams_ = 0, n_text_ = 0;
   std::map<std::string, Slot> prefix_kv_;  // prefix.k.<l>/prefix.v.<l>, in engines_' buffers
   int64_t prefix_len_ = 0;
+  bool recording_ = false;  // inside run_chunk's body: no timing, no synchronization
+  std::unique_ptr<RunSequence> seq_;
+  uint64_t seq_key_ = 0;
 };
 
 }  // namespace vlac

@@ -39,7 +39,10 @@ Status compile_policy(const CompileFlags& f, MemMeter& meter) {
     o.engine_cap = *cap;
   }
   // Any backend built into this vlac (backends/registry.h); the error lists the available ones.
-  VLAC_RETURN_IF_ERROR(backend_registry().get(f.backend, "--backend " + f.backend).status());
+  VLAC_ASSIGN_OR_RETURN(Backend * engine_backend, backend_registry().get(f.backend, "--backend " + f.backend));
+  if (!engine_backend->compiler())
+    return unsupported("--backend " + f.backend + ": this vlac runs '" + f.backend +
+                       "' engines but has no engine builder for it");
   o.backend = f.backend;
   o.engine_dir = f.engine_dir;
   o.keep_engine_files = f.keep_engines && !f.engine_dir.empty();

@@ -36,6 +36,7 @@ struct RunFlags {
   std::string mem_budget;  // --mem-budget SIZE (packages)
   int repeat = 1;          // --repeat N (packages)
   bool pack_weights = false;  // --pack-weights
+  std::string device;         // --device cpu|cuda|auto
 };
 
 Status run_policy(const RunFlags& f, MemMeter& meter) {
@@ -45,9 +46,10 @@ Status run_policy(const RunFlags& f, MemMeter& meter) {
   const bool plain_file = ::stat(f.policy.c_str(), &st) == 0 && S_ISREG(st.st_mode);
   if (plain_file || has_package_magic(f.policy))
     return run_package(PackageRunArgs{f.policy, f.obs, f.out, f.noise, f.dtype, f.dump_dir, f.task, f.tokenizer,
-                                      f.mem_budget, f.seed, f.threads, f.repeat, f.pack_weights, f.common.quiet},
+                                      f.mem_budget, f.seed, f.threads, f.repeat, f.pack_weights, f.common.quiet,
+                                      f.device},
                        meter);
-  VLAC_ASSIGN_OR_RETURN(const std::string cpu_line, cpu_path(meter));
+  VLAC_ASSIGN_OR_RETURN(const DevicePath dev, device_path(f.device, "cpu", meter));
   if (!f.mem_budget.empty()) return invalid_argument("--mem-budget applies to .vlac packages (vlac compile makes one)");
   if (f.repeat != 1) return invalid_argument("--repeat applies to .vlac packages (vlac compile makes one)");
   Pi05PolicyOptions opts;
@@ -58,6 +60,8 @@ Status run_policy(const RunFlags& f, MemMeter& meter) {
   opts.threads = f.threads;
   opts.pack_weights = f.pack_weights;
   opts.record_intermediates = !f.dump_dir.empty();
+  opts.backend = dev.backend;
+  if (dev.gpu && f.pack_weights) return invalid_argument("--pack-weights applies to the CPU (--device cpu)");
 
   using Clock = std::chrono::steady_clock;
   auto ms = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
@@ -114,10 +118,15 @@ Status run_policy(const RunFlags& f, MemMeter& meter) {
     std::printf("  action [%lld, %lld] in robot units (lerobot postprocessor%s)\n", (long long)H, (long long)D,
                 proc.absolute_enabled ? ", relative actions made absolute" : "");
   if (!obs.prompt.empty()) std::printf("  prompt: %zu tokens\n", obs.tokens.size());
-  std::printf("  weights: %s mapped in place, %s converted; activations %s\n",
-              format_bytes(policy.weights().mapped_bytes()).c_str(), format_bytes(policy.weights().owned_bytes()).c_str(),
-              format_bytes(policy.activation_bytes()).c_str());
-  std::printf("  cpu: %s\n", cpu_line.c_str());
+  if (dev.gpu)
+    std::printf("  weights: %s uploaded to the GPU, %s kept mapped (gathered rows only); activations %s on the GPU\n",
+                format_bytes(policy.weights().owned_bytes()).c_str(), format_bytes(policy.weights().mapped_bytes()).c_str(),
+                format_bytes(policy.activation_bytes()).c_str());
+  else
+    std::printf("  weights: %s mapped in place, %s converted; activations %s\n",
+                format_bytes(policy.weights().mapped_bytes()).c_str(), format_bytes(policy.weights().owned_bytes()).c_str(),
+                format_bytes(policy.activation_bytes()).c_str());
+  std::printf("  %s\n", dev.line.c_str());
   std::printf("  latency: load %.1f ms, prefix %.1f ms, denoise %.1f ms (%lld steps, %.1f ms each)\n", ms(t0, t1),
               ms(t1, t2), ms(t2, t3), (long long)model.euler().steps, ms(t2, t3) / double(model.euler().steps));
   return Status::ok();
@@ -127,7 +136,7 @@ Status run_policy(const RunFlags& f, MemMeter& meter) {
 
 void register_run(CLI::App& app) {
   auto flags = std::make_shared<RunFlags>();
-  auto* sub = app.add_subcommand("run", "run a pi0.5 policy folder on one observation (CPU) and write its action chunk");
+  auto* sub = app.add_subcommand("run", "run a pi0.5 policy folder or package on one observation and write its action chunk");
   sub->add_option("policy", flags->policy, "policy folder (config.json + model.safetensors) or a .vlac package")->required();
   sub->add_option("--obs", flags->obs, "observation safetensors (lerobot keys)")->required();
   sub->add_option("--out", flags->out,
@@ -140,6 +149,9 @@ void register_run(CLI::App& app) {
   sub->add_option("--dump-intermediates", flags->dump_dir,
                   "write DIR/intermediates.safetensors (names as lerobot's fixtures)");
   sub->add_option("--threads", flags->threads, "CPU threads for matmuls and kernels (default 2)");
+  sub->add_option("--device", flags->device,
+                  "cpu (default for folders), cuda (the GPU), or auto (cuda when a GPU is present); for a package "
+                  "it overrides the backend its engines name (a CPU package's engines run on cuda too)");
   sub->add_flag("--pack-weights", flags->pack_weights,
                 "reorder Linear weights once into oneDNN's blocked layout: faster matmuls (mostly the "
                 "denoising steps), but a packed copy of the weights in memory instead of using them in place");

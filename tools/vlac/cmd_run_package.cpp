@@ -17,7 +17,7 @@ namespace vlac::cli {
 
 
 Status run_package(const PackageRunArgs& f, MemMeter& meter) {
-  VLAC_ASSIGN_OR_RETURN(const std::string cpu_line, cpu_path(meter));
+  VLAC_ASSIGN_OR_RETURN(DevicePath dev, device_path(f.device, "", meter));
   if (!f.dtype.empty() && f.dtype != "fp32" && f.dtype != "bf16")
     return invalid_argument("--dtype must be fp32 or bf16, got '" + f.dtype + "'");
   if (!f.dump_dir.empty()) return unsupported("--dump-intermediates works on policy folders only (a package keeps engine boundaries only)");
@@ -26,6 +26,8 @@ Status run_package(const PackageRunArgs& f, MemMeter& meter) {
   Pi05PackageOptions opts;
   opts.threads = f.threads;
   opts.pack_weights = f.pack_weights;
+  opts.backend = dev.backend;
+  if (dev.gpu && f.pack_weights) return invalid_argument("--pack-weights applies to the CPU (--device cpu)");
   if (!f.mem_budget.empty()) {
     VLAC_ASSIGN_OR_RETURN(opts.mem_budget, parse_size(f.mem_budget));
     if (opts.mem_budget == 0) return invalid_argument("--mem-budget must be positive");
@@ -35,6 +37,10 @@ Status run_package(const PackageRunArgs& f, MemMeter& meter) {
   const Clock::time_point t0 = Clock::now();
   meter.begin_phase("load");
   VLAC_ASSIGN_OR_RETURN(Pi05PackagePolicy policy, Pi05PackagePolicy::open(f.package, opts));
+  if (f.device.empty() && policy.runtime().memory_kind() != MemoryKind::Host) {
+    // The manifest names a GPU backend: report that device (and meter it) instead of the CPU.
+    VLAC_ASSIGN_OR_RETURN(dev, device_path("cuda", "", meter));
+  }
   if (!f.dtype.empty() && (f.dtype == "bf16") != policy.bf16())
     return invalid_argument(f.package + ": the package was compiled for " + std::string(policy.bf16() ? "bf16" : "fp32") +
                             "; --dtype " + f.dtype + " needs a package compiled with that dtype");
@@ -67,6 +73,14 @@ Status run_package(const PackageRunArgs& f, MemMeter& meter) {
       if (!f.quiet) std::fprintf(stderr, "vlac run: %s was replaced on disk: reopened it\n", f.package.c_str());
     }
     t1 = Clock::now();
+    if (it > 0 && dev.gpu) {
+      // On the GPU the repeats run whole chunks: recorded once (CUDA graphs), replayed after.
+      meter.begin_phase("chunk.repeat");
+      VLAC_RETURN_IF_ERROR(policy.run_chunk(obs, noise.data(), action.data()));
+      t2 = t3 = Clock::now();
+      repeats += std::string(repeats.empty() ? "" : ", ") + "{\"chunk\": " + std::to_string(ms(t1, t3)) + "}";
+      continue;
+    }
     meter.begin_phase(it == 0 ? "prefix" : "prefix.repeat");
     VLAC_RETURN_IF_ERROR(policy.run_prefix(obs));
     t2 = Clock::now();
@@ -123,10 +137,18 @@ Status run_package(const PackageRunArgs& f, MemMeter& meter) {
     std::printf("  budget %s: %llu evictions, %s re-read from the package (the cost of streaming)\n",
                 format_bytes(opts.mem_budget).c_str(), (unsigned long long)st.evictions,
                 format_bytes(st.evicted_bytes).c_str());
-  std::printf("  cpu: %s\n", cpu_line.c_str());
-  std::printf("  latency%s: load %.1f ms, prefix %.1f ms, denoise %.1f ms (%lld steps, %.1f ms each)\n",
-              f.repeat > 1 ? " (last of the repeats)" : "", load_ms, ms(t1, t2), ms(t2, t3),
-              (long long)policy.steps(), ms(t2, t3) / double(policy.steps()));
+  std::printf("  %s\n", dev.line.c_str());
+  if (dev.gpu && f.repeat > 1)
+    std::printf("  chunks: %d repeats as whole chunks, %llu replayed from a CUDA graph\n", f.repeat - 1,
+                (unsigned long long)policy.chunk_replays());
+  if (dev.gpu && f.repeat > 1)
+    std::printf("  latency (last of the repeats): load %.1f ms, chunk %.2f ms (prefix + %lld steps + the actions' "
+                "download)\n",
+                load_ms, ms(t1, t3), (long long)policy.steps());
+  else
+    std::printf("  latency%s: load %.1f ms, prefix %.1f ms, denoise %.1f ms (%lld steps, %.1f ms each)\n",
+                f.repeat > 1 ? " (last of the repeats)" : "", load_ms, ms(t1, t2), ms(t2, t3),
+                (long long)policy.steps(), ms(t2, t3) / double(policy.steps()));
   return Status::ok();
 }
 

@@ -30,6 +30,17 @@ void run_command(const std::string& name, const CommonOptions& opts,
 /// its one-line description (cpu_path.cpp).
 Result<std::string> cpu_path(MemMeter& meter);
 
+/// `vlac run --device` resolved: the registry backend that runs ("" for a package: the ones its
+/// manifest names), the summary line ("cpu: ..." or "device: cuda ..."), whether it is a GPU.
+/// Records the device in the report and, for a GPU, installs the meter's GPU probe.
+struct DevicePath {
+  std::string backend;
+  std::string line;
+  bool gpu = false;
+};
+/// `device`: cpu, cuda, auto (cuda when a GPU is present) or "" (then `fallback`).
+Result<DevicePath> device_path(const std::string& device, const std::string& fallback, MemMeter& meter);
+
 /// The exit code main() returns (set by run_command).
 int& exit_code();
 
@@ -52,6 +63,7 @@ struct PackageRunArgs {
   int repeat = 1;      // run the observation this many times (reopening a replaced package between)
   bool pack_weights = false;
   bool quiet = false;
+  std::string device;  // --device: cpu, cuda, auto; "" = the manifest's backends
 };
 Status run_package(const PackageRunArgs& args, MemMeter& meter);
 

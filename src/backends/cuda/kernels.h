@@ -46,6 +46,20 @@ Status geglu(cudaStream_t stream, const void* gate, const void* up, DType it, in
 /// x[N] += dt · v[N] (Euler step, fp32).
 Status euler_step(cudaStream_t stream, float* x, const float* v, float dt, int64_t n);
 
+enum class BinaryKind { Add, Sub, Mul };
+/// y[N] = a ∘ b with a [na], b [nb] repeated over y (the CPU's binary_op: each operand is the whole
+/// tensor or a block it repeats, e.g. a bias or gate row; fp32, one rounding per element).
+Status binary_op(cudaStream_t stream, BinaryKind op, const float* a, int64_t na, const float* b, int64_t nb, float* y,
+                 int64_t n);
+/// y = x · s (fp32).
+Status scale(cudaStream_t stream, const float* x, float s, float* y, int64_t n);
+/// y = x / (1 + exp(−x)) (fp32).
+Status silu(cudaStream_t stream, const float* x, float* y, int64_t n);
+/// out[dim] = sin | cos of t[0] (a device scalar) at periods min_period·(max/min)^(i/(dim/2−1)),
+/// in double as the CPU's time_embedding, rounded to fp32.
+Status time_embedding(cudaStream_t stream, const float* t, float* out, int64_t dim, double min_period,
+                      double max_period);
+
 // ---------------------------------------------------------------------------------------------
 // Normalization (one block per row; statistics in fp32, row = last dim)
 

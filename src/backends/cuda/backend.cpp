@@ -1,0 +1,245 @@
+// CUDA backend behind the seam (backend.h): the runtime (weights, plans, buffers, copies on one
+// stream), CUDA-graph recording of run sequences, and the device report.
+#include "backends/cuda/backend.h"
+
+#include <dlfcn.h>
+
+#include <map>
+#include <mutex>
+
+#include "backends/cuda/context.h"
+#include "backends/cuda/executor.h"
+#include "backends/cuda/kernels.h"
+#include "backends/cuda/weights.h"
+#include "core/bytes.h"
+
+namespace vlac::cuda {
+
+namespace {
+
+class CudaBuffer final : public BackendBuffer {
+ public:
+  CudaBuffer(void* p, uint64_t bytes, MemoryKind kind) : p_(p), bytes_(bytes), kind_(kind) {}
+  ~CudaBuffer() override {
+    if (kind_ == MemoryKind::Host) (void)cudaFreeHost(p_);
+    else (void)cudaFree(p_);
+  }
+  void* data() const override { return p_; }
+  uint64_t bytes() const override { return bytes_; }
+  MemoryKind kind() const override { return kind_; }
+
+ private:
+  void* p_;
+  uint64_t bytes_;
+  MemoryKind kind_;
+};
+
+// Recorded run sequences: per key, run directly once, capture the second call into a CUDA graph,
+// replay it after that.
+class CudaSequence final : public RunSequence {
+ public:
+  explicit CudaSequence(CudaContext* ctx) : ctx_(ctx) {}
+  ~CudaSequence() override { clear(); }
+  Status run(uint64_t key, const std::function<Status()>& body) override {
+    VLAC_RETURN_IF_ERROR(ctx_->ensure());
+    Entry& e = entries_[key];
+    if (e.exec) {
+      const cudaError_t ce = cudaGraphLaunch(e.exec, ctx_->stream());
+      if (ce != cudaSuccess) return cuda_error("replaying a recorded chunk", ce);
+      ++replays_;
+      return Status::ok();
+    }
+    if (e.calls++ == 0) return body();  // warm-up: plans, cuBLASLt algorithms, memo slots
+    cudaError_t ce = cudaStreamBeginCapture(ctx_->stream(), cudaStreamCaptureModeThreadLocal);
+    if (ce != cudaSuccess) return cuda_error("starting to record a chunk", ce);
+    Status st = body();
+    cudaGraph_t graph = nullptr;
+    ce = cudaStreamEndCapture(ctx_->stream(), &graph);
+    if (!st.is_ok()) {
+      if (graph) (void)cudaGraphDestroy(graph);
+      (void)cudaGetLastError();
+      return Status(st.code(), "while recording a chunk: " + st.message());
+    }
+    if (ce != cudaSuccess) return cuda_error("recording a chunk", ce);
+    ce = cudaGraphInstantiate(&e.exec, graph, 0);
+    (void)cudaGraphDestroy(graph);
+    if (ce != cudaSuccess) {
+      e.exec = nullptr;
+      return cuda_error("instantiating a recorded chunk", ce);
+    }
+    ce = cudaGraphLaunch(e.exec, ctx_->stream());
+    if (ce != cudaSuccess) return cuda_error("replaying a recorded chunk", ce);
+    return Status::ok();
+  }
+  void clear() override {
+    for (auto& [k, e] : entries_)
+      if (e.exec) (void)cudaGraphExecDestroy(e.exec);
+    entries_.clear();
+  }
+  uint64_t replays() const override { return replays_; }
+
+ private:
+  struct Entry {
+    int calls = 0;
+    cudaGraphExec_t exec = nullptr;
+  };
+  CudaContext* ctx_;
+  std::map<uint64_t, Entry> entries_;
+  uint64_t replays_ = 0;
+};
+
+class CudaBoundWeights final : public BoundWeights {
+ public:
+  explicit CudaBoundWeights(CudaWeights w) : w_(std::move(w)) {}
+  uint64_t owned_bytes() const override { return w_.owned_bytes(); }
+  uint64_t mapped_bytes() const override { return w_.mapped_bytes(); }
+  const CudaWeights& weights() const { return w_; }
+
+ private:
+  CudaWeights w_;
+};
+
+class CudaRuntime final : public BackendRuntime {
+ public:
+  std::string_view name() const override { return "cuda"; }
+  Result<std::unique_ptr<BoundWeights>> bind_weights(const WeightBinding& b) override {
+    VLAC_ASSIGN_OR_RETURN(CudaWeights w, CudaWeights::upload(ctx_, b));
+    return std::unique_ptr<BoundWeights>(std::make_unique<CudaBoundWeights>(std::move(w)));
+  }
+  Result<std::unique_ptr<Executable>> plan(ir::Graph program, const BoundWeights& weights,
+                                           const ExecOptions& o) override {
+    const auto* w = dynamic_cast<const CudaBoundWeights*>(&weights);
+    if (!w) return internal_error("cuda backend: weights were bound by another backend");
+    VLAC_ASSIGN_OR_RETURN(auto ex, CudaExecutable::create(ctx_, std::move(program), w->weights(), o));
+    return std::unique_ptr<Executable>(std::move(ex));
+  }
+  MemoryKind memory_kind() const override { return MemoryKind::Device; }
+  Result<std::unique_ptr<BackendBuffer>> allocate(uint64_t bytes, MemoryKind kind, const std::string& what) override {
+    VLAC_RETURN_IF_ERROR(ctx_.ensure());
+    void* p = nullptr;
+    if (kind == MemoryKind::Host) {
+      VLAC_ASSIGN_OR_RETURN(p, host_alloc(bytes, what));
+      std::memset(p, 0, bytes);
+    } else {
+      VLAC_ASSIGN_OR_RETURN(p, device_alloc(bytes, what));
+      kind = MemoryKind::Device;
+      const cudaError_t e = cudaMemsetAsync(p, 0, bytes, ctx_.stream());
+      if (e != cudaSuccess) {
+        (void)cudaFree(p);
+        return cuda_error(what, e);
+      }
+    }
+    return std::unique_ptr<BackendBuffer>(std::make_unique<CudaBuffer>(p, bytes, kind));
+  }
+  Status copy(void* dst, const void* src, uint64_t bytes) override {
+    VLAC_RETURN_IF_ERROR(ctx_.ensure());
+    if (bytes == 0 || dst == src) return Status::ok();
+    const cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, ctx_.stream());
+    if (e != cudaSuccess) return cuda_error("copying " + std::to_string(bytes) + " bytes", e);
+    return Status::ok();
+  }
+  Status synchronize() override {
+    VLAC_RETURN_IF_ERROR(ctx_.ensure());
+    const cudaError_t e = cudaStreamSynchronize(ctx_.stream());
+    if (e != cudaSuccess) return cuda_error("a kernel or copy failed", e);
+    return Status::ok();
+  }
+  std::unique_ptr<RunSequence> make_sequence() override { return std::make_unique<CudaSequence>(&ctx_); }
+
+ private:
+  CudaContext ctx_;
+};
+
+// Device-wide memory through NVML when the driver has it: it needs no CUDA context, so the
+// first reading (the meter's idle level) is taken before this process creates one and the
+// context's own memory counts as "above idle". Without NVML, cudaMemGetInfo (context first).
+struct Nvml {
+  struct Memory {
+    unsigned long long total, free, used;
+  };
+  using Init = int (*)();
+  using ByPci = int (*)(const char*, void**);
+  using MemInfo = int (*)(void*, Memory*);
+  bool ok = false;
+  void* dev = nullptr;
+  MemInfo mem = nullptr;
+  static Nvml& get() {
+    static Nvml n = [] {
+      Nvml x;
+      void* h = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+      if (!h) return x;
+      auto init = reinterpret_cast<Init>(dlsym(h, "nvmlInit_v2"));
+      auto by_pci = reinterpret_cast<ByPci>(dlsym(h, "nvmlDeviceGetHandleByPciBusId_v2"));
+      x.mem = reinterpret_cast<MemInfo>(dlsym(h, "nvmlDeviceGetMemoryInfo"));
+      char bus[64] = {};
+      if (!init || !by_pci || !x.mem || init() != 0) return x;
+      if (cudaDeviceGetPCIBusId(bus, sizeof(bus), 0) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return x;
+      }
+      x.ok = by_pci(bus, &x.dev) == 0;
+      return x;
+    }();
+    return n;
+  }
+};
+
+class CudaBackend final : public Backend {
+ public:
+  std::string_view name() const override { return "cuda"; }
+  DeviceInfo device() const override {
+    DeviceInfo d;
+    d.backend = "cuda";
+    d.memory = MemoryKind::Device;
+    const Status st = device_status();
+    if (!st.is_ok()) {
+      d.description = "cuda: " + st.message();
+      return d;
+    }
+    // The properties once (the meter's GPU probe calls device() every few milliseconds).
+    static const std::pair<bool, cudaDeviceProp> props = [] {
+      cudaDeviceProp p{};
+      const bool ok = cudaGetDeviceProperties(&p, 0) == cudaSuccess;
+      if (!ok) (void)cudaGetLastError();
+      return std::make_pair(ok, p);
+    }();
+    if (!props.first) {
+      d.description = "cuda: cannot read the device properties";
+      return d;
+    }
+    const cudaDeviceProp& prop = props.second;
+    d.compute_major = prop.major;
+    d.compute_minor = prop.minor;
+    Nvml& nv = Nvml::get();
+    Nvml::Memory m{};
+    if (nv.ok && nv.mem(nv.dev, &m) == 0) {
+      d.total_memory = m.total;
+      d.free_memory = m.free;
+    } else {
+      size_t fr = 0, tot = 0;
+      if (cudaMemGetInfo(&fr, &tot) == cudaSuccess) {
+        d.total_memory = tot;
+        d.free_memory = fr;
+      } else {
+        (void)cudaGetLastError();
+      }
+    }
+    d.description = "cuda " + std::string(prop.name) + " (sm_" + std::to_string(prop.major) +
+                    std::to_string(prop.minor) + ", " + std::to_string(prop.multiProcessorCount) + " SMs, " +
+                    format_bytes(d.total_memory) + " total, " + format_bytes(d.free_memory) + " free)";
+    return d;
+  }
+  // The compile half (vlac compile --backend cuda, engines in the kernels' layouts) is its own
+  // piece of work; this backend runs packages and policy folders.
+  BackendCompiler* compiler() override { return nullptr; }
+  BackendRuntime& runtime() override { return runtime_; }
+
+ private:
+  CudaRuntime runtime_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend() { return std::make_unique<CudaBackend>(); }
+
+}  // namespace vlac::cuda

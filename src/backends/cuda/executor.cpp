@@ -1,0 +1,689 @@
+// CUDA graph executor (executor.h): planning, the memo, and the per-op dispatch.
+#include "backends/cuda/executor.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/bytes.h"
+#include "exec/arena_plan.h"
+#include "ir/serialize.h"
+#include "ir/walk.h"
+
+namespace vlac::cuda {
+
+using ir::Node;
+using ir::NodeId;
+using ir::OpKind;
+using ir::ValueId;
+using ir::ValueInfo;
+
+namespace {
+
+constexpr uint64_t kScratchAlign = 256;
+uint64_t al(uint64_t v) { return exec::align_up(v, kScratchAlign); }
+int64_t last_dim(const ValueInfo& v) { return v.shape.empty() ? 1 : v.shape.back(); }
+
+}  // namespace
+
+// An embedding over a table kept mapped on the host: the host function gathers the looked-up
+// rows into page-locked memory (in stream order, so it also runs inside a recorded graph), a copy
+// uploads them, and the embedding kernel scales them on the device.
+struct HostGather {
+  const uint8_t* table = nullptr;
+  DType table_dtype = DType::F32;
+  bool rounds = false;     // F32 table run as BF16: rows rounded to bf16 here
+  DType rows_dtype = DType::F32;
+  int64_t vocab = 0, d = 0, t = 0;
+  const void* const* ids = nullptr;  // -> Input::host_src of the ids input
+  void* rows_host = nullptr;
+  int bad = 0;  // 1 + position of the first id outside the table (its row is zeros)
+};
+
+namespace {
+
+void CUDART_CB gather_rows(void* p) {
+  auto* g = static_cast<HostGather*>(p);
+  const auto* ids = static_cast<const int64_t*>(*g->ids);
+  const uint64_t row = uint64_t(g->d) * dtype_size(g->rows_dtype);
+  auto* out = static_cast<uint8_t*>(g->rows_host);
+  for (int64_t i = 0; i < g->t; ++i) {
+    const int64_t id = ids ? ids[i] : -1;
+    uint8_t* dst = out + uint64_t(i) * row;
+    if (id < 0 || id >= g->vocab) {
+      std::memset(dst, 0, row);
+      if (!g->bad) g->bad = int(i) + 1;
+      continue;
+    }
+    const uint8_t* src = g->table + uint64_t(id) * uint64_t(g->d) * dtype_size(g->table_dtype);
+    if (!g->rounds) {
+      std::memcpy(dst, src, row);
+    } else {
+      auto* d16 = reinterpret_cast<uint16_t*>(dst);
+      for (int64_t j = 0; j < g->d; ++j) {
+        float v;
+        std::memcpy(&v, src + 4 * j, 4);
+        d16[j] = f32_to_bf16(v);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+CudaExecutable::~CudaExecutable() {
+  for (void* p : {own_arena_, own_scratch_, const_storage_, iota_, memo_storage_})
+    if (p) (void)cudaFree(p);
+  for (auto& in : inputs_)
+    if (in.own) (void)cudaFree(in.own);
+  for (auto& g : gathers_)
+    if (g->rows_host) (void)cudaFreeHost(g->rows_host);
+}
+
+std::string CudaExecutable::where(const Node& n) const {
+  return "cuda: engine '" + (options_.label.empty() ? std::string("?") : options_.label) + "' node '" + n.name +
+         "' (" + ir::op_name(n.op) + ")";
+}
+
+Result<std::unique_ptr<CudaExecutable>> CudaExecutable::create(CudaContext& ctx, ir::Graph graph,
+                                                               const CudaWeights& weights, const ExecOptions& options) {
+  VLAC_RETURN_IF_ERROR(ctx.ensure());
+  std::unique_ptr<CudaExecutable> ex(new CudaExecutable());
+  ex->ctx_ = &ctx;
+  ex->graph_ = std::move(graph);
+  ex->options_ = options;
+  VLAC_RETURN_IF_ERROR(ex->plan(weights));
+  return ex;
+}
+
+Status CudaExecutable::plan(const CudaWeights& weights) {
+  const ir::Graph& g = graph_;
+  VLAC_ASSIGN_OR_RETURN(order_, ir::schedule(g));
+  const size_t nv = g.values().size();
+  root_ = exec::storage_roots(g, order_);
+  ptr_.assign(nv, nullptr);
+  weight_dtype_.assign(nv, DType::F32);
+  weight_entry_.assign(nv, nullptr);
+  plans_.assign(g.nodes().size(), NodePlan{});
+  inputs_.assign(g.inputs().size(), Input{});
+  const std::string label = options_.label.empty() ? std::string("?") : options_.label;
+
+  auto in_info = [&](const Node& n, size_t i) -> const ValueInfo& { return g.info(n.inputs[i]); };
+  auto is_weight = [&](const Node& n, size_t i) {
+    return g.node(g.value(root_[size_t(n.inputs[i])]).producer).op == OpKind::Weight;
+  };
+  auto need_f32 = [&](const Node& n, size_t i) -> Status {
+    if (in_info(n, i).dtype != DType::F32) return unsupported(where(n) + ": input " + std::to_string(i) + " must be f32");
+    if (is_weight(n, i) && weight_dtype(n.inputs[i]) != DType::F32)
+      return unsupported(where(n) + ": weight input " + std::to_string(i) + " must run in f32");
+    return Status::ok();
+  };
+  int64_t max_t = 1;
+  uint64_t scratch = 0, const_bytes = 0;
+  // Weights first (a weight's node may come after its reshape consumer's check in the schedule).
+  for (NodeId id : order_) {
+    const Node& n = g.node(id);
+    if (n.op != OpKind::Weight) continue;
+    const ir::WeightRef& r = g.weights()[size_t(n.weight)];
+    const CudaWeights::Entry* e = weights.find(r.name);
+    if (!e) return internal_error(where(n) + ": weight '" + r.name + "' was not bound");
+    if (e->shape != r.shape) return internal_error(where(n) + ": weight '" + r.name + "' bound with another shape");
+    ptr_[size_t(n.outputs[0])] = const_cast<void*>(e->data);
+    weight_dtype_[size_t(n.outputs[0])] = e->dtype;
+    weight_entry_[size_t(n.outputs[0])] = e;
+  }
+  for (NodeId id : order_) {
+    const Node& n = g.node(id);
+    NodePlan& p = plans_[size_t(id)];
+    // A host table may only be read by an Embedding.
+    if (n.op != OpKind::Embedding && n.op != OpKind::Weight && n.op != OpKind::Reshape)
+      for (size_t i = 0; i < n.inputs.size(); ++i)
+        if (is_weight(n, i) && weight_entry_[size_t(root_[size_t(n.inputs[i])])]->host_table)
+          return unsupported(where(n) + ": reads a host-mapped gather-only table");
+    switch (n.op) {
+      case OpKind::Input:
+      case OpKind::Weight:
+      case OpKind::Reshape:
+        break;
+      case OpKind::Constant:
+        if (g.info(n.outputs[0]).dtype != DType::F32) return unsupported(where(n) + ": only f32 constants");
+        const_bytes += al(g.info(n.outputs[0]).bytes());
+        break;
+      case OpKind::Linear: {
+        const ValueInfo& x = in_info(n, 0);
+        const ValueInfo& w = in_info(n, 1);
+        if (w.shape.size() != 2) return unsupported(where(n) + ": weight must be 2-D");
+        const DType wd = is_weight(n, 1) ? weight_dtype(n.inputs[1]) : w.dtype;
+        if (x.dtype != DType::F32 && x.dtype != DType::BF16) return unsupported(where(n) + ": x must be f32 or bf16");
+        if (wd != DType::F32 && wd != DType::BF16) return unsupported(where(n) + ": weight must be f32 or bf16");
+        if (x.dtype == DType::BF16 && wd == DType::F32) return unsupported(where(n) + ": bf16 x with an f32 weight");
+        const DType od = g.info(n.outputs[0]).dtype;
+        if (n.inputs.size() == 3) {
+          const DType bd = is_weight(n, 2) ? weight_dtype(n.inputs[2]) : in_info(n, 2).dtype;
+          if (bd != od) return unsupported(where(n) + ": the bias must have the output's dtype");
+        }
+        p.gemm.k = w.shape[1];
+        p.gemm.n = w.shape[0];
+        p.gemm.m = x.numel() / p.gemm.k;
+        p.gemm.in = wd;
+        p.gemm.out = od;
+        p.gemm.epilogue = n.inputs.size() == 3 ? Epilogue::Bias : Epilogue::None;
+        p.weight_dtype = wd;
+        p.bf16 = wd == DType::BF16 && x.dtype == DType::F32;  // x rounded to bf16 on the way in
+        if (p.bf16) scratch = std::max(scratch, al(uint64_t(x.numel()) * 2));
+        if (p.gemm.m > 0) {
+          Status st = ctx_->gemm().plan(p.gemm);
+          if (!st.is_ok()) return Status(st.code(), where(n) + ": " + st.message());
+        }
+        break;
+      }
+      case OpKind::PatchEmbed: {
+        const auto& img = in_info(n, 0).shape;
+        const auto& w = in_info(n, 1).shape;
+        VLAC_RETURN_IF_ERROR(need_f32(n, 0));
+        if (img.size() != 3 || w.size() != 4) return unsupported(where(n) + ": image [C,Y,X], weight [O,C,kh,kw]");
+        const DType wd = is_weight(n, 1) ? weight_dtype(n.inputs[1]) : DType::F32;
+        p.weight_dtype = wd;
+        p.gemm.m = (img[1] / w[2]) * (img[2] / w[3]);
+        p.gemm.k = w[1] * w[2] * w[3];
+        p.gemm.n = w[0];
+        p.gemm.in = wd;
+        p.gemm.out = DType::F32;
+        p.gemm.epilogue = n.inputs.size() == 3 ? Epilogue::Bias : Epilogue::None;
+        if (n.inputs.size() == 3) VLAC_RETURN_IF_ERROR(need_f32(n, 2));
+        scratch = std::max(scratch, al(uint64_t(p.gemm.m * p.gemm.k) * dtype_size(wd)));
+        Status st = ctx_->gemm().plan(p.gemm);
+        if (!st.is_ok()) return Status(st.code(), where(n) + ": " + st.message());
+        break;
+      }
+      case OpKind::Attention: {
+        const auto& q = in_info(n, 0).shape;
+        const auto& k = in_info(n, 1).shape;
+        const auto& v = in_info(n, 2).shape;
+        for (size_t i = 0; i < 3; ++i) VLAC_RETURN_IF_ERROR(need_f32(n, i));
+        if (n.inputs.size() == 4) {
+          const DType md = in_info(n, 3).dtype;
+          if (md != DType::BOOL && md != DType::U8 && md != DType::F32)
+            return unsupported(where(n) + ": mask must be bool, u8 or f32");
+        }
+        AttentionShape s;
+        s.t = q[0], s.h = q[1], s.dh = q[2], s.s = k[0], s.hk = k[1], s.dv = v[2];
+        p.att = s;
+        p.bf16 = options_.bf16_mqa_attention && s.hk == 1 && s.h > 1 && s.dh == s.dv && (s.dh == 72 || s.dh == 256);
+        const DType io = p.bf16 ? DType::BF16 : DType::F32;
+        p.splits = attention_splits(s, io, ctx_->sms());
+        uint64_t at = 0;
+        if (p.bf16) {
+          p.cast_off = 0;
+          at = al(uint64_t(s.t * s.h * s.dh) * 2);
+          p.k_off = at;
+          at += al(uint64_t(s.s * s.hk * s.dh) * 2);
+          p.v_off = at;
+          at += al(uint64_t(s.s * s.hk * s.dv) * 2);
+        }
+        p.split_off = at;
+        p.split_bytes = attention_scratch_bytes(s, io, p.splits);
+        scratch = std::max(scratch, at + al(p.split_bytes));
+        break;
+      }
+      case OpKind::Embedding: {
+        const ValueInfo& table = in_info(n, 0);
+        if (in_info(n, 1).dtype != DType::I64) return unsupported(where(n) + ": ids must be i64");
+        const DType od = g.info(n.outputs[0]).dtype;
+        if (od != DType::F32 && od != DType::BF16) return unsupported(where(n) + ": output must be f32 or bf16");
+        if (!is_weight(n, 0)) return unsupported(where(n) + ": the table must be a weight");
+        const CudaWeights::Entry* e = weight_entry_[size_t(root_[size_t(n.inputs[0])])];
+        const int64_t t = in_info(n, 1).numel();
+        max_t = std::max(max_t, t);
+        if (e->host_table) {
+          // The ids come from the host (write_input): the input keeps a host copy to check them.
+          const ValueId ids = n.inputs[1];
+          const Node& prod = g.node(g.value(root_[size_t(ids)]).producer);
+          int idx = -1;
+          for (size_t i = 0; i < g.inputs().size(); ++i)
+            if (g.inputs()[i] == prod.outputs[0]) idx = int(i);
+          if (idx < 0) return unsupported(where(n) + ": a host-mapped table needs its ids as an engine input");
+          inputs_[size_t(idx)].keep_shadow = true;
+          auto hg = std::make_unique<HostGather>();
+          hg->table = static_cast<const uint8_t*>(e->data);
+          hg->table_dtype = e->dtype;
+          hg->rounds = e->rounds_to_bf16;
+          hg->rows_dtype = e->rounds_to_bf16 ? DType::BF16 : e->dtype;
+          hg->vocab = table.shape[0];
+          hg->d = table.shape[1];
+          hg->t = t;
+          hg->ids = &inputs_[size_t(idx)].host_src;
+          const uint64_t rows = uint64_t(t) * uint64_t(hg->d) * dtype_size(hg->rows_dtype);
+          VLAC_ASSIGN_OR_RETURN(hg->rows_host, host_alloc(rows, "engine '" + label + "': embedding rows"));
+          p.cast_off = 0;
+          scratch = std::max(scratch, al(rows));
+          p.gather = hg.get();
+          gathers_.push_back(std::move(hg));
+        }
+        break;
+      }
+      case OpKind::Cast: {
+        const DType a = in_info(n, 0).dtype, o = g.info(n.outputs[0]).dtype;
+        if ((a != DType::F32 && a != DType::BF16) || (o != DType::F32 && o != DType::BF16))
+          return unsupported(where(n) + ": casts between f32 and bf16 only");
+        break;
+      }
+      case OpKind::RoPE:
+        VLAC_RETURN_IF_ERROR(need_f32(n, 0));
+        if (in_info(n, 1).dtype != DType::I64) return unsupported(where(n) + ": positions must be i64");
+        if (in_info(n, 0).shape.size() != 3) return unsupported(where(n) + ": x must be [T, H, Dh]");
+        break;
+      case OpKind::Add:
+      case OpKind::Sub:
+      case OpKind::Mul: {
+        VLAC_RETURN_IF_ERROR(need_f32(n, 0));
+        VLAC_RETURN_IF_ERROR(need_f32(n, 1));
+        const int64_t na = in_info(n, 0).numel(), nb = in_info(n, 1).numel(), no = g.info(n.outputs[0]).numel();
+        if (na <= 0 || nb <= 0 || no % na != 0 || no % nb != 0 || (na != no && nb != no))
+          return unsupported(where(n) + ": broadcast of " + ir::to_string(in_info(n, 0)) + " and " +
+                             ir::to_string(in_info(n, 1)) + " (only a repeated operand)");
+        break;
+      }
+      case OpKind::Concat:
+      case OpKind::Slice:
+        break;
+      case OpKind::Scale:
+      case OpKind::LayerNorm:
+      case OpKind::RMSNorm:
+      case OpKind::AdaRMSNorm:
+      case OpKind::GeluTanh:
+      case OpKind::GeGLU:
+      case OpKind::SiLU:
+      case OpKind::TimeEmbedding:
+      case OpKind::EulerStep:
+        for (size_t i = 0; i < n.inputs.size(); ++i) VLAC_RETURN_IF_ERROR(need_f32(n, i));
+        for (ValueId o : n.outputs)
+          if (g.info(o).dtype != DType::F32) return unsupported(where(n) + ": f32 outputs only");
+        break;
+      case OpKind::Softmax:
+      case OpKind::MatMul:
+      case OpKind::Transpose:
+        return unsupported(where(n) + ": not implemented on the CUDA backend");
+    }
+  }
+  scratch_bytes_ = scratch;
+
+  // Constants: one device block, filled now.
+  if (const_bytes > 0) {
+    VLAC_ASSIGN_OR_RETURN(const_storage_, device_alloc(const_bytes, "engine '" + label + "': constants"));
+    std::vector<float> host(const_bytes / 4, 0.0f);
+    uint64_t at = 0;
+    for (NodeId id : order_) {
+      const Node& n = g.node(id);
+      if (n.op != OpKind::Constant) continue;
+      const ValueInfo& o = g.info(n.outputs[0]);
+      std::fill_n(host.data() + at / 4, o.numel(), float(n.attrs.get_float("value")));
+      ptr_[size_t(n.outputs[0])] = static_cast<uint8_t*>(const_storage_) + at;
+      at += al(o.bytes());
+    }
+    const cudaError_t e = cudaMemcpy(const_storage_, host.data(), const_bytes, cudaMemcpyHostToDevice);
+    if (e != cudaSuccess) return cuda_error("engine '" + label + "': constants", e);
+  }
+  if (!gathers_.empty()) {
+    std::vector<int64_t> iota(static_cast<size_t>(max_t));
+    for (int64_t i = 0; i < max_t; ++i) iota[size_t(i)] = i;
+    VLAC_ASSIGN_OR_RETURN(iota_, device_alloc(uint64_t(max_t) * 8, "engine '" + label + "': embedding ids"));
+    const cudaError_t e = cudaMemcpy(iota_, iota.data(), uint64_t(max_t) * 8, cudaMemcpyHostToDevice);
+    if (e != cudaSuccess) return cuda_error("engine '" + label + "': embedding ids", e);
+  }
+
+  // Activations: one arena from liveness (exec/arena_plan), the CPU executor's plan.
+  exec::ArenaPlan arena = exec::plan_arena(g, order_, root_);
+  arena_bytes_ = arena.bytes;
+  arena_blocks_ = std::move(arena.blocks);
+  if (!options_.shared_memory) {
+    VLAC_ASSIGN_OR_RETURN(own_arena_, device_alloc(arena_bytes_, "engine '" + label + "': the activation arena"));
+    VLAC_ASSIGN_OR_RETURN(own_scratch_, device_alloc(scratch_bytes_, "engine '" + label + "': the kernel scratch"));
+    bind_memory(own_arena_, own_scratch_);
+  }
+
+  // Memo of the nodes that depend on the memo inputs alone (exec/memo_plan), slots on the device.
+  if (options_.memo_slots > 0) memo_ = exec::plan_memo(g, order_, root_, options_.memo_inputs);
+  if (memo_.enabled()) {
+    VLAC_ASSIGN_OR_RETURN(memo_storage_, device_alloc(memo_.slot_bytes * uint64_t(options_.memo_slots),
+                                                      "engine '" + label + "': memo slots"));
+    memo_keys_.assign(size_t(options_.memo_slots), std::vector<uint8_t>(memo_.key_bytes));
+    memo_valid_.assign(size_t(options_.memo_slots), 0);
+    for (int i : memo_.key_inputs) inputs_[size_t(i)].keep_shadow = true;
+  } else {
+    memo_ = {};
+    memo_.node.assign(g.nodes().size(), 0);
+    memo_.results.assign(g.nodes().size(), {});
+  }
+  for (size_t i = 0; i < inputs_.size(); ++i)
+    if (inputs_[i].keep_shadow) inputs_[i].shadow.resize(g.info(g.inputs()[i]).bytes());
+  return Status::ok();
+}
+
+MemoryPlan CudaExecutable::memory() const {
+  MemoryPlan m;
+  m.kind = MemoryKind::Device;
+  m.arena_bytes = arena_bytes_;
+  m.scratch_bytes = scratch_bytes_;
+  m.input_bytes = input_bytes_;
+  m.memo_bytes = memo_.enabled() ? memo_.slot_bytes * uint64_t(options_.memo_slots) : 0;
+  return m;
+}
+
+void CudaExecutable::bind_memory(void* arena, void* scratch) {
+  for (const auto& [v, off] : arena_blocks_) ptr_[size_t(v)] = static_cast<uint8_t*>(arena) + off;
+  scratch_ = scratch;
+}
+
+int CudaExecutable::input_index(std::string_view name) const {
+  for (size_t i = 0; i < graph_.inputs().size(); ++i)
+    if (graph_.node(graph_.value(graph_.inputs()[i]).producer).name == name) return int(i);
+  return -1;
+}
+
+Status CudaExecutable::ensure_input(int i) {
+  Input& in = inputs_[size_t(i)];
+  if (in.own) return Status::ok();
+  const uint64_t bytes = graph_.info(graph_.inputs()[size_t(i)]).bytes();
+  VLAC_ASSIGN_OR_RETURN(in.own, device_alloc(bytes, "engine '" + options_.label + "': input '" +
+                                                        ir::input_name(graph_, graph_.inputs()[size_t(i)]) + "'"));
+  input_bytes_ += exec::align_up(bytes);
+  if (!in.external) ptr_[size_t(graph_.inputs()[size_t(i)])] = in.own;
+  return Status::ok();
+}
+
+void* CudaExecutable::input_data(int i) {
+  if (i < 0 || size_t(i) >= inputs_.size() || !ensure_input(i).is_ok()) return nullptr;
+  return inputs_[size_t(i)].own;
+}
+
+void CudaExecutable::bind_input(int i, const void* external) {
+  Input& in = inputs_[size_t(i)];
+  in.external = external != nullptr;
+  in.shadow_valid = false;
+  ptr_[size_t(graph_.inputs()[size_t(i)])] = external ? const_cast<void*>(external) : in.own;
+}
+
+Status CudaExecutable::write_input(int i, const void* src, uint64_t bytes) {
+  if (i < 0 || size_t(i) >= inputs_.size()) return internal_error("cuda: write_input: input index out of range");
+  const ValueId v = graph_.inputs()[size_t(i)];
+  const std::string name = "engine '" + options_.label + "': input '" + ir::input_name(graph_, v) + "'";
+  if (bytes != graph_.info(v).bytes())
+    return internal_error("cuda: " + name + ": " + std::to_string(bytes) + " bytes written, " +
+                          std::to_string(graph_.info(v).bytes()) + " expected");
+  VLAC_RETURN_IF_ERROR(ensure_input(i));
+  Input& in = inputs_[size_t(i)];
+  in.external = false;
+  ptr_[size_t(v)] = in.own;
+  if (ctx_->capturing()) {
+    // Inside a recording the copy node reads `src` at every replay: it must be page-locked memory
+    // of this backend (a Host BackendBuffer), not memory the host may have reused.
+    cudaPointerAttributes pa{};
+    if (cudaPointerGetAttributes(&pa, src) != cudaSuccess || pa.type == cudaMemoryTypeUnregistered) {
+      (void)cudaGetLastError();
+      return invalid_argument("cuda: " + name + ": written from pageable memory inside a recorded sequence "
+                              "(use a Host buffer of the backend)");
+    }
+  }
+  if (in.keep_shadow) {
+    std::memcpy(in.shadow.data(), src, bytes);
+    in.shadow_valid = true;
+    for (const auto& hg : gathers_)
+      if (hg->ids == &in.host_src) VLAC_RETURN_IF_ERROR(check_token_ids(static_cast<const int64_t*>(src), hg->t, hg->vocab));
+  }
+  in.host_src = src;
+  if (bytes == 0) return Status::ok();
+  const cudaError_t e = cudaMemcpyAsync(in.own, src, bytes, cudaMemcpyHostToDevice, ctx_->stream());
+  if (e != cudaSuccess) return cuda_error(name + " (" + std::to_string(bytes) + " bytes)", e);
+  return Status::ok();
+}
+
+int CudaExecutable::memo_lookup(bool* hit) {
+  *hit = false;
+  if (!memo_.enabled()) return -1;
+  for (int i : memo_.key_inputs)
+    if (!inputs_[size_t(i)].shadow_valid || inputs_[size_t(i)].external) return -1;  // key not on the host: compute
+  auto key_matches = [&](const std::vector<uint8_t>& key) {
+    uint64_t at = 0;
+    for (int i : memo_.key_inputs) {
+      const auto& sh = inputs_[size_t(i)].shadow;
+      if (std::memcmp(key.data() + at, sh.data(), sh.size()) != 0) return false;
+      at += sh.size();
+    }
+    return true;
+  };
+  for (size_t s = 0; s < memo_valid_.size(); ++s)
+    if (memo_valid_[s] && key_matches(memo_keys_[s])) {
+      *hit = true;
+      ++memo_hits_;
+      return int(s);
+    }
+  const size_t s = memo_next_;
+  memo_next_ = (memo_next_ + 1) % memo_valid_.size();
+  memo_valid_[s] = 0;
+  uint64_t at = 0;
+  for (int i : memo_.key_inputs) {
+    const auto& sh = inputs_[size_t(i)].shadow;
+    std::memcpy(memo_keys_[s].data() + at, sh.data(), sh.size());
+    at += sh.size();
+  }
+  return int(s);
+}
+
+Status CudaExecutable::run_or_reuse(NodeId id, int slot, bool hit) {
+  if (slot < 0 || !memo_.node[size_t(id)]) return run_node(id);
+  uint8_t* base = static_cast<uint8_t*>(memo_storage_) + uint64_t(slot) * memo_.slot_bytes;
+  if (!hit) VLAC_RETURN_IF_ERROR(run_node(id));
+  for (const auto& [v, off] : memo_.results[size_t(id)]) {
+    const uint64_t b = graph_.info(v).bytes();
+    const cudaError_t e = hit ? cudaMemcpyAsync(ptr(v), base + off, b, cudaMemcpyDeviceToDevice, ctx_->stream())
+                              : cudaMemcpyAsync(base + off, ptr(v), b, cudaMemcpyDeviceToDevice, ctx_->stream());
+    if (e != cudaSuccess) return Status(StatusCode::Backend, std::string("memo copy: ") + cudaGetErrorString(e));
+  }
+  return Status::ok();
+}
+
+Status CudaExecutable::run() {
+  VLAC_RETURN_IF_ERROR(ctx_->ensure());
+  for (size_t i = 0; i < inputs_.size(); ++i)
+    if (!ptr_[size_t(graph_.inputs()[i])])
+      return internal_error("cuda: engine '" + options_.label + "': input '" +
+                            ir::input_name(graph_, graph_.inputs()[i]) + "' was neither written nor bound");
+  bool hit = false;
+  const int slot = memo_lookup(&hit);
+  for (NodeId id : order_) {
+    Status st = run_or_reuse(id, slot, hit);
+    if (!st.is_ok()) {
+      const Node& n = graph_.node(id);
+      const std::string w = where(n);
+      if (st.message().rfind("cuda: engine", 0) == 0) return st;
+      return Status(st.code(), w + ": " + st.message());
+    }
+  }
+  if (slot >= 0 && !hit) memo_valid_[size_t(slot)] = 1;
+  for (const auto& hg : gathers_)
+    if (hg->bad) {
+      const int pos = hg->bad - 1;
+      hg->bad = 0;
+      return invalid_argument("cuda: engine '" + options_.label + "': token id at position " + std::to_string(pos) +
+                              " is outside the vocabulary of " + std::to_string(hg->vocab));
+    }
+  return Status::ok();
+}
+
+Status CudaExecutable::run_node(NodeId id) {
+  const ir::Graph& g = graph_;
+  const Node& n = g.node(id);
+  const NodePlan& p = plans_[size_t(id)];
+  cudaStream_t s = ctx_->stream();
+  auto info = [&](ValueId v) -> const ValueInfo& { return g.info(v); };
+  auto f = [&](size_t i) { return static_cast<float*>(ptr(n.inputs[i])); };
+  void* out = n.outputs.empty() ? nullptr : ptr(n.outputs[0]);
+  float* outf = static_cast<float*>(out);
+  const ValueInfo& x = info(n.inputs.empty() ? n.outputs[0] : n.inputs[0]);
+  auto memcpy_d2d = [&](void* dst, const void* src, uint64_t bytes) -> Status {
+    if (bytes == 0 || dst == src) return Status::ok();
+    const cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s);
+    return e == cudaSuccess ? Status::ok() : cuda_error("copy", e);
+  };
+  switch (n.op) {
+    case OpKind::Input:
+    case OpKind::Weight:
+    case OpKind::Constant:
+    case OpKind::Reshape:
+      return Status::ok();
+    case OpKind::Linear: {
+      if (p.gemm.m == 0) return Status::ok();
+      const void* xin = ptr(n.inputs[0]);
+      if (p.bf16) {
+        VLAC_RETURN_IF_ERROR(cast(s, xin, DType::F32, scratch_at(p.cast_off), DType::BF16, x.numel()));
+        xin = scratch_at(p.cast_off);
+      }
+      return ctx_->gemm().run(s, p.gemm, xin, ptr(n.inputs[1]), n.inputs.size() == 3 ? ptr(n.inputs[2]) : nullptr, out,
+                              ctx_->workspace());
+    }
+    case OpKind::PatchEmbed: {
+      const auto& w = info(n.inputs[1]).shape;
+      VLAC_RETURN_IF_ERROR(
+          im2col_patches(s, f(0), scratch_at(0), p.weight_dtype, x.shape[0], x.shape[1], x.shape[2], w[2], w[3]));
+      return ctx_->gemm().run(s, p.gemm, scratch_at(0), ptr(n.inputs[1]),
+                              n.inputs.size() == 3 ? ptr(n.inputs[2]) : nullptr, out, ctx_->workspace());
+    }
+    case OpKind::Add:
+    case OpKind::Sub:
+    case OpKind::Mul: {
+      const BinaryKind op = n.op == OpKind::Add ? BinaryKind::Add : n.op == OpKind::Sub ? BinaryKind::Sub : BinaryKind::Mul;
+      return binary_op(s, op, f(0), info(n.inputs[0]).numel(), f(1), info(n.inputs[1]).numel(), outf,
+                       info(n.outputs[0]).numel());
+    }
+    case OpKind::Scale:
+      return scale(s, f(0), float(n.attrs.get_float("scale", 1.0)), outf, x.numel());
+    case OpKind::LayerNorm: {
+      const int64_t d = last_dim(x);
+      return layer_norm(s, f(0), DType::F32, f(1), f(2), out, DType::F32, x.numel() / d, d,
+                        float(n.attrs.get_float("eps", 1e-6)));
+    }
+    case OpKind::RMSNorm: {
+      const int64_t d = last_dim(x);
+      return rms_norm(s, f(0), DType::F32, f(1), out, DType::F32, x.numel() / d, d, float(n.attrs.get_float("eps", 1e-6)));
+    }
+    case OpKind::AdaRMSNorm: {
+      const int64_t d = last_dim(x);
+      VLAC_RETURN_IF_ERROR(ada_rms_norm(s, f(0), DType::F32, f(1), out, DType::F32, x.numel() / d, d,
+                                        float(n.attrs.get_float("eps", 1e-6))));
+      return memcpy_d2d(ptr(n.outputs[1]), f(1) + 2 * d, uint64_t(d) * 4);  // the gate: mod[2D:3D]
+    }
+    case OpKind::GeluTanh:
+      return gelu_tanh(s, f(0), DType::F32, out, DType::F32, x.numel());
+    case OpKind::SiLU:
+      return silu(s, f(0), outf, x.numel());
+    case OpKind::GeGLU: {
+      const int64_t d = last_dim(x);
+      return geglu(s, f(0), f(1), DType::F32, d, out, DType::F32, x.numel() / d, d);
+    }
+    case OpKind::RoPE: {
+      VLAC_RETURN_IF_ERROR(memcpy_d2d(out, f(0), x.bytes()));
+      return rope(s, out, DType::F32, x.shape[1] * x.shape[2], static_cast<const int64_t*>(ptr(n.inputs[1])), x.shape[0],
+                  x.shape[1], x.shape[2], float(n.attrs.get_float("base", 10000.0)));
+    }
+    case OpKind::Attention: {
+      const AttentionShape& sh = p.att;
+      AttentionMask mask;
+      if (n.inputs.size() == 4) {
+        if (info(n.inputs[3]).dtype == DType::F32) mask.add = f(3);
+        else mask.allow = static_cast<const uint8_t*>(ptr(n.inputs[3]));
+      }
+      const float sc = float(n.attrs.get_float("scale", 1.0 / std::sqrt(double(sh.dh))));
+      void* split = p.split_bytes ? scratch_at(p.split_off) : nullptr;
+      if (p.bf16) {
+        // lerobot's bf16 attention: q, k, v rounded to bf16, fp32 scores and softmax, the
+        // probabilities rounded to bf16 before P·V, fp32 out (the CPU's DnnlAttention).
+        void* qb = scratch_at(p.cast_off);
+        void* kb = scratch_at(p.k_off);
+        void* vb = scratch_at(p.v_off);
+        VLAC_RETURN_IF_ERROR(cast(s, f(0), DType::F32, qb, DType::BF16, sh.t * sh.h * sh.dh));
+        VLAC_RETURN_IF_ERROR(cast(s, f(1), DType::F32, kb, DType::BF16, sh.s * sh.hk * sh.dh));
+        VLAC_RETURN_IF_ERROR(cast(s, f(2), DType::F32, vb, DType::BF16, sh.s * sh.hk * sh.dv));
+        return attention(s, sh, DType::BF16, qb, kb, vb, mask, out, DType::F32, sc, p.splits, split, p.split_bytes);
+      }
+      return attention(s, sh, DType::F32, f(0), f(1), f(2), mask, out, DType::F32, sc, p.splits, split, p.split_bytes);
+    }
+    case OpKind::Embedding: {
+      const ValueInfo& ids = info(n.inputs[1]);
+      const ValueId tv = root_[size_t(n.inputs[0])];
+      const CudaWeights::Entry* e = weight_entry_[size_t(tv)];
+      const bool bf16 = e->rounds_to_bf16 || e->dtype == DType::BF16;
+      float mul = float(n.attrs.get_float("scale", 1.0));
+      if (bf16 && n.attrs.get_int("round_scale_to_table", 0)) mul = bf16_to_f32(f32_to_bf16(mul));
+      const DType od = info(n.outputs[0]).dtype;
+      const int64_t t = ids.numel(), d = x.shape[1];
+      if (t == 0) return Status::ok();
+      if (HostGather* hg = p.gather) {
+        if (!hg->ids || !*hg->ids)
+          return invalid_argument("the ids of a host-mapped table must be written from the host (write_input)");
+        cudaError_t ce = cudaLaunchHostFunc(s, gather_rows, hg);
+        const uint64_t rows = uint64_t(t * d) * dtype_size(hg->rows_dtype);
+        if (ce == cudaSuccess) ce = cudaMemcpyAsync(scratch_at(p.cast_off), hg->rows_host, rows, cudaMemcpyHostToDevice, s);
+        if (ce != cudaSuccess) return cuda_error("gathering " + std::to_string(rows) + " bytes of embedding rows", ce);
+        return embedding(s, scratch_at(p.cast_off), hg->rows_dtype, t, d, static_cast<const int64_t*>(iota_), t, mul, out,
+                         od, nullptr);
+      }
+      return embedding(s, ptr(n.inputs[0]), e->dtype, x.shape[0], d, static_cast<const int64_t*>(ptr(n.inputs[1])), t, mul,
+                       out, od, nullptr);
+    }
+    case OpKind::Cast:
+      return cast(s, ptr(n.inputs[0]), x.dtype, out, info(n.outputs[0]).dtype, x.numel());
+    case OpKind::Concat: {
+      const ValueInfo& o = info(n.outputs[0]);
+      int64_t axis = n.attrs.get_int("axis", 0);
+      if (axis < 0) axis += int64_t(o.shape.size());
+      int64_t outer = 1;
+      for (int64_t dd = 0; dd < axis; ++dd) outer *= o.shape[size_t(dd)];
+      outer = std::max<int64_t>(outer, 1);
+      const uint64_t es = dtype_size(o.dtype);
+      const uint64_t out_row = uint64_t(o.numel() / outer) * es;
+      uint8_t* dst = static_cast<uint8_t*>(out);
+      uint64_t col = 0;
+      for (ValueId in : n.inputs) {
+        const uint64_t row = uint64_t(info(in).numel() / outer) * es;
+        if (row > 0) {
+          const cudaError_t e = outer == 1 ? cudaMemcpyAsync(dst + col, ptr(in), row, cudaMemcpyDeviceToDevice, s)
+                                           : cudaMemcpy2DAsync(dst + col, out_row, ptr(in), row, row, size_t(outer),
+                                                               cudaMemcpyDeviceToDevice, s);
+          if (e != cudaSuccess) return cuda_error("concat copy", e);
+        }
+        col += row;
+      }
+      return Status::ok();
+    }
+    case OpKind::Slice: {
+      int64_t axis = n.attrs.get_int("axis", 0);
+      if (axis < 0) axis += int64_t(x.shape.size());
+      int64_t outer = 1, inner = 1;
+      for (int64_t dd = 0; dd < axis; ++dd) outer *= x.shape[size_t(dd)];
+      for (size_t dd = size_t(axis) + 1; dd < x.shape.size(); ++dd) inner *= x.shape[dd];
+      const int64_t dim = x.shape[size_t(axis)];
+      const int64_t start = n.attrs.get_int("start", 0), end = n.attrs.get_int("end", dim);
+      const uint64_t es = dtype_size(x.dtype);
+      const uint64_t len = uint64_t((end - start) * inner) * es;
+      if (len == 0 || outer == 0) return Status::ok();
+      const uint8_t* src = static_cast<const uint8_t*>(ptr(n.inputs[0])) + uint64_t(start * inner) * es;
+      const cudaError_t e = cudaMemcpy2DAsync(out, len, src, uint64_t(dim * inner) * es, len, size_t(outer),
+                                              cudaMemcpyDeviceToDevice, s);
+      return e == cudaSuccess ? Status::ok() : cuda_error("slice copy", e);
+    }
+    case OpKind::TimeEmbedding:
+      return time_embedding(s, f(0), outf, info(n.outputs[0]).shape[0], n.attrs.get_float("min_period", 4e-3),
+                            n.attrs.get_float("max_period", 4.0));
+    case OpKind::EulerStep:
+      VLAC_RETURN_IF_ERROR(memcpy_d2d(out, f(0), x.bytes()));
+      return euler_step(s, outf, f(1), float(n.attrs.get_float("dt", 0.0)), x.numel());
+    case OpKind::Softmax:
+    case OpKind::MatMul:
+    case OpKind::Transpose:
+      break;
+  }
+  return internal_error(std::string("op ") + ir::op_name(n.op) + " not planned");
+}
+
+}  // namespace vlac::cuda

@@ -1,0 +1,107 @@
+// CUDA graph executor: runs an ir::Graph node by node on the context's stream, one kernel or
+// cuBLASLt call (or an async device copy) per node. Everything is planned in create(): the
+// schedule, one device arena from exec::plan_arena (or the caller's, shared by engines), the
+// kernel scratch, constants, the memo of time-only nodes (exec::plan_memo, slots in device
+// memory) and every GEMM's cuBLASLt algorithm, so run() allocates nothing, never synchronizes
+// and can be captured into a CUDA graph. Numerics mirror the CPU executor: activations fp32,
+// bf16 weights multiply bf16-rounded activations with fp32 accumulation, the one-KV-head
+// attentions run in bf16 under ExecOptions::bf16_mqa_attention, everything else fp32 (TF32 off).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backends/cuda/context.h"
+#include "backends/cuda/kernels.h"
+#include "backends/cuda/weights.h"
+#include "exec/memo_plan.h"
+#include "ir/backend.h"
+
+namespace vlac::cuda {
+
+class CudaExecutable final : public Executable {
+ public:
+  static Result<std::unique_ptr<CudaExecutable>> create(CudaContext& ctx, ir::Graph graph, const CudaWeights& weights,
+                                                        const ExecOptions& options);
+  ~CudaExecutable() override;
+
+  const ir::Graph& graph() const override { return graph_; }
+  MemoryPlan memory() const override;
+  void bind_memory(void* arena, void* scratch) override;
+  int input_index(std::string_view name) const override;
+  void* input_data(int i) override;
+  void bind_input(int i, const void* external) override;
+  const void* data(ir::ValueId v) const override { return ptr(v); }
+  Status run() override;
+  uint64_t memo_hits() const override { return memo_hits_; }
+  size_t memo_nodes() const override { return memo_.node_count; }
+  MemoryKind memory_kind() const override { return MemoryKind::Device; }
+  Status write_input(int i, const void* src, uint64_t bytes) override;
+
+ private:
+  CudaExecutable() = default;
+  Status plan(const CudaWeights& weights);
+  Status run_node(ir::NodeId id);
+  Status run_or_reuse(ir::NodeId id, int slot, bool hit);
+  int memo_lookup(bool* hit);
+  Status ensure_input(int i);
+  std::string where(const ir::Node& n) const;
+  void* ptr(ir::ValueId v) const { return ptr_[size_t(root_[size_t(v)])]; }
+  uint8_t* scratch_at(uint64_t off) const { return static_cast<uint8_t*>(scratch_) + off; }
+
+  CudaContext* ctx_ = nullptr;
+  ir::Graph graph_;
+  ExecOptions options_;
+  std::vector<ir::NodeId> order_;
+  std::vector<ir::ValueId> root_;
+  std::vector<void*> ptr_;  // by root value id (device pointers; host tables for Embedding)
+  std::vector<std::pair<ir::ValueId, uint64_t>> arena_blocks_;
+  uint64_t arena_bytes_ = 0, scratch_bytes_ = 0;
+  void* own_arena_ = nullptr;
+  void* own_scratch_ = nullptr;
+  void* scratch_ = nullptr;
+  void* const_storage_ = nullptr;
+
+  struct Input {
+    void* own = nullptr;     // device buffer, allocated on first write_input()/input_data()
+    bool external = false;   // bound to the caller's device memory
+    std::vector<uint8_t> shadow;  // host copy of what write_input() wrote (memo keys, token ids)
+    bool shadow_valid = false;
+    const void* host_src = nullptr;  // the host memory it was last written from
+    bool keep_shadow = false;
+  };
+  std::vector<Input> inputs_;
+  uint64_t input_bytes_ = 0;
+
+  // Per node (by node id): what plan() decided.
+  struct NodePlan {
+    GemmDesc gemm;                 // Linear, PatchEmbed
+    uint64_t cast_off = 0;         // scratch offset of bf16 copies (Linear x; attention q, k, v)
+    uint64_t k_off = 0, v_off = 0, split_off = 0, split_bytes = 0;
+    bool bf16 = false;             // Linear with bf16 weight / bf16 attention
+    AttentionShape att;
+    int splits = 1;
+    DType weight_dtype = DType::F32;
+    // Embedding over a host table: rows gathered on the host into `rows_host`, uploaded into the
+    // scratch at cast_off, then scaled by the kernel reading ids 0..T-1 (`iota`).
+    struct HostGather* gather = nullptr;
+  };
+  std::vector<NodePlan> plans_;
+  std::vector<std::unique_ptr<struct HostGather>> gathers_;
+  void* iota_ = nullptr;  // int64 0..max T-1 on the device (host-table embeddings)
+  DType weight_dtype(ir::ValueId v) const { return weight_dtype_[size_t(root_[size_t(v)])]; }
+  std::vector<DType> weight_dtype_;       // by value id (weights)
+  std::vector<const CudaWeights::Entry*> weight_entry_;  // by value id (weights)
+
+  // Memo: plan, device slots, host keys.
+  exec::MemoPlan memo_;
+  void* memo_storage_ = nullptr;
+  std::vector<std::vector<uint8_t>> memo_keys_;  // by slot
+  std::vector<uint8_t> memo_valid_;
+  size_t memo_next_ = 0;
+  uint64_t memo_hits_ = 0;
+};
+
+}  // namespace vlac::cuda

@@ -1,0 +1,89 @@
+// The few IR ops the pi0.5 graphs use that the kernel layer did not have: broadcast add/sub/mul,
+// scale, SiLU and the sin-cos time embedding. fp32, grid-stride loops, the CPU kernels' formulas
+// (backends/cpu/elementwise.cpp) so the op-by-op harness compares them tightly.
+#include "backends/cuda/common.cuh"
+#include "backends/cuda/kernels.h"
+
+namespace vlac::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+#define VLAC_GRID_LOOP(i, n) \
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)
+
+template <int Op>
+__global__ void binary_kernel(const float* a, int64_t na, const float* b, int64_t nb, float* y, int64_t n) {
+  VLAC_GRID_LOOP(i, n) {
+    const float u = a[na == n ? i : i % na], v = b[nb == n ? i : i % nb];
+    // No contraction across the op (one rounding per element, as on the CPU).
+    if constexpr (Op == 0) y[i] = __fadd_rn(u, v);
+    else if constexpr (Op == 1) y[i] = __fsub_rn(u, v);
+    else y[i] = __fmul_rn(u, v);
+  }
+}
+
+__global__ void scale_kernel(const float* x, float s, float* y, int64_t n) {
+  VLAC_GRID_LOOP(i, n) y[i] = __fmul_rn(x[i], s);
+}
+
+__global__ void silu_kernel(const float* x, float* y, int64_t n) {
+  VLAC_GRID_LOOP(i, n) y[i] = x[i] / (1.0f + expf(-x[i]));
+}
+
+__global__ void time_embedding_kernel(const float* t, float* out, int64_t half, double min_period, double max_period) {
+  constexpr double kTwoPi = 6.283185307179586476925286766559;
+  VLAC_GRID_LOOP(i, half) {
+    const double frac = half == 1 ? 0.0 : double(i) / double(half - 1);
+    const double period = min_period * pow(max_period / min_period, frac);
+    const double a = (1.0 / period * kTwoPi) * double(t[0]);  // lerobot's order of operations
+    out[i] = float(sin(a));
+    out[half + i] = float(cos(a));
+  }
+}
+
+Status check(const char* k, int64_t n) {
+  if (n < 0) return invalid_argument(std::string(k) + ": negative size");
+  return Status::ok();
+}
+
+}  // namespace
+
+Status binary_op(cudaStream_t stream, BinaryKind op, const float* a, int64_t na, const float* b, int64_t nb, float* y,
+                 int64_t n) {
+  VLAC_RETURN_IF_ERROR(check("binary_op", n));
+  if (n == 0) return Status::ok();
+  if (na <= 0 || nb <= 0 || n % na != 0 || n % nb != 0)
+    return invalid_argument("binary_op: operand sizes " + std::to_string(na) + " and " + std::to_string(nb) +
+                            " do not divide " + std::to_string(n));
+  const unsigned g = grid_1d(n, kThreads);
+  switch (op) {
+    case BinaryKind::Add: binary_kernel<0><<<g, kThreads, 0, stream>>>(a, na, b, nb, y, n); break;
+    case BinaryKind::Sub: binary_kernel<1><<<g, kThreads, 0, stream>>>(a, na, b, nb, y, n); break;
+    case BinaryKind::Mul: binary_kernel<2><<<g, kThreads, 0, stream>>>(a, na, b, nb, y, n); break;
+  }
+  return launch_status("binary_op");
+}
+
+Status scale(cudaStream_t stream, const float* x, float s, float* y, int64_t n) {
+  VLAC_RETURN_IF_ERROR(check("scale", n));
+  if (n == 0) return Status::ok();
+  scale_kernel<<<grid_1d(n, kThreads), kThreads, 0, stream>>>(x, s, y, n);
+  return launch_status("scale");
+}
+
+Status silu(cudaStream_t stream, const float* x, float* y, int64_t n) {
+  VLAC_RETURN_IF_ERROR(check("silu", n));
+  if (n == 0) return Status::ok();
+  silu_kernel<<<grid_1d(n, kThreads), kThreads, 0, stream>>>(x, y, n);
+  return launch_status("silu");
+}
+
+Status time_embedding(cudaStream_t stream, const float* t, float* out, int64_t dim, double min_period,
+                      double max_period) {
+  if (dim < 2 || dim % 2 != 0) return invalid_argument("time_embedding: dim must be even and >= 2");
+  time_embedding_kernel<<<grid_1d(dim / 2, kThreads), kThreads, 0, stream>>>(t, out, dim / 2, min_period, max_period);
+  return launch_status("time_embedding");
+}
+
+}  // namespace vlac::cuda

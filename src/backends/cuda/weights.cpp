@@ -1,0 +1,173 @@
+// Weight upload (weights.h): layout pass, then one bounded staging loop.
+#include "backends/cuda/weights.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/bytes.h"
+#include "core/mapped_file.h"
+
+namespace vlac::cuda {
+
+namespace {
+
+constexpr uint64_t kWeightAlign = 256;
+
+uint64_t align_to(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+// n elements of `src` (stored dtype) into `dst` (run dtype): the CPU backend's conversions.
+void convert(const uint8_t* src, DType st, uint8_t* dst, DType dt, uint64_t n) {
+  if (st == dt) {
+    std::memcpy(dst, src, n * dtype_size(dt));
+    return;
+  }
+  for (uint64_t k = 0; k < n; ++k) {
+    float v;
+    if (st == DType::F32) std::memcpy(&v, src + 4 * k, 4);
+    else {
+      uint16_t h;
+      std::memcpy(&h, src + 2 * k, 2);
+      v = st == DType::BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+    }
+    if (dt == DType::F32) std::memcpy(dst + 4 * k, &v, 4);
+    else {
+      const uint16_t h = f32_to_bf16(v);
+      std::memcpy(dst + 2 * k, &h, 2);
+    }
+  }
+}
+
+}  // namespace
+
+CudaWeights::CudaWeights(CudaWeights&& o) noexcept
+    : entries_(std::move(o.entries_)), base_(o.base_), device_bytes_(o.device_bytes_), mapped_bytes_(o.mapped_bytes_) {
+  o.base_ = nullptr;
+}
+
+CudaWeights& CudaWeights::operator=(CudaWeights&& o) noexcept {
+  if (this != &o) {
+    if (base_) (void)cudaFree(base_);
+    entries_ = std::move(o.entries_);
+    base_ = o.base_;
+    device_bytes_ = o.device_bytes_;
+    mapped_bytes_ = o.mapped_bytes_;
+    o.base_ = nullptr;
+  }
+  return *this;
+}
+
+CudaWeights::~CudaWeights() {
+  if (base_) (void)cudaFree(base_);
+}
+
+const CudaWeights::Entry* CudaWeights::find(const std::string& name) const {
+  auto it = entries_.find(name);
+  return it == entries_.end() ? nullptr : &it->second;
+}
+
+Result<CudaWeights> CudaWeights::upload(CudaContext& ctx, const WeightBinding& b) {
+  VLAC_RETURN_IF_ERROR(ctx.ensure());
+  if (b.run_dtypes.size() != b.refs.size()) return internal_error("cuda weights: one run dtype per weight needed");
+  CudaWeights w;
+  struct Job {
+    size_t ref;
+    uint64_t offset;  // in the device allocation
+  };
+  std::vector<Job> jobs;
+  uint64_t total = 0;
+  for (size_t i = 0; i < b.refs.size(); ++i) {
+    const ir::WeightRef& r = b.refs[i];
+    if (w.entries_.count(r.name)) continue;
+    if (r.file_id >= b.files.size()) return internal_error("weight '" + r.name + "': file id out of range");
+    const WeightFileView& f = b.files[r.file_id];
+    uint64_t end = 0;
+    if (__builtin_add_overflow(r.offset, r.bytes, &end) || end > f.size)
+      return invalid_format(f.path + ": tensor '" + r.name + "' lies outside the file");
+    const DType want = b.run_dtypes[i];
+    if (want != DType::F32 && want != DType::BF16)
+      return internal_error("weight '" + r.name + "': run dtype must be F32 or BF16");
+    if (r.dtype != DType::F32 && r.dtype != DType::BF16 && r.dtype != DType::F16)
+      return unsupported(f.path + ": tensor '" + r.name + "' has dtype " + dtype_name(r.dtype) +
+                         " (the CUDA backend reads F32, BF16 and F16)");
+    const uint8_t* src = f.data + r.offset;
+    Entry e;
+    e.shape = r.shape;
+    const bool gather = i < b.gather_only.size() && b.gather_only[i] && r.dtype != DType::F16 &&
+                        reinterpret_cast<uintptr_t>(src) % dtype_size(r.dtype) == 0 &&
+                        (want == r.dtype || (want == DType::BF16 && r.dtype == DType::F32));
+    if (gather) {
+      e.data = src;
+      e.dtype = r.dtype;
+      e.host_table = true;
+      e.rounds_to_bf16 = want != r.dtype;
+      w.mapped_bytes_ += r.bytes;
+    } else {
+      e.dtype = want;
+      total = align_to(total, kWeightAlign);
+      jobs.push_back({i, total});
+      total += uint64_t(ir::ValueInfo{want, r.shape}.numel()) * dtype_size(want);
+    }
+    w.entries_.emplace(r.name, std::move(e));
+  }
+  if (total > 0) {
+    VLAC_ASSIGN_OR_RETURN(w.base_, device_alloc(total, "uploading " + std::to_string(jobs.size()) + " weights"));
+    w.device_bytes_ = total;
+  }
+  if (jobs.empty()) return w;
+
+  // Two halves of the staging buffer: one is filled on the host while the other's copy runs.
+  const uint64_t staging_bytes = std::min<uint64_t>(kStagingBytes, 2 * align_to(total, 4096));
+  VLAC_ASSIGN_OR_RETURN(void* staging_p, host_alloc(staging_bytes, "the weight staging buffer"));
+  uint8_t* staging = static_cast<uint8_t*>(staging_p);
+  const uint64_t half_bytes = staging_bytes / 2;
+  cudaEvent_t ev[2] = {nullptr, nullptr};
+  Status st;
+  for (auto& e : ev) {
+    const cudaError_t ce = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+    if (ce != cudaSuccess && st.is_ok()) st = cuda_error("weight upload event", ce);
+  }
+  bool pending[2] = {false, false};
+  int h = 0;
+  for (const Job& j : jobs) {
+    if (!st.is_ok()) break;
+    const ir::WeightRef& r = b.refs[j.ref];
+    const WeightFileView& f = b.files[r.file_id];
+    Entry& e = w.entries_.at(r.name);
+    uint8_t* dst = static_cast<uint8_t*>(w.base_) + j.offset;
+    e.data = dst;
+    const uint64_t n = uint64_t(ir::ValueInfo{r.dtype, r.shape}.numel());
+    const uint64_t ss = dtype_size(r.dtype), ds = dtype_size(e.dtype);
+    const uint64_t per = std::max<uint64_t>(1, half_bytes / std::max(ss, ds));
+    for (uint64_t at = 0; at < n && st.is_ok(); at += per) {
+      const uint64_t cnt = std::min(per, n - at);
+      if (pending[h]) {
+        const cudaError_t ce = cudaEventSynchronize(ev[h]);
+        if (ce != cudaSuccess) {
+          st = cuda_error("uploading weight '" + r.name + "'", ce);
+          break;
+        }
+      }
+      uint8_t* buf = staging + uint64_t(h) * half_bytes;
+      convert(f.data + r.offset + at * ss, r.dtype, buf, e.dtype, cnt);
+      // These source bytes are not read again: their pages leave this process (memory rule 1).
+      if (f.map) f.map->drop(r.offset + at * ss, cnt * ss);
+      cudaError_t ce = cudaMemcpyAsync(dst + at * ds, buf, cnt * ds, cudaMemcpyHostToDevice, ctx.stream());
+      if (ce == cudaSuccess) ce = cudaEventRecord(ev[h], ctx.stream());
+      if (ce != cudaSuccess) {
+        st = cuda_error("uploading weight '" + r.name + "' (" + std::to_string(cnt * ds) + " bytes)", ce);
+        break;
+      }
+      pending[h] = true;
+      h ^= 1;
+    }
+  }
+  const cudaError_t se = cudaStreamSynchronize(ctx.stream());
+  if (se != cudaSuccess && st.is_ok()) st = cuda_error("weight upload", se);
+  for (auto& e : ev)
+    if (e) (void)cudaEventDestroy(e);
+  (void)cudaFreeHost(staging);
+  VLAC_RETURN_IF_ERROR(st);
+  return w;
+}
+
+}  // namespace vlac::cuda

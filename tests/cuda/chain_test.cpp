@@ -1,0 +1,212 @@
+// The whole pi0.5 chain on the GPU against lerobot's fixtures (tests/fixtures/pi05): the folder
+// on "cuda" (fp32 within 1e-4 of lerobot, bf16 within the suite's 2e-2), recorded chunks (CUDA
+// graphs) equal to the eager run, a package compiled for the CPU run on "cuda" agreeing with the
+// folder on the GPU, and 1, 2, 3 and absent cameras against the CPU backend. Skips without a GPU.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+
+#include "backends/cuda/kernels.h"
+#include "compile/pi05_compile.h"
+#include "io/safetensors.h"
+#include "policy/pi05_policy.h"
+#include "runtime/pi05_package_policy.h"
+
+namespace fs = std::filesystem;
+using namespace vlac;
+
+namespace {
+
+// VLAC_SOURCE_DIR in the environment overrides the build's (the device machine runs a copy of the
+// tree somewhere else).
+const std::string kFixtures =
+    std::string(std::getenv("VLAC_SOURCE_DIR") ? std::getenv("VLAC_SOURCE_DIR") : VLAC_SOURCE_DIR) + "/tests/fixtures/pi05";
+
+std::vector<float> read_f32(const std::string& path, const std::string& key) {
+  auto f = SafetensorsFile::open(path);
+  EXPECT_TRUE(f.is_ok()) << f.status().message();
+  if (!f.is_ok()) return {};
+  const TensorInfo* t = f->find(key);
+  EXPECT_NE(t, nullptr) << key;
+  if (!t) return {};
+  std::vector<float> v(size_t(t->numel()));
+  std::memcpy(v.data(), f->data(*t), t->nbytes());
+  return v;
+}
+
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size() || a.empty()) return INFINITY;
+  double d = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::isnan(a[i]) || std::isnan(b[i])) return INFINITY;
+    d = std::max(d, double(std::fabs(a[i] - b[i])));
+  }
+  return d;
+}
+
+class CudaChain : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const Status s = cuda::device_status();
+    if (!s.is_ok()) GTEST_SKIP() << s.message();
+  }
+};
+
+struct ChainRun {
+  std::vector<float> eager;            // run_prefix + denoise
+  std::vector<float> chunks[3];        // run_chunk x3: direct, recorded, replayed
+  uint64_t replays = 0;
+};
+
+ChainRun run_folder(const std::string& dir, const std::string& backend, Pi05Precision p, const Pi05Observation* obs_override = nullptr) {
+  ChainRun r;
+  Pi05PolicyOptions o;
+  o.precision = p;
+  o.backend = backend;
+  auto pol = Pi05Policy::load(dir + "/policy", o);
+  EXPECT_TRUE(pol.is_ok()) << pol.status().message();
+  if (!pol.is_ok()) return r;
+  auto obs = read_pi05_observation(dir + "/obs.safetensors", pol->model());
+  auto noise = read_pi05_noise(dir + "/noise.safetensors", pol->model());
+  EXPECT_TRUE(obs.is_ok() && noise.is_ok());
+  if (!obs.is_ok() || !noise.is_ok()) return r;
+  const Pi05Observation& ob = obs_override ? *obs_override : *obs;
+  r.eager.resize(noise->size());
+  Status st = pol->run_prefix(ob);
+  EXPECT_TRUE(st.is_ok()) << st.message();
+  st = pol->denoise(noise->data(), r.eager.data());
+  EXPECT_TRUE(st.is_ok()) << st.message();
+  for (auto& c : r.chunks) {
+    c.resize(noise->size());
+    st = pol->run_chunk(ob, noise->data(), c.data());
+    EXPECT_TRUE(st.is_ok()) << st.message();
+  }
+  r.replays = pol->chunk_replays();
+  return r;
+}
+
+}  // namespace
+
+TEST_F(CudaChain, FolderFp32MatchesLerobotAndGraphsReplayIt) {
+  for (const char* c : {"tiny_a", "tiny_b", "tiny_b_absent_cam"}) {
+    const std::string dir = kFixtures + "/" + c;
+    ChainRun r = run_folder(dir, "cuda", Pi05Precision::Fp32);
+    const std::vector<float> want = read_f32(dir + "/expected.safetensors", "action_normalized");
+    const double d = max_abs_diff(r.eager, want);
+    EXPECT_LE(d, 1e-4) << c;
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(max_abs_diff(r.chunks[i], r.eager), 0.0) << c << " chunk " << i;
+    EXPECT_EQ(r.replays, 1u) << c;
+    std::printf("[ cuda     ] %s fp32 on cuda: max |d action_normalized| vs lerobot = %.3g; recorded chunks equal\n", c, d);
+  }
+}
+
+TEST_F(CudaChain, FolderBf16MatchesLerobotBf16) {
+  {
+    const std::string dir = kFixtures + "/tiny_a_bf16";
+    ChainRun r = run_folder(dir, "cuda", Pi05Precision::Bf16);
+    const double d = max_abs_diff(r.eager, read_f32(dir + "/expected.safetensors", "action_normalized"));
+    EXPECT_LE(d, 2e-2);
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(max_abs_diff(r.chunks[i], r.eager), 0.0) << "chunk " << i;
+    ChainRun cpu = run_folder(dir, "cpu", Pi05Precision::Bf16);
+    const double dc = max_abs_diff(r.eager, cpu.eager);
+    EXPECT_LE(dc, 2e-2);
+    std::printf("[ cuda     ] tiny_a_bf16 bf16 on cuda: vs lerobot bf16 %.3g, vs vlac cpu bf16 %.3g\n", d, dc);
+  }
+  {
+    const std::string dir = kFixtures + "/tiny_a";
+    ChainRun r = run_folder(dir, "cuda", Pi05Precision::Bf16);
+    const double vs_fp32 = max_abs_diff(r.eager, read_f32(dir + "/expected.safetensors", "action_normalized"));
+    const double vs_bf16 = max_abs_diff(r.eager, read_f32(kFixtures + "/tiny_a_bf16/expected.safetensors", "action_normalized"));
+    EXPECT_LE(vs_fp32, 2e-2);
+    EXPECT_LE(vs_bf16, 2e-2);
+    std::printf("[ cuda     ] tiny_a --dtype bf16 on cuda: vs lerobot fp32 %.3g, vs lerobot bf16 %.3g\n", vs_fp32, vs_bf16);
+  }
+}
+
+TEST_F(CudaChain, CamerasOneTwoThreeAndAbsentAgreeWithTheCpu) {
+  const std::string dir = kFixtures + "/tiny_b";
+  Pi05PolicyOptions o;
+  o.precision = Pi05Precision::Fp32;
+  auto pol = Pi05Policy::load(dir + "/policy", o);
+  ASSERT_TRUE(pol.is_ok()) << pol.status().message();
+  auto obs = read_pi05_observation(dir + "/obs.safetensors", pol->model());
+  ASSERT_TRUE(obs.is_ok()) << obs.status().message();
+  ASSERT_EQ(obs->cameras.size(), 3u);
+  for (size_t n : {size_t(1), size_t(2), size_t(3)}) {
+    Pi05Observation sub = *obs;
+    sub.cameras.resize(n);
+    sub.images.resize(n);
+    ChainRun g = run_folder(dir, "cuda", Pi05Precision::Fp32, &sub);
+    ChainRun c = run_folder(dir, "cpu", Pi05Precision::Fp32, &sub);
+    const double d = max_abs_diff(g.eager, c.eager);
+    EXPECT_LE(d, 1e-4) << n << " cameras";
+    EXPECT_EQ(max_abs_diff(g.chunks[2], g.eager), 0.0) << n << " cameras";
+    std::printf("[ cuda     ] tiny_b with %zu camera(s): cuda vs cpu %.3g\n", n, d);
+  }
+  // The absent-camera fixture (lerobot's reference) is in FolderFp32MatchesLerobotAndGraphsReplayIt.
+}
+
+TEST_F(CudaChain, CpuPackageRunsOnCudaAndAgreesWithTheFolder) {
+  for (bool bf16 : {false, true}) {
+    const std::string dir = kFixtures + (bf16 ? "/tiny_a" : "/tiny_b");
+    std::string tmpl = (fs::temp_directory_path() / "vlac-cudachain-XXXXXX").string();
+    const fs::path tmp = mkdtemp(tmpl.data());
+    Pi05CompileOptions co;
+    co.out = (tmp / "p.vlac").string();
+    co.bf16 = bf16;
+    co.engine_cap = 64 << 10;  // several engines per stage: crossings through device buffers
+    auto sum = compile_pi05(dir + "/policy", co);
+    ASSERT_TRUE(sum.is_ok()) << sum.status().message();
+    Pi05PackageOptions po;
+    po.backend = "cuda";
+    auto pkg = Pi05PackagePolicy::open(co.out, po);
+    ASSERT_TRUE(pkg.is_ok()) << pkg.status().message();
+    EXPECT_NE(pkg->device_description().find("cuda"), std::string::npos);
+    auto folder_pol = Pi05Policy::load(dir + "/policy", {});
+    ASSERT_TRUE(folder_pol.is_ok());
+    auto obs = read_pi05_observation(dir + "/obs.safetensors", folder_pol->model());
+    auto noise = read_pi05_noise(dir + "/noise.safetensors", folder_pol->model());
+    ASSERT_TRUE(obs.is_ok() && noise.is_ok());
+    std::vector<float> a(noise->size());
+    Status st = pkg->run_prefix(*obs);
+    ASSERT_TRUE(st.is_ok()) << st.message();
+    st = pkg->denoise(noise->data(), a.data());
+    ASSERT_TRUE(st.is_ok()) << st.message();
+    ChainRun f = run_folder(dir, "cuda", bf16 ? Pi05Precision::Bf16 : Pi05Precision::Fp32);
+    const double d = max_abs_diff(a, f.eager);
+    EXPECT_LE(d, bf16 ? 1e-3 : 1e-5);
+    std::vector<float> c(noise->size());
+    for (int i = 0; i < 3; ++i) {
+      st = pkg->run_chunk(*obs, noise->data(), c.data());
+      ASSERT_TRUE(st.is_ok()) << st.message();
+      EXPECT_EQ(max_abs_diff(c, a), 0.0) << "chunk " << i;
+    }
+    EXPECT_EQ(pkg->chunk_replays(), 1u);
+    if (!bf16) {
+      const double dl = max_abs_diff(a, read_f32(dir + "/expected.safetensors", "action_normalized"));
+      EXPECT_LE(dl, 1e-4);
+    }
+    std::printf("[ cuda     ] %s package (%s, %zu engines) on cuda vs folder on cuda: %.3g\n", dir.c_str(),
+                bf16 ? "bf16" : "fp32", size_t(pkg->stats().engines_loaded), d);
+    fs::remove_all(tmp);
+  }
+}
+
+TEST_F(CudaChain, BadTokenIdIsOneClearError) {
+  const std::string dir = kFixtures + "/tiny_b";
+  Pi05PolicyOptions o;
+  o.backend = "cuda";
+  auto pol = Pi05Policy::load(dir + "/policy", o);
+  ASSERT_TRUE(pol.is_ok()) << pol.status().message();
+  auto obs = read_pi05_observation(dir + "/obs.safetensors", pol->model());
+  ASSERT_TRUE(obs.is_ok());
+  obs->tokens[2] = 1 << 30;
+  const Status st = pol->run_prefix(*obs);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("vocabulary"), std::string::npos) << st.message();
+  std::printf("[ cuda     ] bad token id: %s\n", st.message().c_str());
+}

@@ -1,0 +1,436 @@
+// The op-by-op harness through the backend seam: for every op the pi0.5 graphs use, a one-node
+// IR graph at pi0.5's real shapes and at odd ones is bound, planned and run on the "cpu" and the
+// "cuda" backends exactly as the policies drive them (bind_weights -> plan -> write_input -> run
+// -> copy + synchronize), and the outputs are compared: fp32 tightly, bf16 paths within bf16
+// tolerance. Random inputs (never zeros); the CUDA arena is poisoned before each run by the
+// executor's allocation pattern being fresh per plan. Skips without a GPU; the error checks that
+// need no GPU run everywhere.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backends/cuda/kernels.h"
+#include "backends/registry.h"
+#include "core/dtype.h"
+#include "ir/backend.h"
+#include "ir/graph.h"
+
+namespace vlac {
+namespace {
+
+using ir::OpKind;
+using ir::ValueId;
+using ir::ValueInfo;
+
+// A one-node (or few-node) graph with its weight bytes in one in-memory "file" and host data
+// for every input.
+struct OpCase {
+  ir::Graph g;
+  std::vector<uint8_t> file;
+  std::vector<std::vector<uint8_t>> inputs;  // by graph input index
+  std::vector<DType> run_dtypes;             // by weight id
+  std::vector<bool> gather;                  // by weight id
+  std::mt19937 rng{1234};
+
+  std::vector<float> random(int64_t n, float lo = -1.0f, float hi = 1.0f) {
+    std::uniform_real_distribution<float> u(lo, hi);
+    std::vector<float> v(static_cast<size_t>(n));
+    for (auto& x : v) {
+      x = u(rng);
+      if (std::fabs(x) < 1e-3f) x = 1e-3f;  // never zero
+    }
+    return v;
+  }
+  ValueId input(const std::string& name, ValueInfo info, const void* data) {
+    const ValueId v = g.add_input(name, info);
+    const uint8_t* p = static_cast<const uint8_t*>(data);
+    inputs.emplace_back(p, p + info.bytes());
+    return v;
+  }
+  ValueId input_f32(const std::string& name, std::vector<int64_t> shape, float lo = -1.0f, float hi = 1.0f) {
+    ValueInfo info{DType::F32, std::move(shape)};
+    std::vector<float> d = random(info.numel(), lo, hi);
+    return input(name, info, d.data());
+  }
+  ValueId weight(const std::string& name, std::vector<int64_t> shape, DType run = DType::F32, bool gather_only = false,
+                 float lo = -1.0f, float hi = 1.0f) {
+    ir::WeightRef r;
+    r.name = name;
+    r.dtype = DType::F32;
+    r.shape = std::move(shape);
+    r.bytes = ValueInfo{DType::F32, r.shape}.bytes();
+    r.offset = (file.size() + 63) / 64 * 64;
+    std::vector<float> d = random(ValueInfo{DType::F32, r.shape}.numel(), lo, hi);
+    file.resize(r.offset + r.bytes);
+    std::memcpy(file.data() + r.offset, d.data(), r.bytes);
+    run_dtypes.push_back(run);
+    gather.push_back(gather_only);
+    return g.weight(std::move(r));
+  }
+  ValueId op(OpKind k, std::vector<ValueId> in, ir::Attrs a = {}) {
+    auto r = g.add(k, std::move(in), std::move(a), std::string(ir::op_name(k)));
+    EXPECT_TRUE(r.is_ok()) << r.status().message();
+    return r.is_ok() ? *r : ir::kNone;
+  }
+};
+
+// Runs `c` on `backend`; returns every graph output as floats (BF16 outputs widened).
+Result<std::vector<std::vector<float>>> run_on(const std::string& backend, const OpCase& c, bool bf16_attention,
+                                               int runs = 1) {
+  VLAC_ASSIGN_OR_RETURN(Backend * b, backend_registry().get(backend, "seam op test"));
+  BackendRuntime& rt = b->runtime();
+  WeightBinding wb;
+  wb.refs = c.g.weights();
+  wb.run_dtypes = c.run_dtypes;
+  wb.gather_only = c.gather;
+  wb.files.push_back({c.file.data(), c.file.size(), "op case", nullptr});
+  VLAC_ASSIGN_OR_RETURN(auto w, rt.bind_weights(wb));
+  ExecOptions o;
+  o.threads = 2;
+  o.bf16_mqa_attention = bf16_attention;
+  o.label = "op case";
+  VLAC_ASSIGN_OR_RETURN(auto ex, rt.plan(c.g, *w, o));
+  // Host inputs through Host buffers of the backend (what the policies do).
+  std::vector<std::unique_ptr<BackendBuffer>> stage;
+  for (size_t i = 0; i < c.inputs.size(); ++i) {
+    VLAC_ASSIGN_OR_RETURN(auto sb, rt.allocate(c.inputs[i].size(), MemoryKind::Host, "input staging"));
+    if (!c.inputs[i].empty()) std::memcpy(sb->data(), c.inputs[i].data(), c.inputs[i].size());
+    VLAC_RETURN_IF_ERROR(ex->write_input(int(i), sb->data(), c.inputs[i].size()));
+    stage.push_back(std::move(sb));
+  }
+  for (int r = 0; r < runs; ++r) VLAC_RETURN_IF_ERROR(ex->run());
+  std::vector<std::vector<float>> outs;
+  for (ValueId v : ex->graph().outputs()) {
+    const ValueInfo& info = ex->graph().info(v);
+    std::vector<uint8_t> bytes(info.bytes());
+    VLAC_RETURN_IF_ERROR(rt.copy(bytes.data(), ex->data(v), bytes.size()));
+    VLAC_RETURN_IF_ERROR(rt.synchronize());
+    std::vector<float> f(size_t(info.numel()));
+    if (info.dtype == DType::BF16) {
+      for (size_t i = 0; i < f.size(); ++i) {
+        uint16_t h;
+        std::memcpy(&h, bytes.data() + 2 * i, 2);
+        f[i] = bf16_to_f32(h);
+      }
+    } else {
+      std::memcpy(f.data(), bytes.data(), bytes.size());
+    }
+    outs.push_back(std::move(f));
+  }
+  return outs;
+}
+
+// max |a - b| / max |b| (0 when b is all zero and a equals it); NaN counts as a failure.
+double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return INFINITY;
+  double d = 0, m = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::isnan(a[i]) != std::isnan(b[i])) return INFINITY;
+    d = std::max(d, double(std::fabs(a[i] - b[i])));
+    m = std::max(m, double(std::fabs(b[i])));
+  }
+  return m > 0 ? d / m : d;
+}
+
+class SeamOps : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const Status s = cuda::device_status();
+    if (!s.is_ok()) GTEST_SKIP() << s.message();
+  }
+  // Runs `c` on both backends and checks every output within `tol`.
+  void check(const std::string& what, const OpCase& c, double tol, bool bf16_attention = false, int runs = 1) {
+    auto cpu = run_on("cpu", c, bf16_attention, runs);
+    ASSERT_TRUE(cpu.is_ok()) << what << ": cpu: " << cpu.status().message();
+    auto gpu = run_on("cuda", c, bf16_attention, runs);
+    ASSERT_TRUE(gpu.is_ok()) << what << ": cuda: " << gpu.status().message();
+    ASSERT_EQ(cpu->size(), gpu->size());
+    for (size_t i = 0; i < cpu->size(); ++i) {
+      const double e = rel_err((*gpu)[i], (*cpu)[i]);
+      std::printf("[ seam op  ] %-58s out %zu: max|d|/max|ref| = %.3g (tol %.1g)\n", what.c_str(), i, e, tol);
+      EXPECT_LE(e, tol) << what << " output " << i;
+    }
+  }
+};
+
+void linear_case(OpCase& c, int64_t m, int64_t k, int64_t n, DType wd, bool bias) {
+  const ValueId x = c.input_f32("x", {m, k});
+  const ValueId w = c.weight("w", {n, k}, wd);
+  std::vector<ValueId> in{x, w};
+  if (bias) in.push_back(c.weight("b", {n}));
+  c.g.mark_output(c.op(OpKind::Linear, in));
+}
+
+TEST_F(SeamOps, LinearFp32) {
+  struct S { int64_t m, k, n; bool bias; const char* what; };
+  for (S s : {S{256, 1152, 1152, true, "siglip q_proj 256x1152x1152"}, S{1, 1024, 3072, true, "adarms dense 1x1024x3072"},
+              S{50, 32, 1024, true, "action_in_proj 50x32x1024"}, S{37, 77, 104, false, "odd 37x77x104"},
+              S{50, 1024, 32, true, "action_out_proj 50x1024x32"}}) {
+    OpCase c;
+    linear_case(c, s.m, s.k, s.n, DType::F32, s.bias);
+    check(std::string("linear fp32 ") + s.what, c, 2e-5);
+  }
+}
+
+TEST_F(SeamOps, LinearBf16Weights) {
+  struct S { int64_t m, k, n; const char* what; };
+  for (S s : {S{968, 2048, 256, "gemma k_proj 968x2048x256"}, S{50, 1024, 2048, "expert q_proj 50x1024x2048"},
+              S{50, 4096, 1024, "expert down_proj 50x4096x1024"}, S{968, 16384, 2048, "gemma down_proj 968x16384x2048"},
+              S{37, 104, 77, "odd 37x104x77"}}) {
+    OpCase c;
+    linear_case(c, s.m, s.k, s.n, DType::BF16, false);
+    check(std::string("linear bf16 weight ") + s.what, c, 1e-4);
+  }
+}
+
+TEST_F(SeamOps, PatchEmbed) {
+  struct S { int64_t c, y, x, o, p; const char* what; };
+  for (S s : {S{3, 224, 224, 1152, 14, "siglip 3x224x224 -> 256x1152"}, S{3, 40, 56, 24, 8, "odd 3x40x56 patch 8"}}) {
+    OpCase c;
+    const ValueId img = c.input_f32("image", {s.c, s.y, s.x});
+    const ValueId w = c.weight("w", {s.o, s.c, s.p, s.p});
+    const ValueId b = c.weight("b", {s.o});
+    c.g.mark_output(c.op(OpKind::PatchEmbed, {img, w, b}));
+    check(std::string("patch_embed ") + s.what, c, 2e-5);
+  }
+}
+
+TEST_F(SeamOps, Elementwise) {
+  {
+    OpCase c;
+    const ValueId a = c.input_f32("a", {256, 1152});
+    const ValueId pe = c.weight("pe", {256, 1152});
+    c.g.mark_output(c.op(OpKind::Add, {a, pe}));
+    check("add 256x1152 + weight", c, 0);
+  }
+  {
+    OpCase c;
+    const ValueId a = c.input_f32("a", {50, 1024});
+    const ValueId g = c.input_f32("gate", {1024});
+    c.g.mark_output(c.op(OpKind::Mul, {a, g}));
+    c.g.mark_output(c.op(OpKind::Sub, {a, g}));
+    check("mul/sub 50x1024 by a row", c, 0);
+  }
+  {
+    OpCase c;
+    const ValueId a = c.input_f32("a", {7, 1000}, -6, 6);
+    c.g.mark_output(c.op(OpKind::GeluTanh, {a}));
+    c.g.mark_output(c.op(OpKind::SiLU, {a}));
+    c.g.mark_output(c.op(OpKind::Scale, {a}, ir::Attrs{{"scale", 0.37}}));
+    check("gelu_tanh/silu/scale 7x1000", c, 2e-5);
+  }
+  {
+    OpCase c;
+    const ValueId gt = c.input_f32("gate", {50, 4096}, -4, 4);
+    const ValueId up = c.input_f32("up", {50, 4096}, -4, 4);
+    c.g.mark_output(c.op(OpKind::GeGLU, {gt, up}));
+    check("geglu 50x4096", c, 2e-5);
+  }
+  {
+    OpCase c;
+    const ValueId x = c.input_f32("x", {50, 32});
+    const ValueId v = c.input_f32("v", {50, 32});
+    c.g.mark_output(c.op(OpKind::EulerStep, {x, v}, ir::Attrs{{"dt", -0.1}}));
+    check("euler_step 50x32", c, 1e-6);
+  }
+  for (double t : {1.0, 0.7, 0.1}) {
+    OpCase c;
+    const float tv = float(t);
+    const ValueId tt = c.input("t", ValueInfo{DType::F32, {1}}, &tv);
+    c.g.mark_output(c.op(OpKind::TimeEmbedding, {tt}, ir::Attrs{{"dim", int64_t{1024}}, {"min_period", 4e-3}, {"max_period", 4.0}}));
+    check("time_embedding 1024 t=" + std::to_string(t), c, 1e-6);
+  }
+}
+
+TEST_F(SeamOps, Norms) {
+  {
+    OpCase c;
+    const ValueId x = c.input_f32("x", {256, 1152}, -3, 3);
+    c.g.mark_output(c.op(OpKind::LayerNorm, {x, c.weight("w", {1152}), c.weight("b", {1152})}, ir::Attrs{{"eps", 1e-6}}));
+    check("layer_norm 256x1152", c, 2e-5);
+  }
+  {
+    OpCase c;
+    const ValueId x = c.input_f32("x", {968, 2048}, -3, 3);
+    c.g.mark_output(c.op(OpKind::RMSNorm, {x, c.weight("w", {2048}, DType::F32, false, -0.3f, 0.3f)}, ir::Attrs{{"eps", 1e-6}}));
+    check("rms_norm 968x2048", c, 2e-5);
+  }
+  {
+    OpCase c;
+    const ValueId x = c.input_f32("x", {7, 1000}, -3, 3);
+    c.g.mark_output(c.op(OpKind::RMSNorm, {x, c.weight("w", {1000})}, ir::Attrs{{"eps", 1e-6}}));
+    check("rms_norm odd 7x1000", c, 2e-5);
+  }
+  {
+    OpCase c;
+    const ValueId x = c.input_f32("x", {50, 1024}, -3, 3);
+    const ValueId mod = c.input_f32("mod", {3072});
+    auto n = c.g.add_node(OpKind::AdaRMSNorm, {x, mod}, ir::Attrs{{"eps", 1e-6}}, "ada");
+    ASSERT_TRUE(n.is_ok());
+    c.g.mark_output(c.g.node(*n).outputs[0]);
+    c.g.mark_output(c.g.node(*n).outputs[1]);
+    check("ada_rms_norm 50x1024 (+ gate)", c, 2e-5);
+  }
+}
+
+TEST_F(SeamOps, RoPE) {
+  struct S { int64_t t, h, dh, p0; const char* what; };
+  for (S s : {S{968, 8, 256, 0, "prefix q 968x8x256"}, S{50, 1, 256, 968, "suffix k 50x1x256 at 968"},
+              S{13, 3, 16, 5, "odd 13x3x16"}}) {
+    OpCase c;
+    const ValueId x = c.input_f32("x", {s.t, s.h, s.dh});
+    std::vector<int64_t> pos(size_t(s.t));
+    for (int64_t i = 0; i < s.t; ++i) pos[size_t(i)] = s.p0 + i;
+    const ValueId p = c.input("pos", ValueInfo{DType::I64, {s.t}}, pos.data());
+    c.g.mark_output(c.op(OpKind::RoPE, {x, p}, ir::Attrs{{"base", 10000.0}}));
+    check(std::string("rope ") + s.what, c, 2e-5, false, 2);
+  }
+}
+
+TEST_F(SeamOps, Attention) {
+  struct S { int64_t t, h, hk, s, d; bool mask; bool bf16; double tol; const char* what; };
+  for (S s : {S{968, 8, 1, 968, 256, false, false, 2e-5, "prefix 968x8 vs 968, kv1, fp32"},
+              S{50, 8, 1, 1018, 256, false, false, 2e-5, "expert 50x8 vs 1018, kv1, fp32"},
+              S{256, 16, 16, 256, 72, false, false, 2e-5, "siglip 256x16x72, fp32"},
+              S{37, 4, 2, 131, 72, true, false, 2e-5, "odd 37x4 vs 131, kv2, bool mask, fp32"},
+              S{968, 8, 1, 968, 256, false, true, 5e-3, "prefix 968x8 vs 968, kv1, bf16 mqa"},
+              S{50, 8, 1, 1018, 256, false, true, 5e-3, "expert 50x8 vs 1018, kv1, bf16 mqa"},
+              S{37, 8, 1, 131, 256, false, true, 5e-3, "odd 37x8 vs 131, kv1, bf16 mqa"}}) {
+    OpCase c;
+    const ValueId q = c.input_f32("q", {s.t, s.h, s.d}, -2, 2);
+    const ValueId k = c.input_f32("k", {s.s, s.hk, s.d}, -2, 2);
+    const ValueId v = c.input_f32("v", {s.s, s.hk, s.d});
+    std::vector<ValueId> in{q, k, v};
+    if (s.mask) {
+      std::vector<uint8_t> m(size_t(s.t * s.s));
+      for (int64_t i = 0; i < s.t; ++i)
+        for (int64_t j = 0; j < s.s; ++j) m[size_t(i * s.s + j)] = uint8_t(j <= i * 3 || i == 5 ? 1 : 0);
+      for (int64_t j = 0; j < s.s; ++j) m[size_t(7 * s.s + j)] = 0;  // a fully masked row: uniform
+      in.push_back(c.input("mask", ValueInfo{DType::BOOL, {s.t, s.s}}, m.data()));
+    }
+    c.g.mark_output(c.op(OpKind::Attention, in, ir::Attrs{{"scale", 1.0 / std::sqrt(double(s.d))}}));
+    check(std::string("attention ") + s.what, c, s.tol, s.bf16);
+  }
+}
+
+TEST_F(SeamOps, EmbeddingConcatSliceCast) {
+  for (bool gather : {true, false})
+    for (DType run : {DType::F32, DType::BF16}) {
+      OpCase c;
+      const ValueId table = c.weight("embed_tokens", {1024, 96}, run, gather);
+      std::vector<int64_t> ids{0, 5, 1023, 17, 17, 400, 2, 999, 64, 3, 8, 1000, 77};
+      const ValueId id = c.input("ids", ValueInfo{DType::I64, {int64_t(ids.size())}}, ids.data());
+      c.g.mark_output(c.op(OpKind::Embedding, {table, id},
+                           ir::Attrs{{"scale", double(float(std::sqrt(96.0)))}, {"round_scale_to_table", int64_t{1}}}));
+      check(std::string("embedding 1024x96, 13 ids, ") + (gather ? "host-mapped" : "on the device") + ", " +
+                dtype_name(run),
+            c, 0, false, 2);
+    }
+  {
+    OpCase c;
+    const ValueId a = c.input_f32("prefix.k", {968, 1, 256});
+    const ValueId b = c.input_f32("k", {50, 1, 256});
+    c.g.mark_output(c.op(OpKind::Concat, {a, b}, ir::Attrs{{"axis", int64_t{0}}}));
+    const ValueId x = c.input_f32("qkv", {50, 2560});
+    c.g.mark_output(c.op(OpKind::Concat, {x, x}, ir::Attrs{{"axis", int64_t{1}}}));
+    c.g.mark_output(c.op(OpKind::Slice, {x}, ir::Attrs{{"axis", int64_t{1}}, {"start", int64_t{2048}}, {"end", int64_t{2304}}}));
+    c.g.mark_output(c.op(OpKind::Cast, {x}, ir::Attrs{{"dtype", std::string("BF16")}}));
+    check("concat axis 0/1, slice, cast", c, 0);
+  }
+}
+
+// Needs no GPU: the backend is registered, describes its device and, without one, every runtime
+// call returns one clear error (never a crash).
+TEST(SeamCuda, RegisteredAndClearWithoutADevice) {
+  Backend* b = backend_registry().find("cuda");
+  ASSERT_NE(b, nullptr);
+  const DeviceInfo d = b->device();
+  EXPECT_EQ(d.backend, "cuda");
+  EXPECT_EQ(d.memory, MemoryKind::Device);
+  EXPECT_EQ(b->compiler(), nullptr);
+  std::printf("[ device   ] %s\n", d.description.c_str());
+  if (cuda::device_status().is_ok()) {
+    EXPECT_GT(d.compute_major, 0);
+    EXPECT_GT(d.total_memory, 0u);
+    return;
+  }
+  EXPECT_NE(d.description.find("no CUDA device"), std::string::npos) << d.description;
+  OpCase c;
+  linear_case(c, 4, 8, 16, DType::F32, true);
+  auto r = run_on("cuda", c, false);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("no CUDA device"), std::string::npos) << r.status().message();
+  auto buf = b->runtime().allocate(1024, MemoryKind::Device, "x");
+  ASSERT_FALSE(buf.is_ok());
+  EXPECT_NE(buf.status().message().find("no CUDA device"), std::string::npos);
+  EXPECT_FALSE(b->runtime().synchronize().is_ok());
+}
+
+TEST(SeamCuda, OutOfMemoryNamesTheBytes) {
+  if (!cuda::device_status().is_ok()) GTEST_SKIP() << cuda::device_status().message();
+  Backend* b = backend_registry().find("cuda");
+  ASSERT_NE(b, nullptr);
+  auto buf = b->runtime().allocate(uint64_t(1) << 50, MemoryKind::Device, "engine 'x': the activation arena");
+  ASSERT_FALSE(buf.is_ok());
+  EXPECT_EQ(buf.status().code(), StatusCode::ResourceExhausted);
+  EXPECT_NE(buf.status().message().find("engine 'x'"), std::string::npos) << buf.status().message();
+  EXPECT_NE(buf.status().message().find(std::to_string(uint64_t(1) << 50)), std::string::npos) << buf.status().message();
+  // The device stays usable after a failed allocation.
+  auto ok = b->runtime().allocate(1024, MemoryKind::Device, "small");
+  EXPECT_TRUE(ok.is_ok()) << ok.status().message();
+}
+
+// A recorded sequence replays the same work: the CPU runs the body each time, CUDA records the
+// second call and replays from the third; both give the same outputs as direct runs.
+TEST(SeamCuda, RecordedSequenceReplaysTheBody) {
+  for (const char* backend : {"cpu", "cuda"}) {
+    if (std::string(backend) == "cuda" && !cuda::device_status().is_ok()) continue;
+    Backend* b = backend_registry().find(backend);
+    ASSERT_NE(b, nullptr);
+    BackendRuntime& rt = b->runtime();
+    OpCase c;
+    linear_case(c, 50, 64, 32, DType::F32, true);
+    WeightBinding wb;
+    wb.refs = c.g.weights();
+    wb.run_dtypes = c.run_dtypes;
+    wb.files.push_back({c.file.data(), c.file.size(), "op case", nullptr});
+    auto w = rt.bind_weights(wb);
+    ASSERT_TRUE(w.is_ok()) << w.status().message();
+    auto ex = rt.plan(c.g, **w, ExecOptions{});
+    ASSERT_TRUE(ex.is_ok()) << ex.status().message();
+    auto in = rt.allocate(c.inputs[0].size(), MemoryKind::Host, "x");
+    ASSERT_TRUE(in.is_ok());
+    auto seq = rt.make_sequence();
+    std::vector<float> first, out(50 * 32);
+    for (int call = 0; call < 4; ++call) {
+      // New input bytes each call, written into the same Host buffer before the sequence runs.
+      std::vector<float> x = c.random(50 * 64);
+      std::memcpy((*in)->data(), x.data(), x.size() * 4);
+      Executable* e = ex->get();
+      Status st = seq->run(7, [&]() -> Status {
+        VLAC_RETURN_IF_ERROR(e->write_input(0, (*in)->data(), x.size() * 4));
+        return e->run();
+      });
+      ASSERT_TRUE(st.is_ok()) << backend << ": " << st.message();
+      ASSERT_TRUE(rt.copy(out.data(), e->data(e->graph().outputs()[0]), out.size() * 4).is_ok());
+      ASSERT_TRUE(rt.synchronize().is_ok());
+      // The same input through a direct run.
+      ASSERT_TRUE(e->write_input(0, (*in)->data(), x.size() * 4).is_ok());
+      ASSERT_TRUE(e->run().is_ok());
+      std::vector<float> direct(out.size());
+      ASSERT_TRUE(rt.copy(direct.data(), e->data(e->graph().outputs()[0]), direct.size() * 4).is_ok());
+      ASSERT_TRUE(rt.synchronize().is_ok());
+      EXPECT_EQ(rel_err(out, direct), 0.0) << backend << " call " << call;
+    }
+    if (std::string(backend) == "cuda") EXPECT_EQ(seq->replays(), 2u);
+    else EXPECT_EQ(seq->replays(), 0u);
+  }
+}
+
+}  // namespace
+}  // namespace vlac
