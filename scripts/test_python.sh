@@ -12,7 +12,7 @@ t0=$(date +%s)
 rm -rf "$venv"
 "$py" -m venv "$venv"
 # The wheel build reuses ccache where the machine has it (CMakeLists.txt) and runs 2 jobs.
-CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2} "$venv/bin/pip" install -q --disable-pip-version-check . pytest
+CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2} "$venv/bin/python" -m pip install -q --disable-pip-version-check . pytest
 t1=$(date +%s)
 "$venv/bin/python" -c "import vlac; print('python: vlac', vlac.__version__, 'from', vlac.__file__)"
 # From outside the source tree, so `import vlac` is the installed package.

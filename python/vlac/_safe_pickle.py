@@ -79,7 +79,11 @@ def _reconstruct(subtype, shape, dtype):
     if subtype is not np.ndarray:
         raise UnsafePickle("only numpy.ndarray arrays are accepted")
     _check_shape(shape)
-    return np.ndarray.__new__(np.ndarray, shape, _dtype(dtype))
+    if dtype in (b"b", "b"):  # numpy's placeholder type; the real dtype comes with the state
+        dtype = np.dtype(np.int8)
+    elif not isinstance(dtype, np.dtype):
+        dtype = _dtype(dtype)
+    return np.ndarray.__new__(np.ndarray, shape, dtype)
 
 
 def _check_shape(shape):
@@ -182,8 +186,13 @@ class _Module:
 
 
 class _Global:
+    """module.name, resolved by the reader (getattr(import_module(module), name))."""
+
     def __init__(self, module: _Module, name: str):
         self.module, self.name = module, name
+
+    def __call__(self, *args):  # pickle wants a callable in a reduce tuple; only the reader calls it
+        raise TypeError(f"{self.module.name}.{self.name} is resolved by the reader of the pickle")
 
 
 class _Tensor:

@@ -82,7 +82,7 @@ summary = {
     "server_inference_ms_median": statistics.median(inf) if inf else None,
     "server_queue_wait_ms_median": statistics.median(qw) if qw else None,
     "server_total_ms_median": statistics.median(tot) if tot else None,
-    "venv_install_seconds": int(open(os.path.join(out, "install_seconds")).read() or 0),
+    "install": json.load(open(os.path.join(out, "install.json"))),
     "lerobot": __import__("lerobot").__version__ if hasattr(__import__("lerobot"), "__version__") else "0.6.1",
     "torch": torch.__version__,
 }

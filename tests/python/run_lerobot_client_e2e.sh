@@ -26,19 +26,25 @@ fi
 [[ -n "$py" ]] || { echo "e2e: lerobot 0.6.1 needs Python >= 3.12 (set VLAC_E2E_PYTHON)" >&2; exit 2; }
 
 venv=$out/venv
-install_s=0
-if [[ ! -x "$venv/bin/python" ]] || ! "$venv/bin/python" -c 'import lerobot, torch, vlac, lerobot_robot_vlac_fake' 2>/dev/null; then
+lerobot_s=0
+if [[ ! -x "$venv/bin/python" ]] || ! "$venv/bin/python" -c 'import lerobot, torch, grpc' 2>/dev/null; then
   t0=$(date +%s)
   rm -rf "$venv"
   "$py" -m venv "$venv"
   links=()
   [[ -d "$root/.whl" ]] && links=(--find-links "$root/.whl")  # lerobot's wheels, where a checkout has them
-  "$venv/bin/pip" install -q --disable-pip-version-check "${links[@]}" "lerobot[async]==0.6.1"
-  CMAKE_BUILD_PARALLEL_LEVEL=2 "$venv/bin/pip" install -q --disable-pip-version-check . tests/python/lerobot_robot_vlac_fake
-  install_s=$(( $(date +%s) - t0 ))
-  echo "e2e: venv installed in ${install_s} s ($(du -sh "$venv" | cut -f1))"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check "${links[@]}" "lerobot[async]==0.6.1"
+  lerobot_s=$(( $(date +%s) - t0 ))
+  echo "e2e: lerobot 0.6.1 + torch installed in ${lerobot_s} s ($(du -sh "$venv" | cut -f1))"
 fi
-echo "$install_s" > "$out/install_seconds"
+# vlac and the fake robot from this tree, every run (the wheel build reuses build/py/).
+t0=$(date +%s)
+CMAKE_BUILD_PARALLEL_LEVEL=2 "$venv/bin/python" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps \
+  . tests/python/lerobot_robot_vlac_fake
+vlac_s=$(( $(date +%s) - t0 ))
+echo "e2e: vlac + the fake robot installed in ${vlac_s} s"
+printf '{"lerobot_torch_install_seconds": %s, "vlac_install_seconds": %s, "venv_bytes": %s}\n' "$lerobot_s" "$vlac_s" \
+  "$(du -sb "$venv" | cut -f1)" > "$out/install.json"
 
 pkg=$out/pipe_b.vlac
 "$vlac" compile tests/fixtures/pi05/pipe_b_quantiles/policy -o "$pkg" --dtype fp32 --quiet
