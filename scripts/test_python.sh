@@ -8,6 +8,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 py=${VLAC_TEST_PYTHON:-python3}
 venv=build/py-venv
+# scikit-build-core would hand CMake Python's own compiler name (sysconfig: g++); the CMake build
+# picked c++, and ccache keys on the name: the same one lets the wheel build hit its objects.
+export CC=${CC:-cc} CXX=${CXX:-c++}
 t0=$(date +%s)
 rm -rf "$venv"
 "$py" -m venv "$venv"

@@ -26,6 +26,9 @@ fi
 [[ -n "$py" ]] || { echo "e2e: lerobot 0.6.1 needs Python >= 3.12 (set VLAC_E2E_PYTHON)" >&2; exit 2; }
 
 venv=$out/venv
+# scikit-build-core would hand CMake Python's own compiler name (sysconfig: g++); the CMake build
+# picked c++, and ccache keys on the name: the same one lets the wheel build hit its objects.
+export CC=${CC:-cc} CXX=${CXX:-c++}
 lerobot_s=0
 if [[ ! -x "$venv/bin/python" ]] || ! "$venv/bin/python" -c 'import lerobot, torch, grpc' 2>/dev/null; then
   t0=$(date +%s)
