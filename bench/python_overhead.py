@@ -52,7 +52,8 @@ def stats(xs):
 def medium_policy(work: Path, vlac_bin: Path, writer: Path) -> Path:
     d = work / "medium_policy"
     if not (d / "policy_preprocessor.json").exists():
-        run(writer, "--out", d, "--size", "medium")
+        if not (d / "model.safetensors").exists():
+            run(writer, "--out", d, "--size", "medium")
         cfg = json.loads((d / "config.json").read_text())
         state = cfg["input_features"]["observation.state"]["shape"]
         feats = {k: {"type": v["type"], "shape": v["shape"]} for k, v in cfg["input_features"].items()}

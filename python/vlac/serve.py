@@ -20,6 +20,7 @@ import ipaddress
 import logging
 import os
 import queue
+import signal
 import sys
 import threading
 import time
@@ -459,9 +460,12 @@ def main(argv=None) -> int:
         with open(tmp, "w") as f:
             f.write(f"{port}\n")
         os.replace(tmp, args.port_file)
-    try:
-        server.wait_for_termination()
-    except KeyboardInterrupt:
+    # SIGINT and SIGTERM stop it (a handler, since a shell starting it in the background leaves
+    # SIGINT ignored).
+    stopping = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stopping.set())
+    while not stopping.wait(0.5):
         pass
     server.stop(grace=1.0)
     log.info("stopped: %s", service.stats)

@@ -77,8 +77,8 @@ summary = {
     "inferences_served": len(records),
     "chunks_recomputed_bit_identical": checked,
     "executed_actions_matched": matched,
-    "wall_seconds": wall,
-    "steps_per_second": len(executed) / wall if wall > 0 else None,
+    "wall_seconds_incl_client_start": wall,
+    
     "server_inference_ms_median": statistics.median(inf) if inf else None,
     "server_queue_wait_ms_median": statistics.median(qw) if qw else None,
     "server_total_ms_median": statistics.median(tot) if tot else None,

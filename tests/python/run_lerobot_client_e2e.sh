@@ -57,9 +57,12 @@ export HF_HUB_OFFLINE=1 HF_HOME="$out/hf"
 server=$!
 client=""
 cleanup() {
-  [[ -n "$client" ]] && kill -INT "$client" 2>/dev/null || true
-  sleep 1; [[ -n "$client" ]] && kill -KILL "$client" 2>/dev/null || true
-  kill -INT "$server" 2>/dev/null || true
+  # TERM, not INT: a background job of a script ignores SIGINT.
+  [[ -n "$client" ]] && kill -TERM "$client" 2>/dev/null || true
+  kill -TERM "$server" 2>/dev/null || true
+  sleep 2
+  [[ -n "$client" ]] && kill -KILL "$client" 2>/dev/null || true
+  kill -KILL "$server" 2>/dev/null || true
   wait 2>/dev/null || true
 }
 trap cleanup EXIT
@@ -74,7 +77,7 @@ t_start=$(date +%s.%N)
   --actions_per_chunk=5 --chunk_size_threshold=0.5 --aggregate_fn_name=latest_only --fps=30) > "$out/client.log" 2>&1 &
 client=$!
 for _ in $(seq 3000); do
-  n=$(wc -l < "$out/robot/actions.jsonl" 2>/dev/null || echo 0)
+  n=$( (wc -l < "$out/robot/actions.jsonl") 2>/dev/null || echo 0)
   (( n >= steps )) && break
   kill -0 "$client" 2>/dev/null || { echo "e2e: the client exited early:" >&2; tail -30 "$out/client.log" >&2; exit 1; }
   sleep 0.1
@@ -83,5 +86,5 @@ t_end=$(date +%s.%N)
 cleanup
 trap - EXIT
 client=""
-echo "e2e: $(wc -l < "$out/robot/actions.jsonl") control steps in $(echo "$t_end - $t_start" | bc) s"
-"$venv/bin/python" tests/python/check_lerobot_client_e2e.py "$out" "$pkg" "$steps" "$(echo "$t_end - $t_start" | bc)"
+echo "e2e: $(wc -l < "$out/robot/actions.jsonl") control steps in $(awk "BEGIN{print $t_end - $t_start}") s"
+"$venv/bin/python" tests/python/check_lerobot_client_e2e.py "$out" "$pkg" "$steps" "$(awk "BEGIN{print $t_end - $t_start}")"

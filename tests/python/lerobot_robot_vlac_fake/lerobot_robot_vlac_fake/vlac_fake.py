@@ -17,7 +17,7 @@ class VlacFake(Robot):
     def __init__(self, config: VlacFakeConfig):
         super().__init__(config)
         self.config = config
-        self.cameras = [c for c in config.cameras.split(",") if c]
+        self.cameras = [c for c in config.camera_names.split(",") if c]
         self.motors = [m for m in config.motors.split(",") if m]
         self.n_actions = config.actions
         self._connected = False
