@@ -125,7 +125,7 @@ class Policy:
         with). dtype: None (the config's or the package's), "float32"/"fp32", "bfloat16"/"bf16".
         seed: without ``noise=``, call k draws vlac's Gaussian noise of seed + k (call 0 equals
         `vlac run --seed SEED`)."""
-        if device not in ("auto", "cpu", "cuda") and not isinstance(device, str):
+        if not isinstance(device, str):
             raise _core.BadInputError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
         session = _core.Session(
             os.fspath(pretrained_name_or_path),
