@@ -2,6 +2,9 @@
 #include "backends/registry.h"
 
 #include "backends/cpu/backend.h"
+#ifdef VLAC_HAVE_CUDA
+#include "backends/cuda/compile_only_backend.h"  // TEMPORARY: until the CUDA runtime's backend is wired in
+#endif
 
 namespace vlac {
 
@@ -43,6 +46,9 @@ BackendRegistry& backend_registry() {
     auto* r = new BackendRegistry;  // never destroyed: backends may be used from atexit paths
     // Built-in backends, explicitly (a CUDA build adds cuda::make_cuda_backend() here).
     (void)r->add(cpu::make_cpu_backend());
+#ifdef VLAC_HAVE_CUDA
+    (void)r->add(cuda::make_cuda_compile_only_backend());  // TEMPORARY (see compile_only_backend.h)
+#endif
     return r;
   }();
   return *reg;
