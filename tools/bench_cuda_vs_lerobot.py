@@ -274,7 +274,15 @@ def build_lerobot(m: mpf.TinyModel, device: torch.device, dtype: str):
 
 def load_weights(policy, state_dict: dict) -> dict:
     """lerobot's from_pretrained key handling (fix keys, add "model."), then a strict load."""
-    fixed = policy._fix_pytorch_state_dict_keys(dict(state_dict), policy.config)  # noqa: SLF001
+    # A real PaliGemma checkpoint ties lm_head to embed_tokens, and lerobot's key fixing copies
+    # lm_head into embed_tokens. vlac_write_pi05 draws the two apart (so a runtime reading the wrong
+    # one fails); vlac reads embed_tokens, so lerobot is given embed_tokens' values for both.
+    state_dict = dict(state_dict)
+    emb = "model." + VLM + "embed_tokens.weight"
+    for head in ("model.paligemma_with_expert.paligemma.lm_head.weight", "paligemma_with_expert.paligemma.lm_head.weight"):
+        if head in state_dict and emb in state_dict:
+            state_dict[head] = state_dict[emb]
+    fixed = policy._fix_pytorch_state_dict_keys(state_dict, policy.config)  # noqa: SLF001
     sd = {(k if k.startswith("model.") else f"model.{k}"): v for k, v in fixed.items()}
     # transformers >= 5.6 flattened SiglipVisionModel ("vision_tower.vision_model.x" -> "vision_tower.x");
     # vlac_write_pi05 writes the older names (vlac reads both): rename to what this build expects.
@@ -284,6 +292,9 @@ def load_weights(policy, state_dict: dict) -> dict:
             if k.replace(old, new, 1) in want:
                 sd[k.replace(old, new, 1)] = sd.pop(k)
     missing, unexpected = policy.load_state_dict(sd, strict=False)
+    loaded = policy.state_dict()
+    if emb in state_dict and not torch.equal(loaded[emb].cpu(), state_dict[emb].to(loaded[emb].dtype)):
+        raise RuntimeError("lerobot's embedding table differs from the folder's embed_tokens after loading")
     # Tied or unused heads may be absent on one side; anything else is a mismatch.
     if [k for k in missing if "lm_head" not in k] or [k for k in unexpected if "lm_head" not in k]:
         raise RuntimeError(f"lerobot state dict mismatch: missing {missing[:5]}, unexpected {unexpected[:5]}")
