@@ -408,7 +408,10 @@ def main() -> int:
                     help="cuda: CUDA engines + lerobot on the GPU; cpu: CPU package + lerobot on the CPU (plumbing)")
     ap.add_argument("--size", choices=["full", "medium", "demo"], default="full")
     ap.add_argument("--cameras", type=int, default=3)
-    ap.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="the vlac package's dtype")
+    ap.add_argument("--dtype", choices=["bf16", "bf16-all", "fp32"], default="bf16",
+                    help="the vlac package's precision (vlac compile --dtype): bf16 = lerobot's bf16 split (SigLIP, "
+                         "projector, adaRMS denses fp32: 6.06 GiB of weights on the GPU at full size), bf16-all = "
+                         "every matrix bf16 (5.1 GiB)")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=3, help="timed rounds of vlac and of lerobot bf16")
     ap.add_argument("--chunks", type=int, default=50, help="chunks per round of vlac and of lerobot bf16")

@@ -185,6 +185,42 @@ TEST(CudaCompile, FusedEnginesGiveTheCpuPackagesNumbersBf16) {
   }
 }
 
+TEST(CudaCompile, Bf16AllMatricesStoresEveryMatrixInBf16AndStillRuns) {
+  ensure_cuda_compiler();
+  TempDir t;
+  const std::string policy = kFixtures + "tiny_b/policy";
+  Pi05CompileOptions o;
+  o.out = t / "all.vlac";
+  o.backend = "cuda";
+  o.bf16_all_matrices = true;
+  ASSERT_TRUE(compile_pi05(policy, o).is_ok());
+  ASSERT_TRUE(compile(policy, t / "cpu.vlac", "cpu", true).is_ok());
+  auto pkg = Package::open(t / "all.vlac");
+  ASSERT_TRUE(pkg.is_ok());
+  EXPECT_EQ(pkg->manifest().policy["precision"], "bf16-all-matrices");
+  int bf16_vision = 0;
+  for (const PackageEngine& pe : pkg->manifest().engines)
+    for (const json& w : pe.extra["weights"]) {
+      const std::string n = w["name"], dt = w["dtype"];
+      const size_t rank = w["shape"].size();
+      if (n.find("vision_tower") != std::string::npos && rank == 2 && n.find("position_embedding") == std::string::npos) {
+        EXPECT_EQ(dt, "BF16") << n;
+        ++bf16_vision;
+      }
+      if (n.find("dense.weight") != std::string::npos || n.find("multi_modal_projector.linear.weight") != std::string::npos) {
+        EXPECT_EQ(dt, "BF16") << n;
+      }
+      if (rank == 1 || n.find("patch_embedding") != std::string::npos || n.find("position_embedding") != std::string::npos ||
+          n.find("action_") != std::string::npos || n.find("time_mlp") != std::string::npos) {
+        EXPECT_EQ(dt, "F32") << n;
+      }
+    }
+  EXPECT_GT(bf16_vision, 0);
+  const Diff d = run_both(t / "cpu.vlac", t / "all.vlac");
+  std::printf("[fuse] tiny_b bf16-all vs lerobot's bf16 split: max |d| %.3g (max %.3g)\n", d.max_abs, d.max_ref);
+  EXPECT_LE(d.max_abs, 0.1 * std::max(1.0, d.max_ref));  // SigLIP, projector and adaRMS in bf16: not the same rounding
+}
+
 // Reference bytes of `name` from the folder, converted to `dt` (F32 or BF16).
 std::vector<uint8_t> folder_bytes(const TensorSet& ts, const std::string& name, DType dt) {
   const TensorSet::Entry* e = ts.find(name);
