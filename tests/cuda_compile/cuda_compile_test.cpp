@@ -266,7 +266,12 @@ TEST(CudaCompile, EveryWeightIsWhereAndWhatTheManifestSays) {
       ASSERT_TRUE(pe.extra.contains("backend_info")) << pe.name;
       const json& info = pe.extra["backend_info"];
       EXPECT_EQ(info["layout"], cuda::kEngineLayout);
-      EXPECT_TRUE(info["estimate"]["weights_bytes"].is_number_unsigned());
+      // The estimate's weight bytes are the engine file's; activations were planned (arena > 0).
+      const PackageSegment* own = pkg->find("engine/" + pe.name);
+      ASSERT_NE(own, nullptr);
+      EXPECT_EQ(info["estimate"]["weights_bytes"].get<uint64_t>(), own->size) << pe.name;
+      EXPECT_GT(info["estimate"]["arena_bytes"].get<uint64_t>(), 0u) << pe.name;
+      EXPECT_LE(info["estimate"]["compile_peak_bytes"].get<uint64_t>(), 8u << 20) << pe.name;
       EXPECT_EQ(info["chosen_at_load"].size(), 3u);
       std::map<std::string, json> records;
       for (const json& w : pe.extra["weights"]) records[w["name"].get<std::string>()] = w;
