@@ -8,6 +8,9 @@ want+=(ocl-icd-opencl-dev)
 if [[ "${1:-build}" == test ]]; then
   # clang + its runtime for the libFuzzer targets; chromium renders the snapshot HTML in a test.
   want+=(clang libclang-rt-14-dev chromium g++-aarch64-linux-gnu qemu-user-static)
+  # The Python tests (scripts/test_python.sh): a venv, Python's headers for the extension, and
+  # ccache so that `pip install .` reuses the release build's objects.
+  want+=(python3-venv python3-dev ccache)
 fi
 missing=()
 for p in "${want[@]}"; do

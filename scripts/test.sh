@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
-# Install what is missing, build, and run every test: release build, then the ASan+UBSan
+# Install what is missing, build, and run every test: release build, the Python package and its
+# tests (scripts/test_python.sh), then the ASan+UBSan
 # build, then each libFuzzer target for a bounded time, then the arm64 cross build's parity tests
 # under qemu (scripts/test_arm64.sh; VLAC_SKIP_ARM64=1 leaves them out).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh test
 fuzz_seconds=${VLAC_FUZZ_SECONDS:-30}
+# ccache (where installed) lets the wheel build of scripts/test_python.sh reuse the release
+# build's objects instead of compiling libvlac a second time.
+if command -v ccache >/dev/null 2>&1; then
+  export CMAKE_C_COMPILER_LAUNCHER=${CMAKE_C_COMPILER_LAUNCHER:-ccache} CMAKE_CXX_COMPILER_LAUNCHER=${CMAKE_CXX_COMPILER_LAUNCHER:-ccache}
+fi
 
 echo "== release build + tests"
 cmake --preset release >/dev/null
@@ -21,6 +27,9 @@ if grep -qw avx512f /proc/cpuinfo 2>/dev/null; then
 else
   echo "== CPU + fixture tests at the AVX2 cap: skipped (this CPU has no ISA above AVX2 to cap)"
 fi
+
+echo "== Python package (pip install . in a fresh venv) + tests/python"
+scripts/test_python.sh
 
 echo "== ASan + UBSan build + tests"
 cmake --preset asan >/dev/null

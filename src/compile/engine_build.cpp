@@ -78,12 +78,32 @@ void EngineFolder::cleanup() {
   own_ = false;
 }
 
-Result<std::vector<std::string>> EngineBuilder::add_stage(const ir::Graph& g, const std::string& stage,
-                                                          const std::map<ir::ValueId, std::string>& named) {
+Result<std::vector<std::string>> EngineBuilder::add_stage(const ir::Graph& given, const std::string& stage,
+                                                          const std::map<ir::ValueId, std::string>& given_named) {
   auto log = [&](const std::string& s) {
     if (opt_.log) opt_.log(s);
   };
   auto run_dtype = [&](const ir::WeightRef& r) { return opt_.run_dtype ? opt_.run_dtype(r) : r.dtype; };
+  // The backend's own rewrite of the stage (e.g. fused projections), before partitioning.
+  VLAC_ASSIGN_OR_RETURN(std::optional<LoweredGraph> lowered, compiler_.lower(given));
+  std::map<ir::ValueId, std::string> lowered_named;
+  if (lowered) {
+    for (const auto& [v, n] : given_named) {
+      const ir::ValueId nv = size_t(v) < lowered->value_map.size() ? lowered->value_map[size_t(v)] : ir::kNone;
+      if (nv == ir::kNone)
+        return internal_error("compile: backend '" + std::string(compiler_.name()) + "' dropped output '" + n +
+                              "' of stage " + stage);
+      lowered_named[nv] = n;
+    }
+  }
+  const ir::Graph& g = lowered ? lowered->graph : given;
+  const std::map<ir::ValueId, std::string>& named = lowered ? lowered_named : given_named;
+  // A fused weight is stored in one dtype: its parts must agree with it.
+  for (const ir::WeightRef& r : g.weights())
+    for (const ir::WeightRef& part : r.parts)
+      if (run_dtype(part) != run_dtype(r))
+        return unsupported("compile: fused weight '" + r.name + "' would run in " + dtype_name(run_dtype(r)) +
+                           " but its part '" + part.name + "' in " + dtype_name(run_dtype(part)));
   auto packed_bytes = [&](const ir::WeightRef& r) {
     return uint64_t(ir::ValueInfo{run_dtype(r), r.shape}.numel()) * dtype_size(run_dtype(r));
   };
@@ -148,6 +168,13 @@ Result<std::vector<std::string>> EngineBuilder::add_stage(const ir::Graph& g, co
                              {"over_cap", ep.over_cap},
                              {"last_use", std::move(frees)}});
     if (ep.over_cap) pe.extra["over_cap_node"] = ep.over_cap_node;
+    if (!ef.backend_info.empty()) {
+      json info = json::parse(ef.backend_info, nullptr, false);
+      if (!info.is_object())
+        return internal_error("compile: backend '" + ef.backend + "' gave engine " + ep.name +
+                              " a backend_info that is not a JSON object");
+      pe.extra["backend_info"] = std::move(info);
+    }
     manifest_.engines.push_back(std::move(pe));
     names.push_back(ep.name);
 

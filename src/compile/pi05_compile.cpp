@@ -96,7 +96,12 @@ Result<Pi05CompileSummary> compile_pi05(const std::string& policy_dir, const Pi0
   PackageWriter writer(opt.out, wopt);
   EngineBuildOptions bo;
   bo.engine_cap = opt.engine_cap;
-  bo.run_dtype = [bf16](const ir::WeightRef& r) { return Pi05Model::run_dtype(r, bf16); };
+  const bool all = bf16 && opt.bf16_all_matrices;
+  bo.run_dtype = [bf16, all](const ir::WeightRef& r) {
+    const bool matrix = r.shape.size() == 2 && r.name.find("paligemma_with_expert") != std::string::npos &&
+                        r.name.find("position_embedding") == std::string::npos;
+    return all && matrix ? DType::BF16 : Pi05Model::run_dtype(r, bf16);
+  };
   bo.log = opt.log;
   bo.on_stage = opt.on_stage;
   EngineBuilder builder(*compiler, source, *folder, writer, manifest, sum, bo);
@@ -128,6 +133,7 @@ Result<Pi05CompileSummary> compile_pi05(const std::string& policy_dir, const Pi0
   manifest.policy = json::object({
       {"type", "pi05"},
       {"dtype", bf16 ? "bf16" : "fp32"},
+      {"precision", !bf16 ? "fp32" : all ? "bf16-all-matrices" : "bf16-lerobot"},
       {"files", std::move(side)},
       {"stages", std::move(stage_engines)},
       {"cameras", std::move(cams)},

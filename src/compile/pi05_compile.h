@@ -18,6 +18,11 @@ struct Pi05CompileOptions {
   std::string out;                      // OUT.vlac
   std::string backend = "cpu";          // registry name of the backend that builds the engines
   bool bf16 = true;                     // lerobot's bf16 split (Gemma matrices bf16), else fp32
+  /// With bf16: every weight matrix bf16 (also SigLIP, the projector and the adaRMS denses, which
+  /// lerobot's bf16 mode keeps fp32), norms, biases, position and patch embeddings and the flow
+  /// heads fp32: what a GPU needs to fit and to run SigLIP on bf16 tensor cores. Not lerobot's
+  /// rounding points (the manifest's policy "precision" says which).
+  bool bf16_all_matrices = false;
   uint64_t engine_cap = 512ull << 20;   // packed weight bytes per engine
   std::string engine_dir;               // "" = a temporary folder next to OUT, removed after
   bool keep_engine_files = false;       // keep the engine files in engine_dir after packaging

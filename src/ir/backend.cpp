@@ -32,6 +32,9 @@ Result<Subgraph> whole_graph(const ir::Graph& g) {
 }
 
 Result<const uint8_t*> FileWeightSource::map(const ir::WeightRef& ref) {
+  if (!ref.parts.empty())
+    return internal_error("weight '" + ref.name + "' is fused from " + std::to_string(ref.parts.size()) +
+                          " tensors: map each of its parts");
   if (ref.file_id >= files_.size()) return internal_error("weight '" + ref.name + "': file id out of range");
   const WeightFileView& f = files_[ref.file_id];
   uint64_t end = 0;

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -135,12 +136,29 @@ struct EngineBlob {
   uint64_t bytes = 0;
   std::vector<BlobWeight> weights;  // one per StoredWeight, in order
   EngineEstimate estimate;
+  /// Optional: a JSON object (text) the engine builder stores in the manifest as the engine's
+  /// "backend_info" (layouts the kernels read, choices left to load time); "" for none.
+  std::string backend_info;
+};
+
+/// A stage graph rewritten by BackendCompiler::lower: `value_map[v]` is the new id of value v of
+/// the graph given (ir::kNone where the rewrite removed it; every graph output is kept).
+struct LoweredGraph {
+  ir::Graph graph;
+  std::vector<ir::ValueId> value_map;
 };
 
 class BackendCompiler {
  public:
   virtual ~BackendCompiler() = default;
   virtual std::string_view name() const = 0;
+  /// Rewrites a stage graph into the form this backend's engines store and run, before it is
+  /// partitioned (backend-neutral passes such as ir/fuse's fused projections; the result must
+  /// compute the same values). nullopt: the graph as given (the default).
+  virtual Result<std::optional<LoweredGraph>> lower(const ir::Graph& g) const {
+    (void)g;
+    return std::optional<LoweredGraph>();
+  }
   /// True when this backend can run `node` with its current attributes/dtypes.
   virtual bool supports(const ir::Graph& g, ir::NodeId node) const = 0;
   /// Bytes the subgraph will cost (without reading any weight bytes).

@@ -42,6 +42,11 @@ struct WeightRef {
   DType dtype = DType::F32;
   std::vector<int64_t> shape;  // as stored, e.g. [out, in] for a linear weight
   uint64_t bytes = 0;          // numel * dtype_size
+  /// A weight fused from stored tensors (ir/fuse: q|k|v, gate|up): the concatenation of `parts`
+  /// along axis 0, in order (each a plain reference with the same dtype and trailing dims); its
+  /// own file_id/offset are unused. Empty for a tensor stored as one piece. Never serialized:
+  /// the engine that stores it writes the parts as one weight under `name`.
+  std::vector<WeightRef> parts;
 };
 
 /// Attribute values: a small closed set.

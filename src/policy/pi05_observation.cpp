@@ -41,12 +41,12 @@ std::vector<int64_t> unbatched(const std::vector<int64_t>& s, size_t rank) {
 
 // The tensor that becomes policy key `key` after the preprocessor's rename_map (lerobot renames
 // every observation key k to rename_map.get(k, k)). *file_key receives the name in the file.
-const TensorInfo* find_renamed(const SafetensorsFile& f, const Pi05Processor* proc, const std::string& key,
+const ObsTensor* find_renamed(const ObsSource& f, const Pi05Processor* proc, const std::string& key,
                                std::string* file_key) {
   if (proc) {
     for (const auto& [from, to] : proc->rename_map)
       if (to == key)
-        if (const TensorInfo* t = f.find(from)) {
+        if (const ObsTensor* t = f.find(from)) {
           *file_key = from;
           return t;
         }
@@ -72,7 +72,7 @@ bool normalizes(const Pi05Processor* proc, const std::string& key, std::string* 
 
 // One camera frame → float CHW [0,1] at the model resolution (lerobot: prepare_observation_for_
 // inference, the normalizer step, then _preprocess_images).
-Result<std::vector<float>> read_image(const SafetensorsFile& f, const TensorInfo& t, const std::string& key,
+Result<std::vector<float>> read_image(const ObsTensor& t, const std::string& key,
                                       const std::string& path, int64_t channels, int64_t res,
                                       const Pi05Processor* proc) {
   if (t.dtype != DType::F32 && t.dtype != DType::U8)
@@ -98,7 +98,7 @@ Result<std::vector<float>> read_image(const SafetensorsFile& f, const TensorInfo
                               ": too thin to resize to " + std::to_string(res) + "x" + std::to_string(res) +
                               " (a side would become 0 pixels)");
   }
-  const uint8_t* p = f.data(t);
+  const uint8_t* p = t.bytes;
   const size_t n = size_t(C * H * W);
   std::vector<float> img(n);
   for (int64_t c = 0; c < C; ++c)
@@ -120,9 +120,9 @@ Result<std::vector<float>> read_image(const SafetensorsFile& f, const TensorInfo
   return resize_with_pad_chw(img.data(), C, H, W, res, res);
 }
 
-Status read_tokens(const SafetensorsFile& f, const TensorInfo* tok, const std::string& path, int64_t vocab,
+Status read_tokens(const ObsSource& f, const ObsTensor* tok, const std::string& path, int64_t vocab,
                    Pi05Observation* obs) {
-  const TensorInfo* mask = f.find(kMaskKey);
+  const ObsTensor* mask = f.find(kMaskKey);
   if (!mask) return not_found(path + ": missing key '" + std::string(kMaskKey) + "' (bool [L])");
   const std::vector<int64_t> ts = unbatched(tok->shape, 1);
   if (ts.size() != 1 || (tok->dtype != DType::I64 && tok->dtype != DType::I32))
@@ -135,8 +135,8 @@ Status read_tokens(const SafetensorsFile& f, const TensorInfo* tok, const std::s
   if (mask->dtype != DType::BOOL && mask->dtype != DType::U8 && mask->dtype != DType::I64 && mask->dtype != DType::I32)
     return shape_mismatch(path + ": '" + kMaskKey + "' has dtype " + dtype_name(mask->dtype) +
                           ", expected BOOL or an integer type");
-  const uint8_t* tp = f.data(*tok);
-  const uint8_t* mp = f.data(*mask);
+  const uint8_t* tp = tok->bytes;
+  const uint8_t* mp = mask->bytes;
   const uint32_t ms = dtype_size(mask->dtype);
   for (int64_t i = 0; i < L; ++i) {
     bool on = false;
@@ -159,7 +159,7 @@ Status read_tokens(const SafetensorsFile& f, const TensorInfo* tok, const std::s
 }
 
 // Builds and tokenizes lerobot's pi0.5 prompt from the state and the task.
-Status build_prompt(const SafetensorsFile& f, const std::string& path, const Pi05Processor* proc,
+Status build_prompt(const ObsSource& f, const std::string& path, const Pi05Processor* proc,
                     const std::string& task_override, bool have_state, int64_t vocab, Pi05Observation* obs) {
   if (!proc || !proc->tokenizer_step)
     return not_found(path + ": missing key '" + std::string(kTokKey) +
@@ -174,8 +174,8 @@ Status build_prompt(const SafetensorsFile& f, const std::string& path, const Pi0
   if (!task_override.empty()) {
     task = task_override;
   } else {
-    auto it = f.metadata().find(ts.task_key);
-    if (it == f.metadata().end())
+    auto it = f.metadata.find(ts.task_key);
+    if (it == f.metadata.end())
       return not_found(path + ": no task: the file's __metadata__ has no '" + ts.task_key +
                        "' and --task was not given");
     task = it->second;
@@ -214,18 +214,39 @@ Status build_prompt(const SafetensorsFile& f, const std::string& path, const Pi0
 
 }  // namespace
 
+uint64_t ObsTensor::nbytes() const {
+  uint64_t n = dtype_size(dtype);
+  for (int64_t d : shape) n *= uint64_t(d);
+  return n;
+}
+
+const ObsTensor* ObsSource::find(const std::string& key) const {
+  auto it = tensors.find(key);
+  return it == tensors.end() ? nullptr : &it->second;
+}
+
 Result<Pi05Observation> read_pi05_observation(const std::string& obs_path, const Pi05Config& cfg, int64_t channels,
                                               const Pi05Processor* proc, const std::string& task_override,
                                               int64_t vocab) {
-  VLAC_ASSIGN_OR_RETURN(SafetensorsFile f, SafetensorsFile::open(obs_path));
-  const std::string& path = obs_path;
+  VLAC_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::open(obs_path));
+  ObsSource src;  // views into the map, which outlives the read
+  src.origin = obs_path;
+  src.metadata = file.metadata();
+  for (const TensorInfo& t : file.tensors()) src.tensors[t.name] = ObsTensor{t.dtype, t.shape, file.data(t)};
+  return read_pi05_observation(src, cfg, channels, proc, task_override, vocab);
+}
+
+Result<Pi05Observation> read_pi05_observation(const ObsSource& f, const Pi05Config& cfg, int64_t channels,
+                                              const Pi05Processor* proc, const std::string& task_override,
+                                              int64_t vocab) {
+  const std::string& path = f.origin;
   Pi05Observation obs;
   for (const std::string& cam : cfg.cameras) {
     std::string fk;
-    const TensorInfo* t = find_renamed(f, proc, cam, &fk);
+    const ObsTensor* t = find_renamed(f, proc, cam, &fk);
     if (!t) continue;  // absent camera: masked, as lerobot does
     VLAC_ASSIGN_OR_RETURN(std::vector<float> img,
-                          read_image(f, *t, fk, path, channels, cfg.image_resolution, proc));
+                          read_image(*t, fk, path, channels, cfg.image_resolution, proc));
     obs.cameras.push_back(cam);
     obs.images.push_back(std::move(img));
   }
@@ -236,21 +257,21 @@ Result<Pi05Observation> read_pi05_observation(const std::string& obs_path, const
   }
   // The raw state (lerobot's relative step caches it before normalization).
   std::string sk;
-  const TensorInfo* st = find_renamed(f, proc, kStateKey, &sk);
+  const ObsTensor* st = find_renamed(f, proc, kStateKey, &sk);
   if (st) {
     const std::vector<int64_t> s = unbatched(st->shape, 1);
     if (st->dtype != DType::F32 || s.size() != 1 || s[0] < 1)
       return shape_mismatch(path + ": '" + sk + "' is " + std::string(dtype_name(st->dtype)) + shape_str(st->shape) +
                             ", expected F32 [S] (optionally [1, S])");
     obs.state_raw.resize(size_t(s[0]));
-    std::memcpy(obs.state_raw.data(), f.data(*st), st->nbytes());
+    std::memcpy(obs.state_raw.data(), st->bytes, st->nbytes());
     for (size_t i = 0; i < obs.state_raw.size(); ++i)
       if (!std::isfinite(obs.state_raw[i]))
         return invalid_argument(path + ": '" + sk + "' holds " + (std::isnan(obs.state_raw[i]) ? "NaN" : "an infinity") +
                                 " at element " + std::to_string(i));
   }
   std::string tk;
-  if (const TensorInfo* tok = find_renamed(f, proc, kTokKey, &tk)) {
+  if (const ObsTensor* tok = find_renamed(f, proc, kTokKey, &tk)) {
     VLAC_RETURN_IF_ERROR(read_tokens(f, tok, path, vocab, &obs));  // pre-tokenized ids take precedence
   } else {
     VLAC_RETURN_IF_ERROR(build_prompt(f, path, proc, task_override, st != nullptr, vocab, &obs));

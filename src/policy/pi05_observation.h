@@ -4,9 +4,11 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/status.h"
 #include "pi05_spec/pi05_spec.h"
 #include "policy/pi05_processor.h"
@@ -27,6 +29,25 @@ struct Pi05Observation {
   std::vector<uint8_t> lang_mask;          // [L]
 };
 
+/// One tensor of an observation held in memory (a safetensors entry, or an array a caller owns:
+/// the Python binding points into numpy buffers). Row-major, C-contiguous, not owned; `bytes`
+/// must hold numel × dtype_size(dtype) bytes.
+struct ObsTensor {
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;
+  const uint8_t* bytes = nullptr;
+  uint64_t nbytes() const;
+};
+
+/// An observation's tensors and string metadata by key, whatever held them. `origin` names the
+/// observation in every message (the file path for `vlac run`).
+struct ObsSource {
+  std::string origin;
+  std::map<std::string, ObsTensor> tensors;
+  std::map<std::string, std::string> metadata;  // e.g. "task" (a safetensors __metadata__ entry)
+  const ObsTensor* find(const std::string& key) const;
+};
+
 /// Reads lerobot's observation keys from a safetensors file (tensors with or without a leading
 /// batch dim of 1; keys renamed by the preprocessor's rename_map first):
 ///  - `observation.images.<cam>`: float32 CHW in [0, 1] or uint8 HWC (or CHW) frames of any
@@ -42,6 +63,11 @@ struct Pi05Observation {
 /// Errors name the file and the key; bad input is a 1xx code (CLI exit 2).
 /// `vocab` > 0 checks every valid token id against the embedding table's rows.
 Result<Pi05Observation> read_pi05_observation(const std::string& obs_path, const Pi05Config& cfg, int64_t channels,
+                                              const Pi05Processor* proc, const std::string& task_override,
+                                              int64_t vocab = 0);
+/// The same over tensors already in memory (same checks, same messages, with src.origin where
+/// the file path stands): the path `vlac run` takes once the file is mapped.
+Result<Pi05Observation> read_pi05_observation(const ObsSource& src, const Pi05Config& cfg, int64_t channels,
                                               const Pi05Processor* proc, const std::string& task_override,
                                               int64_t vocab = 0);
 

@@ -263,7 +263,7 @@ struct SmallModel {
       const uint64_t off = (file.size() + 63) / 64 * 64;
       file.resize(off + v.size() * 4);
       std::memcpy(file.data() + off, v.data(), v.size() * 4);
-      return g.weight({name, 0, off, DType::F32, std::move(shape), v.size() * 4});
+      return g.weight({name, 0, off, DType::F32, std::move(shape), v.size() * 4, {}});
     };
     const ValueId x = g.add_input("x", {DType::F32, {M, K}});
     const ValueId W1 = put("l1.weight", w1, {N, K});

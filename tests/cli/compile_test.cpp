@@ -664,7 +664,7 @@ TEST(CompileCli, BadFlagsExit2AndWriteNothing) {
       {{"--engine-cap", ""}, "--engine-cap"},
       {{"--engine-cap", "99999999TiB"}, "--engine-cap"},
       {{"--dtype", "fp16"}, "--dtype"},       {{"--dtype", ""}, "--dtype"},
-      {{"--backend", "cuda"}, "--backend"},   {{"--no-such-flag"}, "no-such-flag"},
+      {{"--backend", "nosuch"}, "--backend"}, {{"--no-such-flag"}, "no-such-flag"},
   };
   for (const auto& [flags, needle] : cases) {
     std::vector<std::string> args = {"compile", policy_of("tiny_a"), "-o", out, "--quiet"};

@@ -242,7 +242,7 @@ TEST(CpuExecutor, ErrorsAreClear) {
   EXPECT_NE(ex.status().message().find("'mm'"), std::string::npos) << ex.status().message();
 
   // A weight reference past the end of its file.
-  ir::WeightRef r{"w", 0, 1000, DType::F32, {4}, 16};
+  ir::WeightRef r{"w", 0, 1000, DType::F32, {4}, 16, {}};
   auto bad = CpuWeights::load({r}, {DType::F32}, file.files());
   ASSERT_FALSE(bad.is_ok());
   EXPECT_NE(bad.status().message().find("'w'"), std::string::npos);

@@ -32,7 +32,7 @@ class NullCompiler : public BackendCompiler {
 TEST(IrBackend, NullBackendEstimatesFromReferences) {
   ir::Graph g;
   ir::ValueId x = g.add_input("x", {DType::F32, {2, 4}});
-  ir::ValueId w = g.weight({"w", 0, 128, DType::BF16, {3, 4}, 24});
+  ir::ValueId w = g.weight({"w", 0, 128, DType::BF16, {3, 4}, 24, {}});
   ir::ValueId y = g.add(ir::OpKind::Linear, {x, w}).value();
   g.mark_output(y);
   NullCompiler c;
@@ -50,7 +50,7 @@ TEST(IrBackend, NullBackendEstimatesFromReferences) {
 TEST(IrBackend, WholeGraphAndFileWeightSource) {
   ir::Graph g;
   ir::ValueId x = g.add_input("x", {DType::F32, {2, 4}});
-  ir::ValueId w = g.weight({"w", 0, 8, DType::F32, {1, 4}, 16});
+  ir::ValueId w = g.weight({"w", 0, 8, DType::F32, {1, 4}, 16, {}});
   ir::ValueId y = g.add(ir::OpKind::Linear, {x, w}).value();
   g.mark_output(y);
   auto sub = whole_graph(g);
@@ -63,7 +63,7 @@ TEST(IrBackend, WholeGraphAndFileWeightSource) {
   auto p = src.map(g.weights()[0]);
   ASSERT_TRUE(p.is_ok());
   EXPECT_EQ(*p, bytes.data() + 8);
-  ir::WeightRef outside{"far", 0, 24, DType::F32, {4}, 16};
+  ir::WeightRef outside{"far", 0, 24, DType::F32, {4}, 16, {}};
   auto bad = src.map(outside);
   ASSERT_FALSE(bad.is_ok());
   EXPECT_NE(bad.status().message().find("mem.bin: tensor 'far' lies outside the file"), std::string::npos);

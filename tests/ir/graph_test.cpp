@@ -10,7 +10,7 @@ namespace {
 
 WeightRef wref(std::string name, std::vector<int64_t> shape, DType dt = DType::F32,
                uint64_t offset = 0) {
-  WeightRef w{std::move(name), 0, offset, dt, std::move(shape), 0};
+  WeightRef w{std::move(name), 0, offset, dt, std::move(shape), 0, {}};
   w.bytes = ValueInfo{dt, w.shape}.bytes();
   return w;
 }

@@ -24,7 +24,7 @@ using nlohmann::json;
 const std::string kFixtures = std::string(VLAC_SOURCE_DIR) + "/tests/fixtures/pi05";
 
 WeightRef wref(std::string name, std::vector<int64_t> shape, DType dt = DType::F32) {
-  WeightRef w{std::move(name), 0, 0, dt, std::move(shape), 0};
+  WeightRef w{std::move(name), 0, 0, dt, std::move(shape), 0, {}};
   w.bytes = ValueInfo{dt, w.shape}.bytes();
   return w;
 }

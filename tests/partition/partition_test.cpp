@@ -27,7 +27,7 @@ using ir::ValueId;
 using ir::WeightId;
 
 ir::WeightRef wref(std::string name, std::vector<int64_t> shape, DType dt = DType::F32) {
-  ir::WeightRef w{std::move(name), 0, 0, dt, std::move(shape), 0};
+  ir::WeightRef w{std::move(name), 0, 0, dt, std::move(shape), 0, {}};
   w.bytes = ir::ValueInfo{dt, w.shape}.bytes();
   return w;
 }

@@ -54,6 +54,7 @@ void register_mem_plan(CLI::App& mem);
 void register_mem_snapshot(CLI::App& mem);
 void register_run(CLI::App& app);
 void register_compile(CLI::App& app);
+void register_serve(CLI::App& app);
 
 /// `vlac run PACKAGE.vlac ...` (cmd_run_package.cpp); cmd_run dispatches to it on the magic.
 struct PackageRunArgs {

@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   vlac::cli::register_mem(app);
   vlac::cli::register_compile(app);
   vlac::cli::register_run(app);
+  vlac::cli::register_serve(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

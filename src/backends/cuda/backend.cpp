@@ -7,6 +7,7 @@
 #include <map>
 #include <mutex>
 
+#include "backends/cuda/compiler.h"
 #include "backends/cuda/context.h"
 #include "backends/cuda/executor.h"
 #include "backends/cuda/kernels.h"
@@ -229,13 +230,13 @@ class CudaBackend final : public Backend {
                     format_bytes(d.total_memory) + " total, " + format_bytes(d.free_memory) + " free)";
     return d;
   }
-  // The compile half (vlac compile --backend cuda, engines in the kernels' layouts) is its own
-  // piece of work; this backend runs packages and policy folders.
-  BackendCompiler* compiler() override { return nullptr; }
+  // Host-only (compiler.h): packages for the GPU are built on GPU-less machines too.
+  BackendCompiler* compiler() override { return compiler_.get(); }
   BackendRuntime& runtime() override { return runtime_; }
 
  private:
   CudaRuntime runtime_;
+  std::unique_ptr<BackendCompiler> compiler_ = make_cuda_compiler();
 };
 
 }  // namespace

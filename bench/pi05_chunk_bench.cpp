@@ -1,0 +1,210 @@
+// pi0.5 chunk latency from a .vlac package, split by stage, on whatever backend its engines name
+// (cpu or cuda): the first chunk of the process (cold start: process start to first action) then
+// warm-up chunks, then ROUNDS x CHUNKS timed chunks, each with its stage times (vision per camera,
+// text, prefix LM, each denoising step); median and min per stage. One JSON (with the meter's
+// memory report) and the first chunk's actions. Used by tools/bench_cuda_vs_lerobot.py. Not a test.
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "mem/meter.h"
+#include "policy/pi05_observation.h"
+#include "policy/pi05_policy.h"
+#include "runtime/pi05_package_policy.h"
+
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+// Seconds since this process started (kernel start time; 1/CLK_TCK resolution).
+double seconds_since_process_start() {
+  std::ifstream f("/proc/self/stat");
+  std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const size_t rp = s.rfind(')');
+  if (rp == std::string::npos) return -1;
+  std::istringstream in(s.substr(rp + 2));
+  std::string field;
+  unsigned long long start_ticks = 0;
+  for (int i = 3; i <= 22 && in >> field; ++i)
+    if (i == 22) start_ticks = std::stoull(field);
+  timespec ts{};
+  ::clock_gettime(CLOCK_BOOTTIME, &ts);
+  return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9 - double(start_ticks) / double(::sysconf(_SC_CLK_TCK));
+}
+
+double ms(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); }
+
+json stats(std::vector<double> v) {
+  if (v.empty()) return nullptr;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  const double med = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+  return json::object({{"median_ms", med}, {"min_ms", v.front()}, {"max_ms", v.back()}, {"n", n}});
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const double start_to_main_s = seconds_since_process_start();
+  const Clock::time_point t_main = Clock::now();
+  std::string pkg_path, obs_path, noise_path, out_json, out_actions;
+  int warmup = 3, rounds = 3, chunks = 50, threads = 2;
+  CLI::App app{"pi05_chunk_bench: per-stage pi0.5 chunk latency of a .vlac package (JSON)"};
+  app.add_option("package", pkg_path, ".vlac package")->required();
+  app.add_option("--obs", obs_path, "observation safetensors (lerobot keys)")->required();
+  app.add_option("--noise", noise_path, "noise safetensors ('noise' [chunk, max_action_dim]); default: seed 0");
+  app.add_option("--warmup", warmup, "chunks after the first, untimed (default 3)");
+  app.add_option("--rounds", rounds, "timed rounds (default 3)");
+  app.add_option("--chunks", chunks, "chunks per round (default 50)");
+  app.add_option("--threads", threads, "CPU threads (default 2)");
+  app.add_option("--out", out_json, "result JSON")->required();
+  app.add_option("--actions", out_actions, "write the first chunk's action_normalized here (safetensors)");
+  CLI11_PARSE(app, argc, argv);
+
+  vlac::MemMeter meter("pi05_chunk_bench");
+  auto fail = [&](const vlac::Status& st) {
+    std::fprintf(stderr, "pi05_chunk_bench: %s\n", st.message().c_str());
+    return st.exit_code();
+  };
+  meter.begin_phase("load");
+  vlac::Pi05PackageOptions opts;
+  opts.threads = threads;
+  auto policy = vlac::Pi05PackagePolicy::open(pkg_path, opts);
+  if (!policy.is_ok()) return fail(policy.status());
+  const int64_t vocab = policy->package().manifest().policy.value("vocab", int64_t{0});
+  vlac::Pi05Processor proc = policy->processor();
+  auto obs = vlac::read_pi05_observation(obs_path, policy->config(), policy->channels(), &proc, "", vocab);
+  if (!obs.is_ok()) return fail(obs.status());
+  const int64_t H = policy->chunk_size(), A = policy->max_action_dim();
+  std::vector<float> noise;
+  if (!noise_path.empty()) {
+    auto n = vlac::read_pi05_noise(noise_path, H, A);
+    if (!n.is_ok()) return fail(n.status());
+    noise = std::move(*n);
+  } else {
+    noise = vlac::pi05_gaussian_noise(0, H * A);
+  }
+  std::vector<float> action(size_t(H * A));
+  const Clock::time_point t_open = Clock::now();
+
+  struct Row {
+    int round = -1;  // -2: first chunk, -1: warm-up
+    double total = 0, prefix = 0, denoise = 0;
+    vlac::Pi05PackageStats st;
+  };
+  std::vector<Row> rows;
+  auto chunk = [&](int round) -> vlac::Status {
+    const Clock::time_point a = Clock::now();
+    VLAC_RETURN_IF_ERROR(policy->run_prefix(*obs));
+    const Clock::time_point b = Clock::now();
+    VLAC_RETURN_IF_ERROR(policy->denoise(noise.data(), action.data()));
+    const Clock::time_point c = Clock::now();
+    rows.push_back({round, ms(a, c), ms(a, b), ms(b, c), policy->stats()});
+    return vlac::Status::ok();
+  };
+  meter.begin_phase("first_chunk");
+  if (auto st = chunk(-2); !st.is_ok()) return fail(st);
+  const double first_action_s = seconds_since_process_start();
+  const Clock::time_point t_first = Clock::now();
+  if (!out_actions.empty()) {
+    int64_t D = 0;
+    if (auto st = vlac::write_pi05_run_output(out_actions, action.data(), H, A, policy->config(), proc, *obs,
+                                              policy->bf16(), &D);
+        !st.is_ok())
+      return fail(st);
+  }
+  meter.begin_phase("warmup");
+  for (int i = 0; i < warmup; ++i)
+    if (auto st = chunk(-1); !st.is_ok()) return fail(st);
+  meter.begin_phase("timed");
+  for (int r = 0; r < rounds; ++r)
+    for (int i = 0; i < chunks; ++i)
+      if (auto st = chunk(r); !st.is_ok()) return fail(st);
+  meter.end_phase();
+
+  // Per stage over all timed chunks and per round.
+  auto collect = [&](int round) {
+    std::map<std::string, std::vector<double>> s;
+    for (const Row& row : rows) {
+      if (row.round < 0 || (round >= 0 && row.round != round)) continue;
+      s["chunk"].push_back(row.total);
+      s["prefix"].push_back(row.prefix);
+      s["denoise"].push_back(row.denoise);
+      double vision = 0;
+      for (double v : row.st.vision_ms) vision += v;
+      s["vision"].push_back(vision);
+      s["text"].push_back(row.st.text_ms);
+      s["prefix_lm"].push_back(row.st.lm_ms);
+      for (size_t k = 0; k < row.st.step_ms.size(); ++k) s["step." + std::to_string(k)].push_back(row.st.step_ms[k]);
+    }
+    json o = json::object();
+    for (auto& [k, v] : s) o[k] = stats(v);
+    return o;
+  };
+  json per_round = json::array();
+  for (int r = 0; r < rounds; ++r) per_round.push_back(collect(r));
+  json chunk_rows = json::array();
+  for (const Row& row : rows)
+    chunk_rows.push_back(json::object({{"round", row.round},
+                                       {"chunk_ms", row.total},
+                                       {"prefix_ms", row.prefix},
+                                       {"denoise_ms", row.denoise},
+                                       {"vision_ms", row.st.vision_ms},
+                                       {"text_ms", row.st.text_ms},
+                                       {"prefix_lm_ms", row.st.lm_ms},
+                                       {"step_ms", row.st.step_ms}}));
+  const Row& first = rows.front();
+  vlac::MemReport rep = meter.finish();
+  json out = json::object({
+      {"package", pkg_path},
+      {"engines_backends",
+       [&] {
+         json b = json::array();
+         for (const auto& e : policy->package().manifest().engines)
+           if (std::find(b.begin(), b.end(), e.backend) == b.end()) b.push_back(e.backend);
+         return b;
+       }()},
+      {"dtype", policy->bf16() ? "bf16" : "fp32"},
+      {"cameras_present", obs->cameras.size()},
+      {"prefix_tokens", int64_t(obs->cameras.size()) * policy->image_tokens() + int64_t(obs->tokens.size())},
+      {"steps", policy->steps()},
+      {"warmup", warmup},
+      {"rounds", rounds},
+      {"chunks_per_round", chunks},
+      {"cold_start",
+       json::object({{"process_start_to_main_s", start_to_main_s},
+                     {"process_start_to_first_action_s", first_action_s},
+                     {"open_ms", ms(t_main, t_open)},
+                     {"first_chunk_ms", first.total},
+                     {"first_prefix_ms", first.prefix},
+                     {"first_denoise_ms", first.denoise},
+                     {"main_to_first_action_ms", ms(t_main, t_first)}})},
+      {"summary", collect(-1)},
+      {"per_round", std::move(per_round)},
+      {"chunks", std::move(chunk_rows)},
+      {"memory", json::parse(rep.to_json())},
+  });
+  std::ofstream f(out_json);
+  f << out.dump(2) << "\n";
+  if (!f) {
+    std::fprintf(stderr, "pi05_chunk_bench: cannot write %s\n", out_json.c_str());
+    return 1;
+  }
+  std::fprintf(stderr, "pi05_chunk_bench: %s: chunk median %.2f ms (min %.2f) over %d x %d; first action %.2f s after process start; %s\n",
+               pkg_path.c_str(), out["summary"]["chunk"]["median_ms"].get<double>(),
+               out["summary"]["chunk"]["min_ms"].get<double>(), rounds, chunks, first_action_s,
+               rep.summary_line().c_str());
+  return 0;
+}
