@@ -4,7 +4,7 @@
 // --rounds x --chunks replays. Prints JSON (also to --out): per-stage eager times, median/min of
 // the recorded chunk per round, the recorded chunk's agreement with the eager one, cold start
 // to the first action (page cache as found), peak host RSS and GPU memory above idle.
-// Usage: cuda_chunk_bench --policy DIR --obs OBS.safetensors [--dtype bf16|fp32] [--rounds 3]
+// Usage: cuda_chunk_bench --policy DIR --obs OBS.safetensors [--dtype bf16|fp32] [--rounds 3] [--vision fp32|tf32|bf16]
 //        [--chunks 50] [--out FILE.json]
 #include <algorithm>
 #include <chrono>
@@ -39,12 +39,14 @@ int main(int argc, char** argv) {
   const Clock::time_point t_start = Clock::now();
   std::string policy, obs_path, out, dtype = "bf16";
   int rounds = 3, chunks = 50;
+  std::string vision = "fp32";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--policy") policy = v;
     else if (k == "--obs") obs_path = v;
     else if (k == "--out") out = v;
     else if (k == "--dtype") dtype = v;
+    else if (k == "--vision" && (v == "fp32" || v == "tf32" || v == "bf16")) vision = v;
     else if (k == "--rounds") rounds = std::max(1, std::atoi(v.c_str()));
     else if (k == "--chunks") chunks = std::max(1, std::atoi(v.c_str()));
     else {
@@ -53,7 +55,7 @@ int main(int argc, char** argv) {
     }
   }
   if (policy.empty() || obs_path.empty()) {
-    std::fprintf(stderr, "usage: cuda_chunk_bench --policy DIR --obs OBS [--dtype bf16|fp32] [--rounds N] [--chunks N] [--out F]\n");
+    std::fprintf(stderr, "usage: cuda_chunk_bench --policy DIR --obs OBS [--dtype bf16|fp32] [--rounds N] [--chunks N] [--out F] [--vision fp32|tf32|bf16]\n");
     return 2;
   }
   Backend* cuda = backend_registry().find("cuda");
@@ -69,6 +71,9 @@ int main(int argc, char** argv) {
   Pi05PolicyOptions o;
   o.backend = "cuda";
   o.precision = dtype == "fp32" ? Pi05Precision::Fp32 : Pi05Precision::Bf16;
+  o.vision = vision == "bf16"   ? Pi05PolicyOptions::Vision::Bf16
+             : vision == "tf32" ? Pi05PolicyOptions::Vision::Tf32
+                                : Pi05PolicyOptions::Vision::Fp32;
   const Clock::time_point t0 = Clock::now();
   auto pol = Pi05Policy::load(policy, o);
   if (!pol.is_ok()) return fail(pol.status());
@@ -124,6 +129,7 @@ int main(int argc, char** argv) {
       {"device", cuda->device().description},
       {"policy", policy},
       {"dtype", pol->bf16() ? "bf16" : "fp32"},
+      {"vision", pol->bf16() ? vision : std::string("fp32")},
       {"cameras", obs->cameras.size()},
       {"prompt_tokens", obs->tokens.size()},
       {"prefix_tokens", P},

@@ -207,6 +207,11 @@ struct ExecOptions {
   /// Attention with one KV head shared by several query heads runs its matmuls in bf16
   /// (lerobot's bf16 mode computes Gemma's and the expert's attention so).
   bool bf16_mqa_attention = false;
+  /// Opt-in speed over parity for the fp32 part of a bf16-mode prefix (SigLIP, which lerobot's
+  /// bf16 mode keeps fp32): fp32 GEMMs use TF32 tensor cores and fp32 attentions with dh 72/256
+  /// run in the bf16 attention kernel. Off by default: the default bf16 mode matches lerobot's.
+  /// A backend without such kernels ignores it (the CPU does).
+  bool fast_vision = false;
   /// Names the executable in messages (an engine name, "prefix"); backends prefix their errors
   /// with it (a CUDA error or an out-of-memory names the engine, the node and the bytes).
   std::string label;

@@ -239,11 +239,18 @@ bool Pi05Model::gather_only_weight(const std::string& name) {
   return name.find("embed_tokens") != std::string::npos || name.find("lm_head") != std::string::npos;
 }
 
-DType Pi05Model::run_dtype(const ir::WeightRef& r, bool bf16) {
+bool Pi05Model::vision_weight(const std::string& name) {
+  if (name.find("position_embedding") != std::string::npos) return false;  // read by an fp32 Add
+  return name.find("vision_tower") != std::string::npos || name.find("multi_modal_projector") != std::string::npos;
+}
+
+DType Pi05Model::run_dtype(const ir::WeightRef& r, bool bf16, bool vision_bf16) {
   const bool table = r.name.find("embed_tokens") != std::string::npos || r.name.find("lm_head") != std::string::npos;
   if (table && r.dtype == DType::BF16) return DType::BF16;
   if (table && r.dtype == DType::F32) return bf16 ? DType::BF16 : DType::F32;
-  return bf16 && lerobot_bf16_weight(r.name) && r.shape.size() == 2 ? DType::BF16 : DType::F32;
+  // vision_bf16 (an opt-in beyond lerobot's bf16 mode): SigLIP's matrices in bf16 too.
+  const bool to_bf16 = lerobot_bf16_weight(r.name) || (vision_bf16 && vision_weight(r.name));
+  return bf16 && to_bf16 && r.shape.size() == 2 ? DType::BF16 : DType::F32;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -70,7 +70,10 @@ class Pi05Model {
   /// BF16 for lerobot's bf16 matrices and the embedding table when `bf16` (a BF16 table stays
   /// BF16), else F32. A folder run keeps an F32 table mapped and rounds gathered rows
   /// (gather_only_weight), a package stores it converted: the same bits either way.
-  static DType run_dtype(const ir::WeightRef& ref, bool bf16);
+  /// `vision_bf16` (Pi05PolicyOptions::Vision::Bf16, beyond lerobot) adds SigLIP's matrices.
+  static DType run_dtype(const ir::WeightRef& ref, bool bf16, bool vision_bf16 = false);
+  /// SigLIP's and the projector's Linear matrices (which lerobot's bf16 mode keeps fp32).
+  static bool vision_weight(const std::string& name);
   /// The embedding table (only looked-up rows are ever read).
   static bool gather_only_weight(const std::string& name);
 

@@ -120,7 +120,7 @@ Result<Pi05Policy> Pi05Policy::load(const std::string& policy_dir, Pi05PolicyOpt
   // The embedding table stays mapped (only looked-up rows are paged in); in bf16 mode its rows
   // are rounded on gather, the same bits as the converted table a package stores.
   for (const auto& r : refs) {
-    wb.run_dtypes.push_back(Pi05Model::run_dtype(r, p.bf16_));
+    wb.run_dtypes.push_back(Pi05Model::run_dtype(r, p.bf16_, options.vision == Pi05PolicyOptions::Vision::Bf16));
     wb.gather_only.push_back(Pi05Model::gather_only_weight(r.name));
   }
   wb.refs = std::move(refs);
@@ -160,7 +160,9 @@ Status Pi05Policy::plan_for(const Pi05PrefixShape& shape) {
   VLAC_ASSIGN_OR_RETURN(Pi05Graph pg, m.build_prefix(shape, debug));
   prefix_outputs_ = pg.outputs;
   eo.label = "prefix";
+  eo.fast_vision = options_.vision != Pi05PolicyOptions::Vision::Fp32 && bf16_;
   VLAC_ASSIGN_OR_RETURN(prefix_, rt.plan(std::move(pg.graph), *weights_, eo));
+  eo.fast_vision = false;
   const int64_t P = int64_t(shape.cameras.size()) * m.image_tokens() + shape.n_text;
   VLAC_ASSIGN_OR_RETURN(Pi05Graph sg, m.build_step(P, debug));
   step_outputs_ = sg.outputs;

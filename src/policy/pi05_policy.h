@@ -28,6 +28,13 @@ struct Pi05PolicyOptions {
   bool record_intermediates = false;  // keep every intermediate for --dump-intermediates
   bool pack_weights = false;  // ExecOptions::pack_weights (a packed copy of the weights)
   std::string backend = "cpu";  // registry name (backends/registry.h)
+  /// SigLIP in a bf16-mode run (ignored in fp32). Lerobot keeps it fp32 (the default, which
+  /// matches lerobot's bf16 fixtures); the others are explicit opt-ins that leave lerobot's
+  /// rounding points in the vision tower for speed: Tf32 = its fp32 GEMMs on TF32 tensor cores
+  /// and its attention in the bf16 kernel (ExecOptions::fast_vision); Bf16 = also its matrices
+  /// stored and multiplied in bf16 (0.8 GiB less device memory at full size).
+  enum class Vision { Fp32, Tf32, Bf16 };
+  Vision vision = Vision::Fp32;
 };
 
 /// The observation of `path` for this model (see policy/pi05_observation.h), without a

@@ -62,10 +62,12 @@ struct ChainRun {
   uint64_t replays = 0;
 };
 
-ChainRun run_folder(const std::string& dir, const std::string& backend, Pi05Precision p, const Pi05Observation* obs_override = nullptr) {
+ChainRun run_folder(const std::string& dir, const std::string& backend, Pi05Precision p, const Pi05Observation* obs_override = nullptr,
+                    Pi05PolicyOptions::Vision vision = Pi05PolicyOptions::Vision::Fp32) {
   ChainRun r;
   Pi05PolicyOptions o;
   o.precision = p;
+  o.vision = vision;
   o.backend = backend;
   auto pol = Pi05Policy::load(dir + "/policy", o);
   EXPECT_TRUE(pol.is_ok()) << pol.status().message();
@@ -124,6 +126,29 @@ TEST_F(CudaChain, FolderBf16MatchesLerobotBf16) {
     EXPECT_LE(vs_fp32, 2e-2);
     EXPECT_LE(vs_bf16, 2e-2);
     std::printf("[ cuda     ] tiny_a --dtype bf16 on cuda: vs lerobot fp32 %.3g, vs lerobot bf16 %.3g\n", vs_fp32, vs_bf16);
+  }
+}
+
+// The opt-in vision modes (SigLIP in TF32 or bf16, its attention in the bf16 kernel) stay within
+// the suite's bf16 tolerance of lerobot's bf16 mode, and their recorded chunks equal the eager
+// run. The bound (|vlac - lerobot fp32| <= |lerobot bf16 - lerobot fp32|) is printed for
+// the record; the full-size benchmark against lerobot is where it is decided.
+TEST_F(CudaChain, FastVisionStaysWithinTheBf16Tolerance) {
+  using V = Pi05PolicyOptions::Vision;
+  const std::string dir = kFixtures + "/tiny_a";
+  const std::vector<float> fp32 = read_f32(dir + "/expected.safetensors", "action_normalized");
+  const std::vector<float> bf16 = read_f32(kFixtures + "/tiny_a_bf16/expected.safetensors", "action_normalized");
+  ChainRun def = run_folder(dir, "cuda", Pi05Precision::Bf16);
+  for (V v : {V::Tf32, V::Bf16}) {
+    const char* name = v == V::Tf32 ? "tf32" : "bf16";
+    ChainRun r = run_folder(dir, "cuda", Pi05Precision::Bf16, nullptr, v);
+    const double vs_fp32 = max_abs_diff(r.eager, fp32), vs_bf16 = max_abs_diff(r.eager, bf16);
+    EXPECT_LE(vs_fp32, 2e-2) << name;
+    EXPECT_LE(vs_bf16, 2e-2) << name;
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(max_abs_diff(r.chunks[i], r.eager), 0.0) << name << " chunk " << i;
+    std::printf("[ cuda     ] tiny_a bf16, vision %s: vs lerobot fp32 %.3g (default bf16 %.3g, lerobot bf16 %.3g), "
+                "vs lerobot bf16 %.3g\n",
+                name, vs_fp32, max_abs_diff(def.eager, fp32), max_abs_diff(bf16, fp32), vs_bf16);
   }
 }
 

@@ -40,13 +40,15 @@ __global__ void geglu_kernel(const Tx* gate, const Tx* up, int64_t in_stride, Ty
   }
 }
 
-__global__ void euler_kernel(float* x, const float* v, float dt, int64_t n) {
-  VLAC_GRID_LOOP(i, n) x[i] += dt * v[i];
+__global__ void euler_kernel(const float* x, const float* v, float dt, float* y, int64_t n) {
+  VLAC_GRID_LOOP(i, n) y[i] = x[i] + dt * v[i];
 }
 
-template <typename T>
-__global__ void rope_kernel(T* x, int64_t row_stride, const int64_t* pos, int64_t t, int64_t h, int64_t dh,
-                            float base) {
+// Reads rows of x (`x_stride` apart) and writes the rotated rows to y (`y_stride` apart); y may
+// be x (in place) or another buffer of another dtype (one rounding at the store).
+template <typename Tx, typename Ty>
+__global__ void rope_kernel(const Tx* x, int64_t x_stride, Ty* y, int64_t y_stride, const int64_t* pos, int64_t t,
+                            int64_t h, int64_t dh, float base) {
   const int64_t half = dh / 2;
   VLAC_GRID_LOOP(idx, t * h * half) {
     const int64_t i = idx % half, hi = (idx / half) % h, ti = idx / (half * h);
@@ -54,10 +56,11 @@ __global__ void rope_kernel(T* x, int64_t row_stride, const int64_t* pos, int64_
     const float a = float(pos[ti]) * inv_freq;
     float s, c;
     sincosf(a, &s, &c);
-    T* xr = x + ti * row_stride + hi * dh;
+    const Tx* xr = x + ti * x_stride + hi * dh;
+    Ty* yr = y + ti * y_stride + hi * dh;
     const float x0 = ld(xr, i), x1 = ld(xr, i + half);
-    st(xr, i, x0 * c - x1 * s);
-    st(xr, i + half, x1 * c + x0 * s);
+    st(yr, i, x0 * c - x1 * s);
+    st(yr, i + half, x1 * c + x0 * s);
   }
 }
 
@@ -147,25 +150,34 @@ Status geglu(cudaStream_t stream, const void* gate, const void* up, DType it, in
 }
 
 Status euler_step(cudaStream_t stream, float* x, const float* v, float dt, int64_t n) {
+  return euler_step_to(stream, x, v, dt, x, n);
+}
+
+Status euler_step_to(cudaStream_t stream, const float* x, const float* v, float dt, float* y, int64_t n) {
   VLAC_RETURN_IF_ERROR(check_n("euler_step", n));
   if (n == 0) return Status::ok();
-  euler_kernel<<<grid_1d(n, kThreads), kThreads, 0, stream>>>(x, v, dt, n);
+  euler_kernel<<<grid_1d(n, kThreads), kThreads, 0, stream>>>(x, v, dt, y, n);
   return launch_status("euler_step");
 }
 
 Status rope(cudaStream_t stream, void* x, DType xt, int64_t row_stride, const int64_t* pos, int64_t t, int64_t h,
             int64_t dh, float base) {
-  if (!is_act(xt)) return bad_dtype("rope");
-  if (t < 0 || h <= 0 || dh <= 0 || dh % 2 != 0 || row_stride < h * dh)
-    return invalid_argument("rope: bad shape (dh must be even, row_stride >= h·dh)");
+  return rope_to(stream, x, xt, row_stride, x, xt, row_stride, pos, t, h, dh, base);
+}
+
+Status rope_to(cudaStream_t stream, const void* x, DType xt, int64_t x_stride, void* y, DType yt, int64_t y_stride,
+               const int64_t* pos, int64_t t, int64_t h, int64_t dh, float base) {
+  if (!is_act(xt) || !is_act(yt)) return bad_dtype("rope");
+  if (t < 0 || h <= 0 || dh <= 0 || dh % 2 != 0 || x_stride < h * dh || y_stride < h * dh)
+    return invalid_argument("rope: bad shape (dh must be even, row strides >= h·dh)");
+  if (x == y && (xt != yt || x_stride != y_stride)) return invalid_argument("rope: in place needs one dtype and stride");
   if (t == 0) return Status::ok();
   const int64_t n = t * h * (dh / 2);
-  if (xt == DType::F32)
-    rope_kernel<<<grid_1d(n, kThreads), kThreads, 0, stream>>>(static_cast<float*>(x), row_stride, pos, t, h, dh, base);
-  else
-    rope_kernel<<<grid_1d(n, kThreads), kThreads, 0, stream>>>(static_cast<uint16_t*>(x), row_stride, pos, t, h, dh,
-                                                               base);
-  return launch_status("rope");
+  return dispatch2(xt, yt, [&]<typename Tx, typename Ty>() {
+    rope_kernel<<<grid_1d(n, kThreads), kThreads, 0, stream>>>(static_cast<const Tx*>(x), x_stride, static_cast<Ty*>(y),
+                                                               y_stride, pos, t, h, dh, base);
+    return launch_status("rope");
+  });
 }
 
 Status im2col_patches(cudaStream_t stream, const float* img, void* cols, DType ct, int64_t c, int64_t y, int64_t x,

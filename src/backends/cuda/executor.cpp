@@ -170,6 +170,7 @@ Status CudaExecutable::plan(const CudaWeights& weights) {
         p.gemm.epilogue = n.inputs.size() == 3 ? Epilogue::Bias : Epilogue::None;
         p.weight_dtype = wd;
         p.bf16 = wd == DType::BF16 && x.dtype == DType::F32;  // x rounded to bf16 on the way in
+        p.gemm.tf32 = options_.fast_vision && wd == DType::F32 && x.dtype == DType::F32;
         if (p.bf16) scratch = std::max(scratch, al(uint64_t(x.numel()) * 2));
         if (p.gemm.m > 0) {
           Status st = ctx_->gemm().plan(p.gemm);
@@ -210,6 +211,8 @@ Status CudaExecutable::plan(const CudaWeights& weights) {
         s.t = q[0], s.h = q[1], s.dh = q[2], s.s = k[0], s.hk = k[1], s.dv = v[2];
         p.att = s;
         p.bf16 = options_.bf16_mqa_attention && s.hk == 1 && s.h > 1 && s.dh == s.dv && (s.dh == 72 || s.dh == 256);
+        // fast_vision: SigLIP's fp32 attention (16 heads of 72) in the bf16 tensor-core kernel too.
+        if (options_.fast_vision && s.dh == s.dv && (s.dh == 72 || s.dh == 256)) p.bf16 = true;
         const DType io = p.bf16 ? DType::BF16 : DType::F32;
         p.splits = attention_splits(s, io, ctx_->sms());
         uint64_t at = 0;
@@ -357,7 +360,204 @@ Status CudaExecutable::plan(const CudaWeights& weights) {
   }
   for (size_t i = 0; i < inputs_.size(); ++i)
     if (inputs_[i].keep_shadow) inputs_[i].shadow.resize(g.info(g.inputs()[i]).bytes());
+  plan_bf16_stores();
+  plan_residual_norms();
+  // Memo results read in place from their slot (point_memo_results): those that own their
+  // arena block (not graph outputs, whose pointers callers may keep).
+  arena_off_.assign(nv, -1);
+  for (const auto& [v, off] : arena_blocks_) arena_off_[size_t(v)] = int64_t(off);
+  if (memo_.enabled()) {
+    memo_in_slot_.assign(nv, 0);
+    std::vector<uint8_t> out(nv, 0);
+    for (ValueId o : g.outputs()) out[size_t(root_[size_t(o)])] = 1;
+    for (NodeId id : order_)
+      for (const auto& [v, off] : memo_.results[size_t(id)]) {
+        const size_t r = size_t(root_[size_t(v)]);
+        if (ValueId(r) == v && !out[r] && arena_off_[r] >= 0) memo_in_slot_[r] = 1;
+      }
+    // An adaRMS gate (mod[2D:3D]) of a modulation kept in the slot is a view there, not a copy.
+    for (NodeId id : order_) {
+      const Node& n = g.node(id);
+      if (n.op != OpKind::AdaRMSNorm || n.outputs.size() < 2 || memo_.node[size_t(id)]) continue;
+      const ValueId gr = n.outputs[1], mr = root_[size_t(n.inputs[1])];
+      if (root_[size_t(gr)] != gr || out[size_t(gr)] || arena_off_[size_t(gr)] < 0 || !memo_in_slot_[size_t(mr)]) continue;
+      gate_views_.push_back({gr, mr, last_dim(g.info(n.inputs[0]))});
+    }
+  }
   return Status::ok();
+}
+
+// Residual + norm: h' = Add(h, branch) (branch = Mul(x, gate[D]) read by that Add alone, or any
+// same-shape f32 value) and y = RMSNorm | AdaRMSNorm | LayerNorm(h') become one residual_norm_to
+// kernel at the norm's place in the schedule (the Mul and Add are skipped). That moves reads of
+// h, x and gate later, so it is done only where the arena says it is safe: every node scheduled
+// between the first folded node and the norm writes no block that a folded input lives in, and
+// neither output (h', y) overlaps a folded input. Inputs outside the arena must be weights or
+// constants. Same bits as the unfused nodes (see residual_norm_kernel).
+void CudaExecutable::plan_residual_norms() {
+  const ir::Graph& g = graph_;
+  const size_t nv = g.values().size();
+  std::vector<int64_t> pos(g.nodes().size(), -1);
+  for (size_t i = 0; i < order_.size(); ++i) pos[size_t(order_[i])] = int64_t(i);
+  // Readers of every root (Reshapes see through), and the arena range of every placed root.
+  std::vector<std::vector<NodeId>> readers(nv);
+  for (NodeId id : order_) {
+    const Node& n = g.node(id);
+    if (n.op == OpKind::Reshape) continue;
+    for (ValueId in : n.inputs) readers[size_t(root_[size_t(in)])].push_back(id);
+  }
+  std::vector<uint8_t> is_out(nv, 0);
+  for (ValueId o : g.outputs()) is_out[size_t(root_[size_t(o)])] = 1;
+  std::vector<int64_t> off(nv, -1);
+  for (const auto& [v, o] : arena_blocks_) off[size_t(v)] = int64_t(o);
+  auto range = [&](ValueId v, int64_t* a, int64_t* b) {
+    const size_t r = size_t(root_[size_t(v)]);
+    if (off[r] < 0) return false;
+    *a = off[r];
+    *b = off[r] + int64_t(exec::align_up(std::max<uint64_t>(g.info(ValueId(r)).bytes(), 1)));
+    return true;
+  };
+  auto overlaps = [&](ValueId u, ValueId v) {
+    int64_t a0, a1, b0, b1;
+    if (!range(u, &a0, &a1) || !range(v, &b0, &b1)) return false;
+    return a0 < b1 && b0 < a1;
+  };
+  auto producer_op = [&](ValueId v) { return g.node(g.value(root_[size_t(v)]).producer).op; };
+  auto const_like = [&](ValueId v) {
+    const OpKind op = producer_op(v);
+    return op == OpKind::Weight || op == OpKind::Constant;
+  };
+  for (NodeId nid : order_) {
+    const Node& nn = g.node(nid);
+    if (nn.op != OpKind::RMSNorm && nn.op != OpKind::AdaRMSNorm && nn.op != OpKind::LayerNorm) continue;
+    if (memo_.node[size_t(nid)]) continue;
+    const ValueId sum = nn.inputs[0];
+    const ValueId sr = root_[size_t(sum)];
+    const Node& an = g.node(g.value(sr).producer);
+    const NodeId aid = g.value(sr).producer;
+    if (an.op != OpKind::Add || memo_.node[size_t(aid)] || plans_[size_t(aid)].skip) continue;
+    const ValueInfo& so = g.info(sr);
+    if (so.dtype != DType::F32 || g.info(an.inputs[0]).dtype != DType::F32 || g.info(an.inputs[1]).dtype != DType::F32)
+      continue;
+    if (g.info(an.inputs[0]).numel() != so.numel() || g.info(an.inputs[1]).numel() != so.numel()) continue;
+    if (g.info(sum).shape != so.shape || so.shape.empty()) continue;
+    const int64_t d = so.shape.back();
+    // Every other reader of the sum comes after the norm.
+    bool ok = true;
+    for (NodeId r : readers[size_t(sr)])
+      if (r != nid && pos[size_t(r)] <= pos[size_t(nid)]) ok = false;
+    if (!ok) continue;
+    ValueId h = an.inputs[0], branch = an.inputs[1], gate = 0;
+    bool has_gate = false;
+    NodeId mid = aid;
+    {
+      const ValueId br = root_[size_t(branch)];
+      const NodeId m = g.value(br).producer;
+      const Node& mn = g.node(m);
+      if (mn.op == OpKind::Mul && !memo_.node[size_t(m)] && !is_out[size_t(br)] && readers[size_t(br)].size() == 1 &&
+          g.info(mn.inputs[0]).numel() == so.numel() && g.info(mn.inputs[1]).numel() == d &&
+          g.info(mn.inputs[0]).dtype == DType::F32 && g.info(mn.inputs[1]).dtype == DType::F32) {
+        branch = mn.inputs[0];
+        gate = mn.inputs[1];
+        has_gate = true;
+        mid = m;
+      }
+    }
+    // Folded inputs: h, branch, gate and the norm's parameters.
+    std::vector<ValueId> ins = {h, branch};
+    if (has_gate) ins.push_back(gate);
+    for (size_t i = 1; i < nn.inputs.size(); ++i) ins.push_back(nn.inputs[i]);
+    for (ValueId v : ins) {
+      int64_t a, b;
+      if (!range(v, &a, &b) && !const_like(v)) ok = false;
+      if (bf16_stored(v)) ok = false;
+    }
+    if (!ok) continue;
+    const std::vector<ValueId> outs = {sum, nn.outputs[0]};
+    for (ValueId o : outs)
+      for (ValueId v : ins)
+        if (overlaps(o, v)) ok = false;
+    if (nn.outputs.size() > 1)  // AdaRMS's gate copy reads mod: it must not overlap the outputs either
+      for (ValueId v : ins)
+        if (overlaps(nn.outputs[1], v)) ok = false;
+    const int64_t first = std::min(pos[size_t(mid)], pos[size_t(aid)]);
+    for (int64_t i = first + 1; ok && i < pos[size_t(nid)]; ++i) {
+      const NodeId other = order_[size_t(i)];
+      if (other == aid || other == mid) continue;
+      for (ValueId o : g.node(other).outputs)
+        for (ValueId v : ins)
+          if (overlaps(o, v)) ok = false;
+    }
+    if (!ok) continue;
+    plans_[size_t(aid)].skip = true;
+    if (has_gate) plans_[size_t(mid)].skip = true;
+    NodePlan& p = plans_[size_t(nid)];
+    p.fused = true;
+    p.f_h = h;
+    p.f_branch = branch;
+    p.f_sum = sum;
+    p.f_gate = gate;
+    p.f_has_gate = has_gate;
+  }
+}
+
+// An F32 activation whose every reader rounds it to bf16 on the way in (a Linear with a bf16
+// weight, the bf16 attention's q/k/v) is written in bf16 by its producer, when that producer can
+// round at its store (norms, GeGLU/GELU, RoPE, attention, an axis-0 concat): the rounding is the
+// same (round to nearest even of the same fp32 value), so results are bit-identical to casting
+// in the reader, minus the cast kernel and half the traffic. The block stays sized for F32.
+// Graph outputs, memoized nodes and values read any other way keep F32.
+void CudaExecutable::plan_bf16_stores() {
+  const ir::Graph& g = graph_;
+  const size_t nv = g.values().size();
+  bf16_store_.assign(nv, 0);
+  std::vector<uint8_t> ok(nv, 0), seen(nv, 0);
+  for (NodeId id : order_) {
+    const Node& n = g.node(id);
+    if (memo_.node[size_t(id)]) continue;
+    bool producer = false;
+    switch (n.op) {
+      case OpKind::RMSNorm:
+      case OpKind::LayerNorm:
+      case OpKind::GeGLU:
+      case OpKind::GeluTanh:
+      case OpKind::RoPE:
+      case OpKind::Attention:
+        producer = true;
+        break;
+      case OpKind::Concat: {
+        int64_t axis = n.attrs.get_int("axis", 0);
+        if (axis < 0) axis += int64_t(g.info(n.outputs[0]).shape.size());
+        producer = axis == 0;
+        for (ValueId in : n.inputs) producer = producer && g.info(in).dtype == DType::F32;
+        break;
+      }
+      case OpKind::AdaRMSNorm:  // output 0 only (the gate is read by an fp32 Mul)
+        producer = true;
+        break;
+      default:
+        break;
+    }
+    if (!producer || n.outputs.empty()) continue;
+    const ValueId o = n.outputs[0];
+    if (root_[size_t(o)] != o || g.info(o).dtype != DType::F32) continue;
+    ok[size_t(o)] = 1;
+  }
+  for (ValueId o : g.outputs()) ok[size_t(root_[size_t(o)])] = 0;
+  for (NodeId id : order_) {
+    const Node& n = g.node(id);
+    if (n.op == OpKind::Reshape) continue;
+    const NodePlan& p = plans_[size_t(id)];
+    for (size_t i = 0; i < n.inputs.size(); ++i) {
+      const size_t r = size_t(root_[size_t(n.inputs[i])]);
+      if (!ok[r]) continue;
+      seen[r] = 1;
+      const bool rounds = (n.op == OpKind::Linear && i == 0 && p.bf16 && p.gemm.m > 0) ||
+                          (n.op == OpKind::Attention && i < 3 && p.bf16);
+      if (!rounds) ok[r] = 0;
+    }
+  }
+  for (size_t v = 0; v < nv; ++v) bf16_store_[v] = ok[v] && seen[v];
 }
 
 MemoryPlan CudaExecutable::memory() const {
@@ -372,7 +572,25 @@ MemoryPlan CudaExecutable::memory() const {
 
 void CudaExecutable::bind_memory(void* arena, void* scratch) {
   for (const auto& [v, off] : arena_blocks_) ptr_[size_t(v)] = static_cast<uint8_t*>(arena) + off;
+  arena_base_ = static_cast<uint8_t*>(arena);
   scratch_ = scratch;
+}
+
+// Memo results that are not graph outputs live in the slot of the current key while a run uses
+// it: a hit then reads them there (no copy back into the arena), a miss computes them there.
+// Without a slot (the key is not on the host) they are back in their arena blocks.
+void CudaExecutable::point_memo_results(int slot) {
+  if (memo_in_slot_.empty()) return;
+  uint8_t* base = slot >= 0 ? static_cast<uint8_t*>(memo_storage_) + uint64_t(slot) * memo_.slot_bytes : nullptr;
+  for (NodeId id : order_)
+    for (const auto& [v, off] : memo_.results[size_t(id)]) {
+      const size_t r = size_t(root_[size_t(v)]);
+      if (!memo_in_slot_[r]) continue;
+      ptr_[r] = base ? base + off : arena_base_ + arena_off_[r];
+    }
+  for (const GateView& gv : gate_views_)
+    ptr_[size_t(gv.gate)] = base ? static_cast<uint8_t*>(ptr_[size_t(gv.mod)]) + uint64_t(2 * gv.d) * 4
+                                 : arena_base_ + arena_off_[size_t(gv.gate)];
 }
 
 int CudaExecutable::input_index(std::string_view name) const {
@@ -475,6 +693,7 @@ Status CudaExecutable::run_or_reuse(NodeId id, int slot, bool hit) {
   uint8_t* base = static_cast<uint8_t*>(memo_storage_) + uint64_t(slot) * memo_.slot_bytes;
   if (!hit) VLAC_RETURN_IF_ERROR(run_node(id));
   for (const auto& [v, off] : memo_.results[size_t(id)]) {
+    if (!memo_in_slot_.empty() && memo_in_slot_[size_t(root_[size_t(v)])]) continue;  // computed/read in the slot
     const uint64_t b = graph_.info(v).bytes();
     const cudaError_t e = hit ? cudaMemcpyAsync(ptr(v), base + off, b, cudaMemcpyDeviceToDevice, ctx_->stream())
                               : cudaMemcpyAsync(base + off, ptr(v), b, cudaMemcpyDeviceToDevice, ctx_->stream());
@@ -491,6 +710,7 @@ Status CudaExecutable::run() {
                             ir::input_name(graph_, graph_.inputs()[i]) + "' was neither written nor bound");
   bool hit = false;
   const int slot = memo_lookup(&hit);
+  point_memo_results(slot);
   for (NodeId id : order_) {
     Status st = run_or_reuse(id, slot, hit);
     if (!st.is_ok()) {
@@ -520,7 +740,23 @@ Status CudaExecutable::run_node(NodeId id) {
   auto f = [&](size_t i) { return static_cast<float*>(ptr(n.inputs[i])); };
   void* out = n.outputs.empty() ? nullptr : ptr(n.outputs[0]);
   float* outf = static_cast<float*>(out);
+  const DType od = !n.outputs.empty() && bf16_stored(n.outputs[0]) ? DType::BF16 : DType::F32;
   const ValueInfo& x = info(n.inputs.empty() ? n.outputs[0] : n.inputs[0]);
+  if (p.skip) return Status::ok();  // folded into a later residual_norm_to (plan_residual_norms)
+  if (p.fused) {
+    const int64_t d = last_dim(x);
+    NormArgs na;
+    na.eps = float(n.attrs.get_float("eps", 1e-6));
+    if (n.op == OpKind::RMSNorm) na.kind = NormKind::Rms, na.w = f(1);
+    else if (n.op == OpKind::LayerNorm) na.kind = NormKind::Layer, na.w = f(1), na.b = f(2);
+    else na.kind = NormKind::AdaRms, na.mod = f(1);
+    VLAC_RETURN_IF_ERROR(residual_norm_to(s, ptr(p.f_h), ptr(p.f_sum), DType::F32, ptr(p.f_branch), DType::F32,
+                                          p.f_has_gate ? static_cast<const float*>(ptr(p.f_gate)) : nullptr, na, out,
+                                          od, x.numel() / d, d));
+    if (n.op != OpKind::AdaRMSNorm || ptr(n.outputs[1]) == f(1) + 2 * d) return Status::ok();  // a view (gate_views_)
+    const cudaError_t e = cudaMemcpyAsync(ptr(n.outputs[1]), f(1) + 2 * d, uint64_t(d) * 4, cudaMemcpyDeviceToDevice, s);
+    return e == cudaSuccess ? Status::ok() : cuda_error("copy", e);
+  }
   auto memcpy_d2d = [&](void* dst, const void* src, uint64_t bytes) -> Status {
     if (bytes == 0 || dst == src) return Status::ok();
     const cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s);
@@ -535,7 +771,7 @@ Status CudaExecutable::run_node(NodeId id) {
     case OpKind::Linear: {
       if (p.gemm.m == 0) return Status::ok();
       const void* xin = ptr(n.inputs[0]);
-      if (p.bf16) {
+      if (p.bf16 && !bf16_stored(n.inputs[0])) {
         VLAC_RETURN_IF_ERROR(cast(s, xin, DType::F32, scratch_at(p.cast_off), DType::BF16, x.numel()));
         xin = scratch_at(p.cast_off);
       }
@@ -560,31 +796,31 @@ Status CudaExecutable::run_node(NodeId id) {
       return scale(s, f(0), float(n.attrs.get_float("scale", 1.0)), outf, x.numel());
     case OpKind::LayerNorm: {
       const int64_t d = last_dim(x);
-      return layer_norm(s, f(0), DType::F32, f(1), f(2), out, DType::F32, x.numel() / d, d,
+      return layer_norm(s, f(0), DType::F32, f(1), f(2), out, od, x.numel() / d, d,
                         float(n.attrs.get_float("eps", 1e-6)));
     }
     case OpKind::RMSNorm: {
       const int64_t d = last_dim(x);
-      return rms_norm(s, f(0), DType::F32, f(1), out, DType::F32, x.numel() / d, d, float(n.attrs.get_float("eps", 1e-6)));
+      return rms_norm(s, f(0), DType::F32, f(1), out, od, x.numel() / d, d, float(n.attrs.get_float("eps", 1e-6)));
     }
     case OpKind::AdaRMSNorm: {
       const int64_t d = last_dim(x);
-      VLAC_RETURN_IF_ERROR(ada_rms_norm(s, f(0), DType::F32, f(1), out, DType::F32, x.numel() / d, d,
+      VLAC_RETURN_IF_ERROR(ada_rms_norm(s, f(0), DType::F32, f(1), out, od, x.numel() / d, d,
                                         float(n.attrs.get_float("eps", 1e-6))));
-      return memcpy_d2d(ptr(n.outputs[1]), f(1) + 2 * d, uint64_t(d) * 4);  // the gate: mod[2D:3D]
+      return memcpy_d2d(ptr(n.outputs[1]), f(1) + 2 * d, uint64_t(d) * 4);  // the gate: mod[2D:3D] (none if a view)
     }
     case OpKind::GeluTanh:
-      return gelu_tanh(s, f(0), DType::F32, out, DType::F32, x.numel());
+      return gelu_tanh(s, f(0), DType::F32, out, od, x.numel());
     case OpKind::SiLU:
       return silu(s, f(0), outf, x.numel());
     case OpKind::GeGLU: {
       const int64_t d = last_dim(x);
-      return geglu(s, f(0), f(1), DType::F32, d, out, DType::F32, x.numel() / d, d);
+      return geglu(s, f(0), f(1), DType::F32, d, out, od, x.numel() / d, d);
     }
     case OpKind::RoPE: {
-      VLAC_RETURN_IF_ERROR(memcpy_d2d(out, f(0), x.bytes()));
-      return rope(s, out, DType::F32, x.shape[1] * x.shape[2], static_cast<const int64_t*>(ptr(n.inputs[1])), x.shape[0],
-                  x.shape[1], x.shape[2], float(n.attrs.get_float("base", 10000.0)));
+      const int64_t row = x.shape[1] * x.shape[2];  // out of place: no copy of x first
+      return rope_to(s, f(0), DType::F32, row, out, od, row, static_cast<const int64_t*>(ptr(n.inputs[1])), x.shape[0],
+                     x.shape[1], x.shape[2], float(n.attrs.get_float("base", 10000.0)));
     }
     case OpKind::Attention: {
       const AttentionShape& sh = p.att;
@@ -598,15 +834,21 @@ Status CudaExecutable::run_node(NodeId id) {
       if (p.bf16) {
         // lerobot's bf16 attention: q, k, v rounded to bf16, fp32 scores and softmax, the
         // probabilities rounded to bf16 before P·V, fp32 out (the CPU's DnnlAttention).
-        void* qb = scratch_at(p.cast_off);
-        void* kb = scratch_at(p.k_off);
-        void* vb = scratch_at(p.v_off);
-        VLAC_RETURN_IF_ERROR(cast(s, f(0), DType::F32, qb, DType::BF16, sh.t * sh.h * sh.dh));
-        VLAC_RETURN_IF_ERROR(cast(s, f(1), DType::F32, kb, DType::BF16, sh.s * sh.hk * sh.dh));
-        VLAC_RETURN_IF_ERROR(cast(s, f(2), DType::F32, vb, DType::BF16, sh.s * sh.hk * sh.dv));
-        return attention(s, sh, DType::BF16, qb, kb, vb, mask, out, DType::F32, sc, p.splits, split, p.split_bytes);
+        // Inputs already stored in bf16 (plan_bf16_stores) are read in place.
+        const void* qkv[3];
+        const uint64_t offs[3] = {p.cast_off, p.k_off, p.v_off};
+        const int64_t counts[3] = {sh.t * sh.h * sh.dh, sh.s * sh.hk * sh.dh, sh.s * sh.hk * sh.dv};
+        for (size_t i = 0; i < 3; ++i) {
+          if (bf16_stored(n.inputs[i])) {
+            qkv[i] = ptr(n.inputs[i]);
+            continue;
+          }
+          VLAC_RETURN_IF_ERROR(cast(s, f(i), DType::F32, scratch_at(offs[i]), DType::BF16, counts[i]));
+          qkv[i] = scratch_at(offs[i]);
+        }
+        return attention(s, sh, DType::BF16, qkv[0], qkv[1], qkv[2], mask, out, od, sc, p.splits, split, p.split_bytes);
       }
-      return attention(s, sh, DType::F32, f(0), f(1), f(2), mask, out, DType::F32, sc, p.splits, split, p.split_bytes);
+      return attention(s, sh, DType::F32, f(0), f(1), f(2), mask, out, od, sc, p.splits, split, p.split_bytes);
     }
     case OpKind::Embedding: {
       const ValueInfo& ids = info(n.inputs[1]);
@@ -615,7 +857,7 @@ Status CudaExecutable::run_node(NodeId id) {
       const bool bf16 = e->rounds_to_bf16 || e->dtype == DType::BF16;
       float mul = float(n.attrs.get_float("scale", 1.0));
       if (bf16 && n.attrs.get_int("round_scale_to_table", 0)) mul = bf16_to_f32(f32_to_bf16(mul));
-      const DType od = info(n.outputs[0]).dtype;
+      const DType eo = info(n.outputs[0]).dtype;
       const int64_t t = ids.numel(), d = x.shape[1];
       if (t == 0) return Status::ok();
       if (HostGather* hg = p.gather) {
@@ -626,10 +868,10 @@ Status CudaExecutable::run_node(NodeId id) {
         if (ce == cudaSuccess) ce = cudaMemcpyAsync(scratch_at(p.cast_off), hg->rows_host, rows, cudaMemcpyHostToDevice, s);
         if (ce != cudaSuccess) return cuda_error("gathering " + std::to_string(rows) + " bytes of embedding rows", ce);
         return embedding(s, scratch_at(p.cast_off), hg->rows_dtype, t, d, static_cast<const int64_t*>(iota_), t, mul, out,
-                         od, nullptr);
+                         eo, nullptr);
       }
       return embedding(s, ptr(n.inputs[0]), e->dtype, x.shape[0], d, static_cast<const int64_t*>(ptr(n.inputs[1])), t, mul,
-                       out, od, nullptr);
+                       out, eo, nullptr);
     }
     case OpKind::Cast:
       return cast(s, ptr(n.inputs[0]), x.dtype, out, info(n.outputs[0]).dtype, x.numel());
@@ -640,9 +882,18 @@ Status CudaExecutable::run_node(NodeId id) {
       int64_t outer = 1;
       for (int64_t dd = 0; dd < axis; ++dd) outer *= o.shape[size_t(dd)];
       outer = std::max<int64_t>(outer, 1);
+      uint8_t* dst = static_cast<uint8_t*>(out);
+      if (od == DType::BF16) {  // axis 0 of f32 pieces (plan_bf16_stores): one cast per piece
+        uint64_t at = 0;
+        for (ValueId in : n.inputs) {
+          const int64_t cnt = info(in).numel();
+          if (cnt > 0) VLAC_RETURN_IF_ERROR(cast(s, ptr(in), DType::F32, dst + at, DType::BF16, cnt));
+          at += uint64_t(cnt) * 2;
+        }
+        return Status::ok();
+      }
       const uint64_t es = dtype_size(o.dtype);
       const uint64_t out_row = uint64_t(o.numel() / outer) * es;
-      uint8_t* dst = static_cast<uint8_t*>(out);
       uint64_t col = 0;
       for (ValueId in : n.inputs) {
         const uint64_t row = uint64_t(info(in).numel() / outer) * es;
@@ -676,8 +927,7 @@ Status CudaExecutable::run_node(NodeId id) {
       return time_embedding(s, f(0), outf, info(n.outputs[0]).shape[0], n.attrs.get_float("min_period", 4e-3),
                             n.attrs.get_float("max_period", 4.0));
     case OpKind::EulerStep:
-      VLAC_RETURN_IF_ERROR(memcpy_d2d(out, f(0), x.bytes()));
-      return euler_step(s, outf, f(1), float(n.attrs.get_float("dt", 0.0)), x.numel());
+      return euler_step_to(s, f(0), f(1), float(n.attrs.get_float("dt", 0.0)), outf, x.numel());
     case OpKind::Softmax:
     case OpKind::MatMul:
     case OpKind::Transpose:

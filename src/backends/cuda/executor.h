@@ -6,6 +6,9 @@
 // and can be captured into a CUDA graph. Numerics mirror the CPU executor: activations fp32,
 // bf16 weights multiply bf16-rounded activations with fp32 accumulation, the one-KV-head
 // attentions run in bf16 under ExecOptions::bf16_mqa_attention, everything else fp32 (TF32 off).
+// Where an fp32 value is read only by consumers that round it to bf16 first (bf16 GEMMs, the bf16
+// attention), its producer writes it in bf16 instead (same bits, one kernel and 2 bytes/element
+// fewer): see plan_bf16_stores. ExecOptions::fast_vision trades parity for speed in SigLIP.
 #pragma once
 
 #include <cstdint>
@@ -46,9 +49,14 @@ class CudaExecutable final : public Executable {
   Status run_node(ir::NodeId id);
   Status run_or_reuse(ir::NodeId id, int slot, bool hit);
   int memo_lookup(bool* hit);
+  void point_memo_results(int slot);
   Status ensure_input(int i);
   std::string where(const ir::Node& n) const;
   void* ptr(ir::ValueId v) const { return ptr_[size_t(root_[size_t(v)])]; }
+  /// Values an F32 graph keeps in bf16 on the device (plan_bf16_stores).
+  bool bf16_stored(ir::ValueId v) const { return bf16_store_[size_t(root_[size_t(v)])] != 0; }
+  void plan_bf16_stores();
+  void plan_residual_norms();
   uint8_t* scratch_at(uint64_t off) const { return static_cast<uint8_t*>(scratch_) + off; }
 
   CudaContext* ctx_ = nullptr;
@@ -57,6 +65,7 @@ class CudaExecutable final : public Executable {
   std::vector<ir::NodeId> order_;
   std::vector<ir::ValueId> root_;
   std::vector<void*> ptr_;  // by root value id (device pointers; host tables for Embedding)
+  std::vector<uint8_t> bf16_store_;  // by root value id
   std::vector<std::pair<ir::ValueId, uint64_t>> arena_blocks_;
   uint64_t arena_bytes_ = 0, scratch_bytes_ = 0;
   void* own_arena_ = nullptr;
@@ -87,6 +96,11 @@ class CudaExecutable final : public Executable {
     // Embedding over a host table: rows gathered on the host into `rows_host`, uploaded into the
     // scratch at cast_off, then scaled by the kernel reading ids 0..T-1 (`iota`).
     struct HostGather* gather = nullptr;
+    // plan_residual_norms: a Mul (gate) and an Add folded into the norm that reads the sum.
+    bool skip = false;           // Mul/Add computed by the fused norm later
+    bool fused = false;          // this norm runs residual_norm_to
+    ir::ValueId f_h = 0, f_branch = 0, f_sum = 0, f_gate = 0;
+    bool f_has_gate = false;
   };
   std::vector<NodePlan> plans_;
   std::vector<std::unique_ptr<struct HostGather>> gathers_;
@@ -102,6 +116,16 @@ class CudaExecutable final : public Executable {
   std::vector<uint8_t> memo_valid_;
   size_t memo_next_ = 0;
   uint64_t memo_hits_ = 0;
+  // Memo results read in place from the slot (no copy on a hit): by root, 1 when redirected.
+  std::vector<uint8_t> memo_in_slot_;
+  std::vector<int64_t> arena_off_;  // by root: offset in the arena, -1 when not placed
+  // adaRMS gates that are a view of their modulation in the slot: (gate root, mod root, D).
+  struct GateView {
+    ir::ValueId gate, mod;
+    int64_t d;
+  };
+  std::vector<GateView> gate_views_;
+  uint8_t* arena_base_ = nullptr;
 };
 
 }  // namespace vlac::cuda

@@ -24,7 +24,7 @@ cudaDataType_t cuda_type(DType t) { return t == DType::F32 ? CUDA_R_32F : CUDA_R
 
 std::string shape_name(const GemmDesc& d) {
   return std::to_string(d.m) + "x" + std::to_string(d.k) + "x" + std::to_string(d.n) + " " + dtype_name(d.in) +
-         "->" + dtype_name(d.out);
+         (d.tf32 && d.in == DType::F32 ? "(tf32)" : "") + "->" + dtype_name(d.out);
 }
 
 bool has_bias(Epilogue e) { return e == Epilogue::Bias || e == Epilogue::BiasGelu; }
@@ -61,7 +61,8 @@ Status GemmRunner::Impl::make(const GemmDesc& d, Plan& p) {
   if ((d.in != DType::BF16 && d.in != DType::F32) || (d.out != DType::BF16 && d.out != DType::F32))
     return unsupported("gemm " + name + ": inputs and output must be BF16 or F32");
   if (d.in == DType::F32 && d.out != DType::F32) return unsupported("gemm " + name + ": F32 inputs need an F32 output");
-  VLAC_LT(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "descriptor " + name);
+  const cublasComputeType_t ct = d.tf32 && d.in == DType::F32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  VLAC_LT(cublasLtMatmulDescCreate(&p.op, ct, CUDA_R_32F), "descriptor " + name);
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
   VLAC_LT(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), "transa " + name);
   VLAC_LT(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)), "transb " + name);

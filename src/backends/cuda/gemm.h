@@ -26,7 +26,8 @@ struct GemmDesc {
   DType out = DType::BF16;  // y: BF16 or F32; the bias has this dtype too (torch's Linear in bf16)
   Epilogue epilogue = Epilogue::None;
   bool accumulate = false;  // y = y + x·Wᵀ...: a residual add fused into the GEMM (beta = 1)
-  auto key() const { return std::tuple(m, n, k, int(in), int(out), int(epilogue), accumulate); }
+  bool tf32 = false;        // F32 inputs: tensor cores on TF32-rounded inputs (ExecOptions::fast_vision)
+  auto key() const { return std::tuple(m, n, k, int(in), int(out), int(epilogue), accumulate, tf32); }
 };
 
 /// Not thread-safe: one runner per thread (the bias pointer is set on the cached descriptor).

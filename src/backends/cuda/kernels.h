@@ -45,6 +45,8 @@ Status geglu(cudaStream_t stream, const void* gate, const void* up, DType it, in
              DType yt, int64_t rows, int64_t f);
 /// x[N] += dt · v[N] (Euler step, fp32).
 Status euler_step(cudaStream_t stream, float* x, const float* v, float dt, int64_t n);
+/// y[N] = x + dt · v (the same step out of place: no copy of x first).
+Status euler_step_to(cudaStream_t stream, const float* x, const float* v, float dt, float* y, int64_t n);
 
 enum class BinaryKind { Add, Sub, Mul };
 /// y[N] = a ∘ b with a [na], b [nb] repeated over y (the CPU's binary_op: each operand is the whole
@@ -89,6 +91,10 @@ struct NormArgs {
 /// cast to the activation dtype, then `h + y * gate`); F32 h keeps fp32.
 Status residual_norm(cudaStream_t stream, void* h, DType ht, const void* branch, DType bt, const float* gate,
                      const NormArgs& norm, void* y, DType yt, int64_t rows, int64_t d);
+/// The same with the sum written to another buffer: h = h_in + branch ⊙ gate (h may be h_in;
+/// otherwise no overlap), y = norm(h). The executor's fused Mul? + Add + norm.
+Status residual_norm_to(cudaStream_t stream, const void* h_in, void* h, DType ht, const void* branch, DType bt,
+                        const float* gate, const NormArgs& norm, void* y, DType yt, int64_t rows, int64_t d);
 
 // ---------------------------------------------------------------------------------------------
 // Position embedding
@@ -100,6 +106,11 @@ Status residual_norm(cudaStream_t stream, void* h, DType ht, const void* branch,
 /// the rotation in fp32, rounded once to xt.
 Status rope(cudaStream_t stream, void* x, DType xt, int64_t row_stride, const int64_t* pos, int64_t t, int64_t h,
             int64_t dh, float base);
+/// The same rotation out of place: x rows `x_stride` apart in xt, y rows `y_stride` apart in yt
+/// (y = x is in place; otherwise they must not overlap). Rounded once to yt, so an F32 x written
+/// as BF16 y equals rope in F32 followed by a cast.
+Status rope_to(cudaStream_t stream, const void* x, DType xt, int64_t x_stride, void* y, DType yt, int64_t y_stride,
+               const int64_t* pos, int64_t t, int64_t h, int64_t dh, float base);
 
 // ---------------------------------------------------------------------------------------------
 // Embeddings

@@ -59,19 +59,23 @@ __global__ void __launch_bounds__(kThreads) norm_kernel(const Tx* x, Ty* y, int6
   norm_row(x + r * d, y + r * d, d, kind, w, b, mod, eps, red);
 }
 
-// h += branch ⊙ gate (rounded as Th stores it), then y = norm(h).
+// h_out = h_in + branch ⊙ gate (rounded as Th stores it; h_out may be h_in), then y = norm(h_out).
+// The gate product is __fmul_rn so it is never contracted into an FMA with the sum: the same bits
+// as a separate multiply and add (the unfused ops and the CPU).
 template <typename Th, typename Tb, typename Ty>
-__global__ void __launch_bounds__(kThreads) residual_norm_kernel(Th* h, const Tb* branch, const float* gate, Ty* y,
-                                                                  int64_t d, NormKind kind, const float* w,
-                                                                  const float* b, const float* mod, float eps) {
+__global__ void __launch_bounds__(kThreads) residual_norm_kernel(const Th* h_in, Th* h, const Tb* branch,
+                                                                  const float* gate, Ty* y, int64_t d, NormKind kind,
+                                                                  const float* w, const float* b, const float* mod,
+                                                                  float eps) {
   __shared__ float red[kThreads / 32];
   const int64_t r = blockIdx.x;
+  const Th* hi = h_in + r * d;
   Th* hr = h + r * d;
   const Tb* br = branch + r * d;
   for (int64_t i = threadIdx.x; i < d; i += kThreads) {
     float add = ld(br, i);
-    if (gate) add = as_stored<Th>(add * as_stored<Th>(gate[i]));
-    st(hr, i, ld(hr, i) + add);
+    if (gate) add = as_stored<Th>(__fmul_rn(add, as_stored<Th>(gate[i])));
+    st(hr, i, ld(hi, i) + add);
   }
   // Each thread re-reads only its own elements, so no barrier is needed before norm_row.
   if (kind != NormKind::None) norm_row(static_cast<const Th*>(hr), y + r * d, d, kind, w, b, mod, eps, red);
@@ -114,6 +118,11 @@ Status layer_norm(cudaStream_t stream, const void* x, DType xt, const float* w, 
 
 Status residual_norm(cudaStream_t stream, void* h, DType ht, const void* branch, DType bt, const float* gate,
                      const NormArgs& norm, void* y, DType yt, int64_t rows, int64_t d) {
+  return residual_norm_to(stream, h, h, ht, branch, bt, gate, norm, y, yt, rows, d);
+}
+
+Status residual_norm_to(cudaStream_t stream, const void* h_in, void* h, DType ht, const void* branch, DType bt,
+                        const float* gate, const NormArgs& norm, void* y, DType yt, int64_t rows, int64_t d) {
   const char* name = "residual_norm";
   if (!is_act(ht) || !is_act(bt) || (norm.kind != NormKind::None && !is_act(yt))) return bad_dtype(name);
   VLAC_RETURN_IF_ERROR(check_rows(name, rows, d));
@@ -121,7 +130,7 @@ Status residual_norm(cudaStream_t stream, void* h, DType ht, const void* branch,
   if (norm.kind == NormKind::None) yt = ht;  // unused output type
   auto launch = [&]<typename Th, typename Tb, typename Ty>() {
     residual_norm_kernel<Th, Tb, Ty><<<unsigned(rows), kThreads, 0, stream>>>(
-        static_cast<Th*>(h), static_cast<const Tb*>(branch), gate, static_cast<Ty*>(y), d, norm.kind, norm.w,
+        static_cast<const Th*>(h_in), static_cast<Th*>(h), static_cast<const Tb*>(branch), gate, static_cast<Ty*>(y), d, norm.kind, norm.w,
         norm.b, norm.mod, norm.eps);
     return launch_status(name);
   };
