@@ -35,8 +35,10 @@ namespace {
 
 constexpr int64_t kGroup = 16;     // k per widened load of a W row (one 256-bit load of bf16)
 constexpr int kMr = 6, kNr = 2;    // tile: 12 accumulators + 2 widened W + 1 x + 1 mask = 16 ymm
-constexpr int64_t kKcGroups = 64;  // k block = 1024: the x micro-panel (6 x 1024 fp32 = 24 KiB) in L1
-constexpr int64_t kNc = 64;        // W panel rows per block: 64 x 1024 bf16 = 128 KiB, in L2
+// k block = 512: the x micro-panel (6 x 512 fp32 = 12 KiB) stays in a 32 KiB L1 with the W rows
+// streaming past and the next panel arriving (1024 left too few ways of an 8-way L1 free).
+constexpr int64_t kKcGroups = 32;
+constexpr int64_t kNc = 128;  // W panel rows per block: 128 x 512 bf16 = 128 KiB, in L2
 
 // x rows rounded up to whole panels.
 int64_t panel_rows(int64_t m) { return (m + kMr - 1) / kMr * kMr; }
@@ -117,7 +119,7 @@ VLAC_AVX2 inline void reduce_store(__m256 a, __m256 b, float* y, int nr, bool ac
 // w[NR, groups·16]ᵀ; ldw, ldy in elements.
 template <int MR, int NR>
 VLAC_AVX2 void tile(const float* xp, const uint16_t* w, int64_t ldw, int64_t groups, float* y, int64_t ldy,
-                    bool accumulate) {
+                    bool accumulate, const char* /*pf_x*/, const uint16_t* /*pf_w*/) {
   __m256 acc[MR][NR];
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_setzero_ps();
@@ -146,15 +148,18 @@ VLAC_AVX2 void tile(const float* xp, const uint16_t* w, int64_t ldw, int64_t gro
 // The full tile in inline asm. Given the intrinsics above, GCC folds every use of an x vector
 // into its FMA as a memory operand (24 loads of x per group instead of 12), or hoists the odd
 // half's loads and spills accumulators. Here, per group: 4 loads of W (each row once shifted,
-// once masked), 12 loads of x, 24 FMAs, in ymm0-11 (accumulators), ymm12-14 and the mask ymm15.
+// once masked), 12 loads of x, 24 FMAs, in ymm0-11 (accumulators), ymm12-14 and the mask ymm15;
+// and three prefetches: a line of the next x panel (pf_x, 64 bytes a group) and the next tile's
+// two W rows (pf_w, pf_w + ldw, 32 bytes a group), so neither waits on memory when its turn comes.
 template <>
 VLAC_AVX2 void tile<kMr, kNr>(const float* xp, const uint16_t* w, int64_t ldw, int64_t groups, float* y,
-                              int64_t ldy, bool accumulate) {
+                              int64_t ldy, bool accumulate, const char* pf_x, const uint16_t* pf_w) {
   static_assert(kMr == 6 && kNr == 2 && kGroup == 16, "the asm below is written for 6 x 2 tiles of 16-groups");
   alignas(32) float acc[kMr * kNr][8];
   if (groups > 0) {
     const uint16_t* w0 = w;
     const uint16_t* w1 = w + ldw;
+    const uint16_t* pw1 = pf_w + ldw;
     const uint32_t hi = 0xFFFF0000u;
     __asm__ volatile(
       "vxorps %%xmm0, %%xmm0, %%xmm0\n\t"
@@ -171,6 +176,9 @@ VLAC_AVX2 void tile<kMr, kNr>(const float* xp, const uint16_t* w, int64_t ldw, i
       "vxorps %%xmm11, %%xmm11, %%xmm11\n\t"
       "vpbroadcastd %[hi], %%ymm15\n\t"
       "1:\n\t"
+      "prefetcht0 (%[px])\n\t"
+      "prefetcht0 (%[pw0])\n\t"
+      "prefetcht0 (%[pw1])\n\t"
       "vmovdqu (%[w0]), %%ymm12\n\t"
       "vpslld $16, %%ymm12, %%ymm12\n\t"
       "vmovdqu (%[w1]), %%ymm13\n\t"
@@ -216,6 +224,9 @@ VLAC_AVX2 void tile<kMr, kNr>(const float* xp, const uint16_t* w, int64_t ldw, i
       "add $384, %[x]\n\t"
       "add $32, %[w0]\n\t"
       "add $32, %[w1]\n\t"
+      "add $64, %[px]\n\t"
+      "add $32, %[pw0]\n\t"
+      "add $32, %[pw1]\n\t"
       "dec %[g]\n\t"
       "jnz 1b\n\t"
       "vmovaps %%ymm0, 0(%[out])\n\t"
@@ -230,7 +241,8 @@ VLAC_AVX2 void tile<kMr, kNr>(const float* xp, const uint16_t* w, int64_t ldw, i
       "vmovaps %%ymm9, 288(%[out])\n\t"
       "vmovaps %%ymm10, 320(%[out])\n\t"
       "vmovaps %%ymm11, 352(%[out])\n\t"
-      : [x] "+r"(xp), [w0] "+r"(w0), [w1] "+r"(w1), [g] "+r"(groups)
+      : [x] "+r"(xp), [w0] "+r"(w0), [w1] "+r"(w1), [g] "+r"(groups), [px] "+r"(pf_x), [pw0] "+r"(pf_w),
+        [pw1] "+r"(pw1)
       : [hi] "m"(hi), [out] "r"(&acc[0][0])
       : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "cc", "memory");
   } else {
@@ -240,7 +252,8 @@ VLAC_AVX2 void tile<kMr, kNr>(const float* xp, const uint16_t* w, int64_t ldw, i
     reduce_store(_mm256_load_ps(acc[2 * i]), _mm256_load_ps(acc[2 * i + 1]), y + i * ldy, kNr, accumulate);
 }
 
-using TileFn = void (*)(const float*, const uint16_t*, int64_t, int64_t, float*, int64_t, bool);
+using TileFn = void (*)(const float*, const uint16_t*, int64_t, int64_t, float*, int64_t, bool, const char*,
+                       const uint16_t*);
 
 template <int... M>
 constexpr auto tile_table(std::integer_sequence<int, M...>) {
@@ -263,9 +276,17 @@ VLAC_AVX2 void gemm_task(const float* xs, const uint16_t* w, const float* b, flo
       for (int64_t i = m0; i < m1; i += kMr) {
         const int mr = int(std::min<int64_t>(kMr, m1 - i));
         const float* xp = xs + i * k16 + g0 * kMr * kGroup;  // panel i / kMr at group g0
+        // The next x panel (or, after the last, the first one of the next W panel), prefetched a
+        // slice per tile over the first tiles; later tiles touch the current panel (in L1).
+        const int64_t i_next = i + kMr < m1 ? i + kMr : m0;
+        const char* next = reinterpret_cast<const char*>(xs + i_next * k16 + g0 * kMr * kGroup);
+        const int64_t slice = gl * 64, panel_bytes = gl * kMr * kGroup * 4;
         for (int64_t j = j0; j < j1; j += kNr) {
           const int nr = int(std::min<int64_t>(kNr, j1 - j));
-          kTiles.f[mr - 1][nr - 1](xp, w + j * k + g0 * kGroup, k, gl, y + i * n + j, n, g0 > 0);
+          const int64_t at = (j - j0) / kNr * slice;
+          const char* pf_x = at < panel_bytes ? next + at : reinterpret_cast<const char*>(xp);
+          const uint16_t* pf_w = w + (j + 2 * kNr <= j1 ? j + kNr : j) * k + g0 * kGroup;
+          kTiles.f[mr - 1][nr - 1](xp, w + j * k + g0 * kGroup, k, gl, y + i * n + j, n, g0 > 0, pf_x, pf_w);
         }
       }
     }
