@@ -52,6 +52,24 @@ inline std::vector<double> reference(const std::vector<float>& x, const std::vec
   return y;
 }
 
+/// The attention probabilities of query row (ti, hi) in double: softmax over the keys j of
+/// q[ti, hi]·k[j]·scale, a key with allow[ti·S + j] == 0 at exactly zero. q [T,H,Dh], k [S,Dh].
+inline std::vector<double> attention_probs(const std::vector<float>& q, const std::vector<float>& k,
+                                           const std::vector<uint8_t>& allow, int64_t ti, int64_t hi, int64_t h,
+                                           int64_t s, int64_t dh, float scale) {
+  std::vector<double> p(static_cast<size_t>(s));
+  double mx = -1e300, sum = 0;
+  for (int64_t j = 0; j < s; ++j) {
+    double d = 0;
+    for (int64_t c = 0; c < dh; ++c) d += double(q[size_t((ti * h + hi) * dh + c)]) * k[size_t(j * dh + c)];
+    p[size_t(j)] = allow[size_t(ti * s + j)] ? d * scale : -1e300;
+    mx = std::max(mx, p[size_t(j)]);
+  }
+  for (double& e : p) sum += (e = e < -1e299 ? 0.0 : std::exp(e - mx));
+  for (double& e : p) e /= sum;
+  return p;
+}
+
 /// max |y - ref| / max |ref|.
 inline double max_rel(const std::vector<float>& y, const std::vector<double>& ref) {
   double num = 0, den = 1e-30;
