@@ -47,7 +47,7 @@ Status run_policy(const RunFlags& f, MemMeter& meter) {
     return run_package(PackageRunArgs{f.policy, f.obs, f.out, f.noise, f.dtype, f.dump_dir, f.task, f.tokenizer,
                                       f.mem_budget, f.seed, f.threads, f.repeat, f.pack_weights, f.common.quiet},
                        meter);
-  VLAC_ASSIGN_OR_RETURN(const std::string cpu_line, cpu_path(meter));
+  VLAC_ASSIGN_OR_RETURN(const DeviceInfo cpu, cpu_device(meter));
   if (!f.mem_budget.empty()) return invalid_argument("--mem-budget applies to .vlac packages (vlac compile makes one)");
   if (f.repeat != 1) return invalid_argument("--repeat applies to .vlac packages (vlac compile makes one)");
   Pi05PolicyOptions opts;
@@ -117,7 +117,7 @@ Status run_policy(const RunFlags& f, MemMeter& meter) {
   std::printf("  weights: %s mapped in place, %s converted; activations %s\n",
               format_bytes(policy.weights().mapped_bytes()).c_str(), format_bytes(policy.weights().owned_bytes()).c_str(),
               format_bytes(policy.activation_bytes()).c_str());
-  std::printf("  cpu: %s\n", cpu_line.c_str());
+  std::printf("  cpu: %s\n", cpu_line(cpu, policy.bf16()).c_str());
   std::printf("  latency: load %.1f ms, prefix %.1f ms, denoise %.1f ms (%lld steps, %.1f ms each)\n", ms(t0, t1),
               ms(t1, t2), ms(t2, t3), (long long)model.euler().steps, ms(t2, t3) / double(model.euler().steps));
   return Status::ok();

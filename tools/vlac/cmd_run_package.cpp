@@ -17,7 +17,7 @@ namespace vlac::cli {
 
 
 Status run_package(const PackageRunArgs& f, MemMeter& meter) {
-  VLAC_ASSIGN_OR_RETURN(const std::string cpu_line, cpu_path(meter));
+  VLAC_ASSIGN_OR_RETURN(const DeviceInfo cpu, cpu_device(meter));
   if (!f.dtype.empty() && f.dtype != "fp32" && f.dtype != "bf16")
     return invalid_argument("--dtype must be fp32 or bf16, got '" + f.dtype + "'");
   if (!f.dump_dir.empty()) return unsupported("--dump-intermediates works on policy folders only (a package keeps engine boundaries only)");
@@ -123,7 +123,7 @@ Status run_package(const PackageRunArgs& f, MemMeter& meter) {
     std::printf("  budget %s: %llu evictions, %s re-read from the package (the cost of streaming)\n",
                 format_bytes(opts.mem_budget).c_str(), (unsigned long long)st.evictions,
                 format_bytes(st.evicted_bytes).c_str());
-  std::printf("  cpu: %s\n", cpu_line.c_str());
+  std::printf("  cpu: %s\n", cpu_line(cpu, policy.bf16()).c_str());
   std::printf("  latency%s: load %.1f ms, prefix %.1f ms, denoise %.1f ms (%lld steps, %.1f ms each)\n",
               f.repeat > 1 ? " (last of the repeats)" : "", load_ms, ms(t1, t2), ms(t2, t3),
               (long long)policy.steps(), ms(t2, t3) / double(policy.steps()));

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/status.h"
+#include "ir/backend.h"
 #include "mem/meter.h"
 
 namespace vlac::cli {
@@ -25,10 +26,12 @@ void add_common_options(CLI::App* sub, CommonOptions* opts);
 void run_command(const std::string& name, const CommonOptions& opts,
                  const std::function<Status(MemMeter&)>& body);
 
-/// Checks VLAC_MAX_CPU_ISA (a bad value is the command's error), records the CPU path in the
-/// report (cpu_isa, cpu_isa_native, cpu_isa_cap, onednn_isa, bf16_matmul, bf16_path) and returns
-/// its one-line description (cpu_path.cpp).
-Result<std::string> cpu_path(MemMeter& meter);
+/// The CPU device from the backend registry (cpu_path.cpp): its error (a bad VLAC_MAX_CPU_ISA)
+/// is the command's error; its report fields (cpu_isa, cpu_isa_native, cpu_isa_cap, onednn_isa,
+/// bf16_matmul, bf16_path) go into the report.
+Result<DeviceInfo> cpu_device(MemMeter& meter);
+/// The `cpu:` line: the path and how weights of the run's dtype are multiplied.
+std::string cpu_line(const DeviceInfo& d, bool bf16_weights);
 
 /// The exit code main() returns (set by run_command).
 int& exit_code();
