@@ -18,14 +18,21 @@ cmake --preset release >/dev/null
 cmake --build --preset release
 ctest --preset release
 
-# The CPU and lerobot-fixture tests once more on the AVX2 path (oneDNN without a bf16 matmul,
-# vlac's blocked bf16->fp32 kernels, no AVX-512 code), where this machine has more than AVX2.
+# The CPU and lerobot-fixture tests again on the lower CPU paths, so every path is tested on
+# every machine: at the scalar cap on every x86-64 (no AVX code: oneDNN's baseline ISA, vlac's
+# scalar kernels and widen + sgemm for bf16 weights), and at the AVX2 cap where this machine has
+# AVX-512 (oneDNN without a bf16 matmul, vlac's AVX2 register-blocked bf16 kernel). The native
+# path is the run above.
 cpu_tests='Cpu|RunFixtures|PipelineFixtures|CompileCli|DemoCli|PublicApi|Pi05Builder'
+if [[ "$(uname -m)" == x86_64 ]]; then
+  echo "== CPU + fixture tests again with VLAC_MAX_CPU_ISA=scalar"
+  VLAC_MAX_CPU_ISA=scalar ctest --preset release -R "$cpu_tests"
+fi
 if grep -qw avx512f /proc/cpuinfo 2>/dev/null; then
   echo "== CPU + fixture tests again with VLAC_MAX_CPU_ISA=avx2"
   VLAC_MAX_CPU_ISA=avx2 ctest --preset release -R "$cpu_tests"
 else
-  echo "== CPU + fixture tests at the AVX2 cap: skipped (this CPU has no ISA above AVX2 to cap)"
+  echo "== CPU + fixture tests at the AVX2 cap: skipped (this CPU has no ISA above AVX2 to cap; the native run was the AVX2 path)"
 fi
 
 echo "== Python package (pip install . in a fresh venv) + tests/python"

@@ -21,11 +21,6 @@ namespace {
 
 using nlohmann::json;
 
-bool is_dir(const std::string& p) {
-  struct stat st;
-  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-
 // Engine folders of compiles that were killed (".vlac-engines-<pid>" whose process is gone):
 // removed, so a SIGKILLed compile does not leave gigabytes behind for good.
 void remove_stale_engine_dirs(const std::string& parent, const std::function<void(const std::string&)>& log) {

@@ -3,8 +3,6 @@
 // chosen backend build one engine file at a time and streams them into the package.
 #include "compile/pi05_compile.h"
 
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <map>
 
@@ -24,11 +22,6 @@ namespace vlac {
 namespace {
 
 using nlohmann::json;
-
-bool is_dir(const std::string& p) {
-  struct stat st;
-  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
 
 struct StageGraph {
   std::string name;

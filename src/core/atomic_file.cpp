@@ -18,6 +18,11 @@ std::string parent_dir(const std::string& path) {
   return path.substr(0, pos);
 }
 
+bool is_dir(const std::string& path) {
+  struct stat st{};
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
 static std::string base_name(const std::string& path) {
   auto pos = path.find_last_of('/');
   return pos == std::string::npos ? path : path.substr(pos + 1);

@@ -48,5 +48,7 @@ class AtomicFile {
 
 /// The folder part of a path ("." if none).
 std::string parent_dir(const std::string& path);
+/// Whether `path` names an existing folder (following links).
+bool is_dir(const std::string& path);
 
 }  // namespace vlac

@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "core/dtype.h"
@@ -36,6 +37,10 @@ struct DeviceInfo {
   std::string backend;              // registry name: "cpu", "cuda", ...
   std::string description;          // one line for reports, e.g. "cpu avx512_bf16"
   MemoryKind memory = MemoryKind::Host;  // where its engines' arenas live
+  std::string error;                // non-empty: it cannot run as configured (e.g. a bad VLAC_MAX_CPU_ISA)
+  std::string detail;               // the path it takes, one line (ISA, caps, libraries)
+  std::string f32_path, bf16_path;  // how fp32 / bf16 weights are multiplied, e.g. "oneDNN bf16 matmul"
+  std::vector<std::pair<std::string, std::string>> report;  // facts for run reports: name, JSON value
   // CPU
   std::string isa;                  // the ISA the kernels run on, e.g. "avx2", "neon"
   bool bf16_matmul = false;         // native bf16 x bf16 -> f32 matmul on that ISA

@@ -205,8 +205,16 @@ std::string boundary_name(const ir::Graph& g, ValueId v, const std::map<ValueId,
   if (auto it = named.find(v); it != named.end()) return it->second;
   const ir::Node& p = g.node(g.value(v).producer);
   if (p.op == OpKind::Input) return p.name;
-  std::string name = "%" + std::to_string(v) + ":" + p.name;
-  if (p.outputs.size() > 1) name += "#" + std::to_string(g.value(v).output_index);
+  // Appended piece by piece: GCC 12's -Wrestrict misfires on `"literal" + std::string&&`
+  // (GCC PR 105651), and the release build prints no warnings.
+  std::string name = "%";
+  name += std::to_string(v);
+  name += ":";
+  name += p.name;
+  if (p.outputs.size() > 1) {
+    name += "#";
+    name += std::to_string(g.value(v).output_index);
+  }
   return name;
 }
 
@@ -249,10 +257,16 @@ std::string plan_summary(const ir::Graph& g, const Plan& plan, const std::map<Va
     s += e.name + ": " + std::to_string(compute) + " nodes (" + std::to_string(e.recomputed.size()) +
          " recomputed), " + std::to_string(e.owned.size()) + " weights stored, " + format_bytes(e.weight_bytes) +
          (e.over_cap ? " (over the cap: '" + e.over_cap_node + "' alone)" : "") + "\n";
+    auto add = [&](ValueId v) {  // appended, not `" " + ...`: see boundary_name
+      s += " ";
+      s += boundary_name(g, v, named);
+      s += " ";
+      s += ir::to_string(g.info(v));
+    };
     s += "  in:";
-    for (ValueId v : e.inputs) s += " " + boundary_name(g, v, named) + " " + ir::to_string(g.info(v));
+    for (ValueId v : e.inputs) add(v);
     s += "\n  out:";
-    for (ValueId v : e.outputs) s += " " + boundary_name(g, v, named) + " " + ir::to_string(g.info(v));
+    for (ValueId v : e.outputs) add(v);
     s += "\n";
   }
   uint64_t cross = 0;

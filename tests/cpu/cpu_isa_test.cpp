@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -15,44 +14,15 @@
 #include "backends/cpu/dnnl_linear.h"
 #include "backends/cpu/kernels.h"
 #include "core/dtype.h"
+#include "cpu/cpu_test_util.h"
 
 namespace vlac::cpu {
 namespace {
 
-std::vector<float> uniform(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> d(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
-
-std::vector<float> rounded(std::vector<float> a) {
-  for (float& x : a) x = bf16_to_f32(f32_to_bf16(x));
-  return a;
-}
-
-// y[M,N] = x·Wᵀ (+ b) in double, W [N,K].
-std::vector<double> reference(const std::vector<float>& x, const std::vector<float>& w, const std::vector<float>& b,
-                              int64_t m, int64_t k, int64_t n) {
-  std::vector<double> y(size_t(m * n));
-  for (int64_t i = 0; i < m; ++i)
-    for (int64_t j = 0; j < n; ++j) {
-      double s = b.empty() ? 0.0 : b[size_t(j)];
-      for (int64_t l = 0; l < k; ++l) s += double(x[size_t(i * k + l)]) * w[size_t(j * k + l)];
-      y[size_t(i * n + j)] = s;
-    }
-  return y;
-}
-
-double max_rel(const std::vector<float>& y, const std::vector<double>& ref) {
-  double num = 0, den = 1e-30;
-  for (size_t i = 0; i < y.size(); ++i) {
-    num = std::max(num, std::abs(y[i] - ref[i]));
-    den = std::max(den, std::abs(ref[i]));
-  }
-  return num / den;
-}
+using testutil::max_rel;
+using testutil::reference;
+using testutil::rounded;
+using testutil::uniform;
 
 // Restores the automatic choice when a test ends.
 struct ForceFallback {
@@ -305,16 +275,8 @@ TEST(CpuBf16Fallback, AttentionMatchesTheRoundedReference) {
   const auto qr = rounded(q), kr = rounded(k), vr = rounded(v);
   for (int64_t ti = 0; ti < t; ++ti)
     for (int64_t hi = 0; hi < h; ++hi) {
-      std::vector<double> p(static_cast<size_t>(s));
-      double mx = -1e300, sum = 0;
-      for (int64_t j = 0; j < s; ++j) {
-        double d = 0;
-        for (int64_t c = 0; c < dh; ++c) d += double(qr[size_t((ti * h + hi) * dh + c)]) * kr[size_t(j * dh + c)];
-        p[size_t(j)] = allow[size_t(ti * s + j)] ? d * scale : -1e300;
-        mx = std::max(mx, p[size_t(j)]);
-      }
-      for (double& e : p) sum += (e = e < -1e299 ? 0.0 : std::exp(e - mx));
-      for (double& e : p) e = double(bf16_to_f32(f32_to_bf16(float(e / sum))));  // the bf16 probabilities
+      std::vector<double> p = testutil::attention_probs(qr, kr, allow, ti, hi, h, s, dh, scale);
+      for (double& e : p) e = double(bf16_to_f32(f32_to_bf16(float(e))));  // the bf16 probabilities
       for (int64_t c = 0; c < dv; ++c) {
         double o = 0;
         for (int64_t j = 0; j < s; ++j) o += p[size_t(j)] * vr[size_t(j * dv + c)];

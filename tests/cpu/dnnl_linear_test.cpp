@@ -4,42 +4,17 @@
 
 #include <algorithm>
 #include <cmath>
-#include <random>
 #include <vector>
 
 #include "backends/cpu/dnnl_linear.h"
+#include "cpu/cpu_test_util.h"
 
 namespace vlac::cpu {
 namespace {
 
-std::vector<float> uniform(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
-
-double max_rel(const std::vector<float>& y, const std::vector<double>& ref) {
-  double num = 0, den = 1e-30;
-  for (size_t i = 0; i < y.size(); ++i) {
-    num = std::max(num, std::abs(y[i] - ref[i]));
-    den = std::max(den, std::abs(ref[i]));
-  }
-  return num / den;
-}
-
-std::vector<double> reference(const std::vector<float>& x, const std::vector<float>& w,
-                              const std::vector<float>& b, int64_t m, int64_t k, int64_t n) {
-  std::vector<double> y(static_cast<size_t>(m * n));
-  for (int64_t i = 0; i < m; ++i)
-    for (int64_t j = 0; j < n; ++j) {
-      double s = b.empty() ? 0.0 : b[size_t(j)];
-      for (int64_t l = 0; l < k; ++l) s += double(x[size_t(i * k + l)]) * w[size_t(j * k + l)];
-      y[size_t(i * n + j)] = s;
-    }
-  return y;
-}
+using testutil::max_rel;
+using testutil::reference;
+using testutil::uniform;
 
 TEST(CpuDnnlLinear, F32AndBf16MatchReferencesWithWeightsInPlace) {
   const int64_t m = 50, k = 96, n = 72;
@@ -107,11 +82,7 @@ TEST(CpuDnnlAttention, MatchesBf16RoundedReferenceAndMasksExactly) {
   for (int64_t i = 0; i < t; ++i)
     for (int64_t j = 0; j < s; ++j) allow[size_t(i * s + j)] = (j + i) % 3 != 0;
   for (int64_t j = 0; j < dv; ++j) v[size_t(0 * dv + j)] = 1e30f;  // key 0: masked for t = 0 and 3
-  auto round = [](std::vector<float> a) {
-    for (float& x : a) x = bf16_to_f32(f32_to_bf16(x));
-    return a;
-  };
-  const auto qr = round(q), kr = round(k), vr = round(v);
+  const auto qr = testutil::rounded(q), kr = testutil::rounded(k), vr = testutil::rounded(v);
   const float scale = 0.25f;
   auto att = DnnlAttention::create(t, h, s, dh, dv);
   ASSERT_TRUE(att.is_ok()) << att.status().message();
@@ -126,18 +97,10 @@ TEST(CpuDnnlAttention, MatchesBf16RoundedReferenceAndMasksExactly) {
   // bf16 P would be are not modelled: tolerance of bf16's 2^-8).
   for (int64_t ti : {int64_t{0}, int64_t{3}})
     for (int64_t hi = 0; hi < h; ++hi) {
-      std::vector<double> p(static_cast<size_t>(s));
-      double mx = -1e300, sum = 0;
-      for (int64_t j = 0; j < s; ++j) {
-        double d = 0;
-        for (int64_t c = 0; c < dh; ++c) d += double(qr[size_t((ti * h + hi) * dh + c)]) * kr[size_t(j * dh + c)];
-        p[size_t(j)] = allow[size_t(ti * s + j)] ? d * scale : -1e300;
-        mx = std::max(mx, p[size_t(j)]);
-      }
-      for (double& e : p) sum += (e = e < -1e299 ? 0.0 : std::exp(e - mx));
+      const std::vector<double> p = testutil::attention_probs(qr, kr, allow, ti, hi, h, s, dh, scale);
       for (int64_t c = 0; c < dv; ++c) {
         double o = 0;
-        for (int64_t j = 0; j < s; ++j) o += p[size_t(j)] / sum * vr[size_t(j * dv + c)];
+        for (int64_t j = 0; j < s; ++j) o += p[size_t(j)] * vr[size_t(j * dv + c)];
         EXPECT_NEAR(out[size_t((ti * h + hi) * dv + c)], o, 1e-2) << ti << "," << hi << "," << c;
       }
     }

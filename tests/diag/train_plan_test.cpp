@@ -248,7 +248,8 @@ TEST(TrainPlan, DeepSpeedZeroEstimators) {
   arch.kind = PolicyKind::Act;
   arch.modules = {{"model", ModuleRole::Encoder, true, DtypeRule::Follow, {}}};
   arch.params.push_back({"shared.weight", {32128, 1024}, 0, true, false});
-  for (int i = 0; i < 168; ++i) arch.params.push_back({"w" + std::to_string(i), {16384, 1024}, 0, true, false});
+  // The name appended, not `"w" + std::to_string(i)`: GCC 12's -Wrestrict misfires on that (GCC PR 105651).
+  for (int i = 0; i < 168; ++i) arch.params.push_back({std::string("w").append(std::to_string(i)), {16384, 1024}, 0, true, false});
   TrainOptions o;
   o.mixed = MixedPrecision::Fp16;
   o.gpus = 8;

@@ -81,7 +81,10 @@ inline std::string good_st(const std::vector<StTensor>& tensors, const std::stri
     if (!first) h += ",";
     first = false;
     h += "\"" + t.name + "\":{\"dtype\":\"" + t.dtype + "\",\"shape\":[";
-    for (size_t i = 0; i < t.shape.size(); ++i) h += (i ? "," : "") + std::to_string(t.shape[i]);
+    for (size_t i = 0; i < t.shape.size(); ++i) {  // appended: GCC 12 -Wrestrict misfires on "," + string&&
+      if (i) h += ',';
+      h += std::to_string(t.shape[i]);
+    }
     h += "],\"data_offsets\":[" + std::to_string(off) + "," + std::to_string(off + n) + "]}";
     off += n;
   }

@@ -78,7 +78,7 @@ class PhaseWatch {
 };
 
 Status run_demo(const DemoFlags& f, MemMeter& meter) {
-  VLAC_ASSIGN_OR_RETURN(const std::string cpu_line, cpu_path(meter));
+  VLAC_ASSIGN_OR_RETURN(const DeviceInfo cpu, cpu_device(meter));
   if (!f.synthetic_bytes.empty()) {
     auto size = parse_size(f.synthetic_bytes);
     if (!size.is_ok()) return size.status().with_context("--synthetic-bytes");
@@ -151,7 +151,7 @@ Status run_demo(const DemoFlags& f, MemMeter& meter) {
   std::printf("3. ran the package on the observation (%zu cameras, %zu prompt tokens, %lld denoising steps): "
               "action_normalized [%lld, %lld] -> %s\n",
               obs.cameras.size(), obs.tokens.size(), (long long)pol.steps(), (long long)H, (long long)A, actions_path.c_str());
-  std::printf("   cpu: %s\n", cpu_line.c_str());
+  std::printf("   cpu: %s\n", cpu_line(cpu, true).c_str());
   const int64_t show_dims = std::min<int64_t>(A, 6);
   for (int64_t h = 0; h < std::min<int64_t>(H, 3); ++h) {
     std::printf("   t=%lld:", (long long)h);

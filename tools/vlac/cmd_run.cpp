@@ -126,7 +126,7 @@ Status run_policy(const RunFlags& f, MemMeter& meter) {
     std::printf("  weights: %s mapped in place, %s converted; activations %s\n",
                 format_bytes(policy.weights().mapped_bytes()).c_str(), format_bytes(policy.weights().owned_bytes()).c_str(),
                 format_bytes(policy.activation_bytes()).c_str());
-  std::printf("  %s\n", dev.line.c_str());
+  std::printf("  %s\n", dev.summary(policy.bf16()).c_str());
   std::printf("  latency: load %.1f ms, prefix %.1f ms, denoise %.1f ms (%lld steps, %.1f ms each)\n", ms(t0, t1),
               ms(t1, t2), ms(t2, t3), (long long)model.euler().steps, ms(t2, t3) / double(model.euler().steps));
   return Status::ok();

@@ -137,7 +137,7 @@ Status run_package(const PackageRunArgs& f, MemMeter& meter) {
     std::printf("  budget %s: %llu evictions, %s re-read from the package (the cost of streaming)\n",
                 format_bytes(opts.mem_budget).c_str(), (unsigned long long)st.evictions,
                 format_bytes(st.evicted_bytes).c_str());
-  std::printf("  %s\n", dev.line.c_str());
+  std::printf("  %s\n", dev.summary(policy.bf16()).c_str());
   if (dev.gpu && f.repeat > 1)
     std::printf("  chunks: %d repeats as whole chunks, %llu replayed from a CUDA graph\n", f.repeat - 1,
                 (unsigned long long)policy.chunk_replays());

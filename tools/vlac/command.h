@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/status.h"
+#include "ir/backend.h"
 #include "mem/meter.h"
 
 namespace vlac::cli {
@@ -25,18 +26,23 @@ void add_common_options(CLI::App* sub, CommonOptions* opts);
 void run_command(const std::string& name, const CommonOptions& opts,
                  const std::function<Status(MemMeter&)>& body);
 
-/// Checks VLAC_MAX_CPU_ISA (a bad value is the command's error), records the CPU path in the
-/// report (cpu_isa, cpu_isa_native, cpu_isa_cap, onednn_isa, bf16_matmul, bf16_path) and returns
-/// its one-line description (cpu_path.cpp).
-Result<std::string> cpu_path(MemMeter& meter);
+/// The CPU device from the backend registry (cpu_path.cpp): its error (a bad VLAC_MAX_CPU_ISA)
+/// is the command's error; its report fields (cpu_isa, cpu_isa_native, cpu_isa_cap, onednn_isa,
+/// bf16_matmul, bf16_path) go into the report.
+Result<DeviceInfo> cpu_device(MemMeter& meter);
+/// The `cpu:` line: the path and how weights of the run's dtype are multiplied.
+std::string cpu_line(const DeviceInfo& d, bool bf16_weights);
 
 /// `vlac run --device` resolved: the registry backend that runs ("" for a package: the ones its
 /// manifest names), the summary line ("cpu: ..." or "device: cuda ..."), whether it is a GPU.
 /// Records the device in the report and, for a GPU, installs the meter's GPU probe.
 struct DevicePath {
   std::string backend;
-  std::string line;
+  std::string line;  // the GPU's line ("device: cuda ..."); for the CPU see summary()
   bool gpu = false;
+  DeviceInfo cpu;    // the CPU device (when the CPU runs)
+  /// The summary line: the GPU's, or `cpu: ` + cpu_line for the weights' dtype.
+  std::string summary(bool bf16_weights) const { return gpu ? line : "cpu: " + cpu_line(cpu, bf16_weights); }
 };
 /// `device`: cpu, cuda, auto (cuda when a GPU is present) or "" (then `fallback`).
 Result<DevicePath> device_path(const std::string& device, const std::string& fallback, MemMeter& meter);

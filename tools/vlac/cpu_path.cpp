@@ -1,21 +1,20 @@
-// The CPU path a run takes (ISA after the VLAC_MAX_CPU_ISA cap, how bf16 weights are multiplied),
-// for the summary line and the --report-json fields.
-#include "backends/cpu/cpu_isa.h"
+// The CPU path a run takes, as the backend registry's DeviceInfo reports it (the CLI names no
+// backend's headers): the report fields and the `cpu:` line for the weights' dtype.
+#include "backends/registry.h"
 #include "command.h"
 
 namespace vlac::cli {
 
-Result<std::string> cpu_path(MemMeter& meter) {
-  VLAC_RETURN_IF_ERROR(cpu::cpu_isa_status());
-  const cpu::CpuIsaInfo& i = cpu::cpu_isa();
-  auto q = [](const std::string& s) { return "\"" + s + "\""; };
-  meter.add_extra("cpu_isa", q(i.name));
-  meter.add_extra("cpu_isa_native", q(i.native_name));
-  meter.add_extra("cpu_isa_cap", q(i.cap));
-  meter.add_extra("onednn_isa", q(i.onednn_isa));
-  meter.add_extra("bf16_matmul", i.bf16_matmul ? "true" : "false");
-  meter.add_extra("bf16_path", q(cpu::bf16_path_name()));
-  return cpu::cpu_path_summary();
+Result<DeviceInfo> cpu_device(MemMeter& meter) {
+  VLAC_ASSIGN_OR_RETURN(Backend * cpu, backend_registry().get(kDefaultBackend, "vlac"));
+  DeviceInfo d = cpu->device();
+  if (!d.error.empty()) return invalid_argument(d.error);
+  for (const auto& [name, json] : d.report) meter.add_extra(name, json);
+  return d;
+}
+
+std::string cpu_line(const DeviceInfo& d, bool bf16_weights) {
+  return d.detail + (bf16_weights ? ", bf16 weights via " + d.bf16_path : ", fp32 weights via " + d.f32_path);
 }
 
 }  // namespace vlac::cli

@@ -19,8 +19,7 @@ Result<DevicePath> device_path(const std::string& device, const std::string& fal
   DevicePath out;
   out.backend = name;
   if (name.empty() || name == "cpu") {
-    VLAC_ASSIGN_OR_RETURN(const std::string cpu_line, cpu_path(meter));
-    out.line = "cpu: " + cpu_line;
+    VLAC_ASSIGN_OR_RETURN(out.cpu, cpu_device(meter));
     meter.add_extra("device", "\"cpu\"");
     return out;
   }

@@ -129,6 +129,14 @@ class CpuBackend final : public Backend {
     d.isa = isa.name;
     d.bf16_matmul = isa.bf16_matmul;
     d.int8_matmul = isa.int8_matmul;
+    d.error = isa.cap_error;
+    d.detail = cpu_isa_line();
+    d.f32_path = f32_path_name();
+    d.bf16_path = bf16_path_name();
+    auto q = [](const std::string& s) { return "\"" + s + "\""; };
+    d.report = {{"cpu_isa", q(isa.name)},         {"cpu_isa_native", q(isa.native_name)},
+                {"cpu_isa_cap", q(isa.cap)},      {"onednn_isa", q(isa.onednn_isa)},
+                {"bf16_matmul", isa.bf16_matmul ? "true" : "false"}, {"bf16_path", q(d.bf16_path)}};
     return d;
   }
   BackendCompiler* compiler() override { return &compiler_; }

@@ -18,6 +18,8 @@
 #include <sys/auxv.h>
 #endif
 
+#include "backends/cpu/bf16_gemm.h"
+
 namespace vlac::cpu {
 namespace {
 
@@ -192,15 +194,21 @@ bool use_bf16_fallback() { return g_force_fallback.load() || !cpu_isa().bf16_mat
 void set_force_bf16_fallback(bool on) { g_force_fallback.store(on); }
 
 const char* bf16_path_name() {
-  return use_bf16_fallback() ? "vlac blocked bf16->fp32 kernels" : "oneDNN bf16 matmul";
+  if (!use_bf16_fallback()) return "oneDNN bf16 matmul";
+  return bf16_gemm_available() ? "vlac avx2 register-blocked bf16 kernel" : "vlac blocked bf16->fp32 + sgemm";
 }
 
-std::string cpu_path_summary() {
+std::string cpu_isa_line() {
   const CpuIsaInfo& i = cpu_isa();
   std::string s = i.name;
-  if (!i.cap.empty()) s += " (cap VLAC_MAX_CPU_ISA=" + i.cap + "; native " + i.native_name + ")";
-  s += ", oneDNN isa " + i.onednn_isa + ", bf16 weights via " + bf16_path_name();
-  return s;
+  if (!i.cap.empty()) {
+    s += " (cap VLAC_MAX_CPU_ISA=" + i.cap + "; native " + i.native_name + ")";
+  } else if (const char* d = std::getenv("ONEDNN_MAX_CPU_ISA"); d && *d) {
+    s += " (cap ONEDNN_MAX_CPU_ISA=" + std::string(d) + "; native " + i.native_name + ")";
+  }
+  return s + ", oneDNN isa " + i.onednn_isa;
 }
+
+std::string cpu_path_summary() { return cpu_isa_line() + ", bf16 weights via " + bf16_path_name(); }
 
 }  // namespace vlac::cpu

@@ -60,10 +60,15 @@ bool use_bf16_fallback();
 /// matmul. Affects DnnlLinear/DnnlAttention created afterwards.
 void set_force_bf16_fallback(bool on);
 
-/// One line for `vlac run`: e.g. "avx2 (cap VLAC_MAX_CPU_ISA=avx2; native avx512_bf16), bf16
-/// weights via vlac blocked bf16->fp32 kernels".
+/// The ISA part of the path: e.g. "avx2 (cap VLAC_MAX_CPU_ISA=avx2; native avx512_bf16), oneDNN
+/// isa avx2" (a cap set through ONEDNN_MAX_CPU_ISA alone is named too).
+std::string cpu_isa_line();
+/// cpu_isa_line() + ", bf16 weights via " + bf16_path_name().
 std::string cpu_path_summary();
-/// "onednn bf16 matmul" or "vlac blocked bf16->fp32".
+/// How bf16 weights are multiplied: "oneDNN bf16 matmul", "vlac avx2 register-blocked bf16
+/// kernel" (AVX2 and above without a oneDNN bf16 matmul) or "vlac blocked bf16->fp32 + sgemm".
 const char* bf16_path_name();
+/// How fp32 weights are multiplied: "oneDNN fp32 matmul".
+inline const char* f32_path_name() { return "oneDNN fp32 matmul"; }
 
 }  // namespace vlac::cpu

@@ -2,11 +2,13 @@
 // Wᵀ[K,N]). Executed through the C API with a fixed argument array whose handles are rebound per
 // call, so run() builds no containers. dnnl::error is caught here (no exceptions escape src/).
 //
-// bf16 weights where oneDNN has no bf16 matmul (AVX2, arm64; use_bf16_fallback()): the blocked
-// path. The activations are rounded to bf16 and kept in fp32 (the same rounding point as the
-// bf16 matmul), then W is walked in blocks of nb output rows: each thread widens its block to
-// fp32 (exact) in its own scratch, sized to stay in L2, and multiplies it with a single-threaded
-// fp32 sgemm. So W stays bf16 in memory (half the bytes read) and the math is the fp32 GEMM's.
+// bf16 weights where oneDNN has no bf16 matmul (AVX2, arm64; use_bf16_fallback()): the
+// activations are rounded to bf16 and kept in fp32 (the same rounding point as the bf16 matmul),
+// W stays bf16 in memory (half the bytes read) and products and sums are fp32. On AVX2 and above
+// (weights [N,K]) the register-blocked kernel of bf16_gemm.h widens W in registers. Elsewhere
+// (the scalar cap, arm64, weights [K,N]) the blocked path: W is walked in blocks of nb output
+// rows, each thread widens its block to fp32 (exact) in its own scratch, sized to stay in L2,
+// and multiplies it with a single-threaded fp32 sgemm.
 #include "backends/cpu/dnnl_linear.h"
 
 #include <omp.h>
@@ -17,6 +19,7 @@
 #include <dnnl.h>
 #include <dnnl.hpp>
 
+#include "backends/cpu/bf16_gemm.h"
 #include "backends/cpu/cpu_isa.h"
 #include "backends/cpu/kernels.h"
 #include "core/dtype.h"
@@ -37,6 +40,7 @@ struct DnnlLinear::Impl {
   // bf16 weights without a oneDNN bf16 matmul: `blocked` (the file comment) or, with packed
   // weights, an fp32 matmul over W widened once (`f32_src`: x is rounded to bf16 in fp32).
   bool blocked = false, f32_src = false;
+  bool micro = false;  // blocked on bf16_gemm_nk (AVX2): x staged in its layout, no W blocks
   WeightLayout layout = WeightLayout::NK;
   int64_t nb = 0, threads = 1;   // blocked: W rows per block, threads planned at create
   uint64_t block_bytes = 0;      // blocked: one thread's widened block (aligned)
@@ -137,6 +141,12 @@ Status DnnlLinear::run(const float* x, const void* w, const float* b, float* y, 
     gemv(xv, w, p.bf16, b, y, p.k, p.n);
     return Status::ok();
   }
+  if (p.micro) {
+    auto* xs = reinterpret_cast<float*>(base);
+    bf16_gemm_stage(x, xs, p.m, p.k);
+    bf16_gemm_nk(xs, static_cast<const uint16_t*>(w), b, y, p.m, p.k, p.n, int(p.threads));
+    return Status::ok();
+  }
   if (p.blocked || p.f32_src) {
     auto* xr = reinterpret_cast<float*>(base);
     round_to_bf16_f32(x, xr, p.m * p.k);
@@ -155,6 +165,12 @@ Status DnnlLinear::run_bf16_src(const uint16_t* x, const void* w, const float* b
   const Impl& p = *impl_;
   VLAC_CHECK(p.bf16 && !p.gemv);
   auto* base = reinterpret_cast<uint8_t*>(align_up(reinterpret_cast<uintptr_t>(scratch)));
+  if (p.micro) {
+    auto* xs = reinterpret_cast<float*>(base);
+    bf16_gemm_stage_bf16(x, xs, p.m, p.k);
+    bf16_gemm_nk(xs, static_cast<const uint16_t*>(w), b, y, p.m, p.k, p.n, int(p.threads));
+    return Status::ok();
+  }
   if (p.blocked || p.f32_src) {  // widen the (already rounded) activations
     auto* xr = reinterpret_cast<float*>(base);
     for (int64_t i = 0; i < p.m; ++i) widen_bf16(x + i * p.k, xr + i * p.k, p.k);
@@ -174,6 +190,12 @@ void DnnlLinear::plan_blocked(Impl& p) {
   constexpr int64_t kBlockBytes = 256 * 1024, kWideRows = 512, kWideBytes = 4 << 20, kFewRows = 64;
   p.blocked = true;
   p.threads = std::max(1, omp_get_max_threads());
+  if (p.layout == WeightLayout::NK && bf16_gemm_available()) {
+    p.micro = true;
+    p.staging_bytes = align_up(bf16_gemm_x_bytes(p.m, p.k));
+    p.impl = "vlac:bf16 avx2 register-blocked";
+    return;
+  }
   int64_t nb = std::max<int64_t>(16, kBlockBytes / (p.k * 4) / 16 * 16);
   if (p.m > kFewRows) nb = std::max(nb, std::min<int64_t>(kWideRows, kWideBytes / (p.k * 4) / 16 * 16));
   const int64_t per_thread = (p.n + p.threads - 1) / p.threads;

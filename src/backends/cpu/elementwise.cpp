@@ -192,29 +192,24 @@ VLAC_SPAN_KERNELS(base, kIsX86 ? CpuIsa::Scalar : CpuIsa::Neon, , body::row_max,
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
-VLAC_AVX2 float row_max_avx2(const float* x, int64_t n) {
-  __m256 m = _mm256_set1_ps(x[0]);
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(x + i));
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, m);
-  float mx = x[0];
-  for (float l : lanes) mx = l > mx ? l : mx;
-  for (; i < n; ++i) mx = x[i] > mx ? x[i] : mx;
-  return mx;
-}
-
-VLAC_AVX512 float row_max_avx512(const float* x, int64_t n) {
-  __m512 m = _mm512_set1_ps(x[0]);
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) m = _mm512_max_ps(m, _mm512_loadu_ps(x + i));
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, m);
-  float mx = x[0];
-  for (float l : lanes) mx = l > mx ? l : mx;
-  for (; i < n; ++i) mx = x[i] > mx ? x[i] : mx;
-  return mx;
-}
+// The vector max of a row for one ISA (its vector type, width and intrinsics): GCC does not
+// vectorize body::row_max's reduction without -ffast-math.
+#define VLAC_ROW_MAX(NAME, ATTR, VEC, LANES, SET1, LOADU, MAX, STORE)            \
+  ATTR float NAME(const float* x, int64_t n) {                                  \
+    VEC m = SET1(x[0]);                                                         \
+    int64_t i = 0;                                                              \
+    for (; i + (LANES) <= n; i += (LANES)) m = MAX(m, LOADU(x + i));            \
+    alignas(64) float lanes[LANES];                                             \
+    STORE(lanes, m);                                                            \
+    float mx = x[0];                                                            \
+    for (float l : lanes) mx = l > mx ? l : mx;                                 \
+    for (; i < n; ++i) mx = x[i] > mx ? x[i] : mx;                              \
+    return mx;                                                                  \
+  }
+VLAC_ROW_MAX(row_max_avx2, VLAC_AVX2, __m256, 8, _mm256_set1_ps, _mm256_loadu_ps, _mm256_max_ps, _mm256_store_ps)
+VLAC_ROW_MAX(row_max_avx512, VLAC_AVX512, __m512, 16, _mm512_set1_ps, _mm512_loadu_ps, _mm512_max_ps,
+             _mm512_store_ps)
+#undef VLAC_ROW_MAX
 
 // fast_exp on 16 lanes: the same reduction and polynomial (with fused multiply-adds).
 VLAC_AVX512 inline __m512 fast_exp16(__m512 x) {
