@@ -352,7 +352,7 @@ TEST(SeamCuda, RegisteredAndClearWithoutADevice) {
   const DeviceInfo d = b->device();
   EXPECT_EQ(d.backend, "cuda");
   EXPECT_EQ(d.memory, MemoryKind::Device);
-  EXPECT_EQ(b->compiler(), nullptr);
+  EXPECT_NE(b->compiler(), nullptr);  // the compile side needs no GPU (compiler.h)
   std::printf("[ device   ] %s\n", d.description.c_str());
   if (cuda::device_status().is_ok()) {
     EXPECT_GT(d.compute_major, 0);

@@ -1,8 +1,8 @@
 // The CUDA backend as the seam sees it (ir/backend.h): device info (compute capability, memory),
 // a runtime that uploads weights once through a bounded page-locked staging buffer, plans one
 // device arena per program from exec::plan_arena and runs one kernel (or cuBLASLt call) per IR
-// node on one stream, and a RunSequence that records whole chunks as CUDA graphs. The compiler
-// half (vlac compile --backend cuda) is a separate piece; until it is wired, compiler() is null.
+// node on one stream, and a RunSequence that records whole chunks as CUDA graphs. Its compiler
+// (vlac compile --backend cuda) is compiler.h's make_cuda_compiler(): host code, no GPU needed.
 // Only backends/registry.cpp includes this; everything above the seam asks the registry for "cuda".
 #pragma once
 
