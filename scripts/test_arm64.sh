@@ -24,7 +24,8 @@ rc=${PIPESTATUS[0]}
 set -e
 ran=$(grep -cE 'Test +#[0-9]+: ' "$log" || true)
 passed=$(grep -cE 'Test +#[0-9]+: .* Passed +[0-9.]+ sec' "$log" || true)
-skipped=$(grep -cE 'Test +#[0-9]+: .* Skipped +[0-9.]+ sec' "$log" || true)
+# ctest marks a skip '***Skipped' (no space before it), a pass '   Passed'.
+skipped=$(grep -cE 'Test +#[0-9]+: .*(\*\*\*| )Skipped +[0-9.]+ sec' "$log" || true)
 failed=$((ran - passed - skipped))
 echo "arm64 (qemu cortex-a76): $ran tests, $passed passed, $failed failed, $skipped skipped (ctest exit $rc; log $log)"
 exit "$rc"
