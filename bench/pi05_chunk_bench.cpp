@@ -1,12 +1,15 @@
 // pi0.5 chunk latency from a .vlac package, split by stage, on whatever backend its engines name
 // (cpu or cuda): the first chunk of the process (cold start: process start to first action) then
 // warm-up chunks, then ROUNDS x CHUNKS timed chunks, each with its stage times (vision per camera,
-// text, prefix LM, each denoising step); median and min per stage. One JSON (with the meter's
-// memory report) and the first chunk's actions. Used by tools/bench_cuda_vs_lerobot.py. Not a test.
+// text, prefix LM, each denoising step); median and min per stage; then (--recorded, the default)
+// ROUNDS x CHUNKS whole chunks as the runtime replays them (recorded once per prefix shape: CUDA
+// graphs on a GPU, no stage timing inside). One JSON (with the meter's memory report) and the
+// first chunk's actions. Used by tools/bench_cuda_vs_lerobot.py. Not a test.
 #include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -59,8 +62,9 @@ json stats(std::vector<double> v) {
 int main(int argc, char** argv) {
   const double start_to_main_s = seconds_since_process_start();
   const Clock::time_point t_main = Clock::now();
-  std::string pkg_path, obs_path, noise_path, out_json, out_actions;
+  std::string pkg_path, obs_path, noise_path, out_json, out_actions, vision = "auto";
   int warmup = 3, rounds = 3, chunks = 50, threads = 2;
+  bool recorded = true;
   CLI::App app{"pi05_chunk_bench: per-stage pi0.5 chunk latency of a .vlac package (JSON)"};
   app.add_option("package", pkg_path, ".vlac package")->required();
   app.add_option("--obs", obs_path, "observation safetensors (lerobot keys)")->required();
@@ -71,6 +75,11 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "CPU threads (default 2)");
   app.add_option("--out", out_json, "result JSON")->required();
   app.add_option("--actions", out_actions, "write the first chunk's action_normalized here (safetensors)");
+  app.add_option("--vision", vision, "SigLIP rounding points: auto (fast for a bf16-all package), exact or fast")
+      ->check(CLI::IsMember({"auto", "exact", "fast"}));
+  app.add_flag("--recorded,!--no-recorded", recorded,
+               "also time ROUNDS x CHUNKS whole chunks recorded once and replayed (run_chunk: CUDA graphs on a "
+               "GPU), after the stage-timed eager rounds (default on)");
   CLI11_PARSE(app, argc, argv);
 
   vlac::MemMeter meter("pi05_chunk_bench");
@@ -81,6 +90,7 @@ int main(int argc, char** argv) {
   meter.begin_phase("load");
   vlac::Pi05PackageOptions opts;
   opts.threads = threads;
+  if (vision != "auto") opts.fast_vision = vision == "fast";
   auto policy = vlac::Pi05PackagePolicy::open(pkg_path, opts);
   if (!policy.is_ok()) return fail(policy.status());
   const int64_t vocab = policy->package().manifest().policy.value("vocab", int64_t{0});
@@ -132,6 +142,23 @@ int main(int argc, char** argv) {
   for (int r = 0; r < rounds; ++r)
     for (int i = 0; i < chunks; ++i)
       if (auto st = chunk(r); !st.is_ok()) return fail(st);
+  // Whole chunks as the runtime replays them: recorded at the first call (untimed), then timed
+  // by wall clock from the call to the actions on the host. Their actions must equal the eager ones.
+  std::vector<std::vector<double>> rec_ms(size_t(recorded ? rounds : 0));
+  double rec_vs_eager = 0;
+  if (recorded) {
+    std::vector<float> eager = action, rec(action.size());
+    meter.begin_phase("recorded");
+    for (int i = 0; i < std::max(1, warmup); ++i)
+      if (auto st = policy->run_chunk(*obs, noise.data(), rec.data()); !st.is_ok()) return fail(st);
+    for (size_t i = 0; i < rec.size(); ++i) rec_vs_eager = std::max(rec_vs_eager, double(std::abs(rec[i] - eager[i])));
+    for (int r = 0; r < rounds; ++r)
+      for (int i = 0; i < chunks; ++i) {
+        const Clock::time_point a = Clock::now();
+        if (auto st = policy->run_chunk(*obs, noise.data(), rec.data()); !st.is_ok()) return fail(st);
+        rec_ms[size_t(r)].push_back(ms(a, Clock::now()));
+      }
+  }
   meter.end_phase();
 
   // Per stage over all timed chunks and per round.
@@ -191,7 +218,22 @@ int main(int argc, char** argv) {
                      {"first_prefix_ms", first.prefix},
                      {"first_denoise_ms", first.denoise},
                      {"main_to_first_action_ms", ms(t_main, t_first)}})},
+      {"vision", policy->fast_vision() ? "fast" : "exact"},
       {"summary", collect(-1)},
+      {"recorded_chunk",
+       [&]() -> json {
+         if (!recorded) return nullptr;
+         std::vector<double> all;
+         json per = json::array();
+         for (const auto& v : rec_ms) {
+           all.insert(all.end(), v.begin(), v.end());
+           per.push_back(stats(v));
+         }
+         return json::object({{"summary", stats(all)},
+                              {"per_round", std::move(per)},
+                              {"replays", policy->chunk_replays()},
+                              {"max_abs_diff_vs_eager", rec_vs_eager}});
+       }()},
       {"per_round", std::move(per_round)},
       {"chunks", std::move(chunk_rows)},
       {"memory", json::parse(rep.to_json())},
@@ -202,9 +244,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "pi05_chunk_bench: cannot write %s\n", out_json.c_str());
     return 1;
   }
-  std::fprintf(stderr, "pi05_chunk_bench: %s: chunk median %.2f ms (min %.2f) over %d x %d; first action %.2f s after process start; %s\n",
+  std::fprintf(stderr, "pi05_chunk_bench: %s: chunk median %.2f ms (min %.2f) over %d x %d stage-timed",
                pkg_path.c_str(), out["summary"]["chunk"]["median_ms"].get<double>(),
-               out["summary"]["chunk"]["min_ms"].get<double>(), rounds, chunks, first_action_s,
-               rep.summary_line().c_str());
+               out["summary"]["chunk"]["min_ms"].get<double>(), rounds, chunks);
+  if (recorded)
+    std::fprintf(stderr, ", %.2f ms (min %.2f) recorded", out["recorded_chunk"]["summary"]["median_ms"].get<double>(),
+                 out["recorded_chunk"]["summary"]["min_ms"].get<double>());
+  std::fprintf(stderr, "; first action %.2f s after process start; %s\n", first_action_s, rep.summary_line().c_str());
   return 0;
 }

@@ -21,7 +21,8 @@ std::vector<ValueId> storage_roots(const ir::Graph& g, const std::vector<NodeId>
   return root;
 }
 
-ArenaPlan plan_arena(const ir::Graph& g, const std::vector<NodeId>& order, const std::vector<ValueId>& root) {
+ArenaPlan plan_arena(const ir::Graph& g, const std::vector<NodeId>& order, const std::vector<ValueId>& root,
+                     const std::vector<uint8_t>& outside) {
   const size_t nv = g.values().size();
   std::vector<ir::LiveRange> live = ir::liveness(g, order);
   std::vector<int64_t> first(nv, -1), lastu(nv, -1);
@@ -35,6 +36,7 @@ ArenaPlan plan_arena(const ir::Graph& g, const std::vector<NodeId>& order, const
   std::vector<Block> blocks;
   for (size_t v = 0; v < nv; ++v) {
     if (root[v] != ValueId(v) || first[v] < 0) continue;
+    if (v < outside.size() && outside[v]) continue;
     const OpKind op = g.node(g.value(ValueId(v)).producer).op;
     if (op == OpKind::Weight || op == OpKind::Input || op == OpKind::Constant) continue;
     blocks.push_back({ValueId(v), align_up(std::max<uint64_t>(g.info(ValueId(v)).bytes(), 1)), first[v], lastu[v], 0});

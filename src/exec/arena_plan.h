@@ -31,6 +31,9 @@ struct ArenaPlan {
 /// latest use over the values sharing it), then largest first at the lowest offset whose time
 /// range collides with no block placed so far. Deterministic; blocks in value-id order.
 /// Engines that run one after another may share one arena of the largest plan's size.
-ArenaPlan plan_arena(const ir::Graph& g, const std::vector<ir::NodeId>& order, const std::vector<ir::ValueId>& root);
+/// Roots flagged in `outside` (by value id, may be empty) are left out: the backend keeps them in
+/// buffers of their own (e.g. values that must persist between runs).
+ArenaPlan plan_arena(const ir::Graph& g, const std::vector<ir::NodeId>& order, const std::vector<ir::ValueId>& root,
+                     const std::vector<uint8_t>& outside = {});
 
 }  // namespace vlac::exec

@@ -224,6 +224,11 @@ struct ExecOptions {
   /// nodes computed from them alone run once per value and are reused (exec/memo_plan).
   std::vector<std::string> memo_inputs;
   int memo_slots = 0;
+  /// Inputs whose contents stay the same over consecutive runs until the caller says otherwise
+  /// (Executable::inputs_changed): pi0.5's prefix K/V cache, read by all denoising steps of a
+  /// chunk. A backend may then keep what it derives from them alone (a GPU: their rows of a
+  /// key/value concatenation, in bf16) between runs. A backend ignores it where it cannot use it.
+  std::vector<std::string> stable_inputs;
 };
 
 /// What a planned program needs. With ExecOptions::shared_memory the caller provides the arena
@@ -267,6 +272,9 @@ class Executable {
   /// valid until the next synchronize() of the runtime (a backend Host buffer inside a recorded
   /// sequence: RunSequence). Host backends: memcpy.
   virtual Status write_input(int i, const void* src, uint64_t bytes);
+  /// The contents of ExecOptions::stable_inputs changed (a new prefix): the next run reads them
+  /// again. Binding or writing one of them says so too. Backends that keep nothing: a no-op.
+  virtual void inputs_changed() {}
 };
 
 /// Memory a backend allocates for its callers: arenas shared by engines, values crossing engines,

@@ -169,6 +169,9 @@ Status Pi05Policy::plan_for(const Pi05PrefixShape& shape) {
   step_velocity_ = sg.output("velocity");
   step_x_next_ = sg.output("x_next");
   eo.label = "step";
+  // The prefix K/V cache stays the same over a chunk's steps (denoise says when it changed).
+  for (int64_t l = 0; l < m.dims().lm_depth; ++l)
+    for (const char* kv : {"prefix.k.", "prefix.v."}) eo.stable_inputs.push_back(kv + std::to_string(l));
   VLAC_ASSIGN_OR_RETURN(step_, rt.plan(std::move(sg.graph), *weights_, eo));
   step_x_ = step_->input_index(kPi05InX);
   step_t_ = step_->input_index(kPi05InTime);
@@ -272,6 +275,7 @@ Status Pi05Policy::enqueue_denoise() {
   BackendRuntime& rt = backend_->runtime();
   VLAC_RETURN_IF_ERROR(step_->write_input(step_x_, noise_stage_->data(), bytes));
   const float* times = static_cast<const float*>(times_->data());
+  step_->inputs_changed();  // the prefix just ran: its K/V cache is new
   for (int64_t k = 0; k < e.steps; ++k) {
     VLAC_RETURN_IF_ERROR(step_->write_input(step_t_, times + k, 4));
     if (options_.record_intermediates) {

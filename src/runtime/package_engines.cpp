@@ -190,8 +190,10 @@ Status PackageEngines::prepare(Engine& e, const std::map<std::string, PackageVal
   eo.shared_memory = true;
   eo.pack_weights = options_.pack_weights;
   eo.bf16_mqa_attention = options_.bf16_mqa_attention;
+  eo.fast_vision = options_.fast_vision && e.stage == "vision";
   eo.memo_inputs = options_.memo_inputs;
   eo.memo_slots = options_.memo_slots;
+  eo.stable_inputs = options_.stable_inputs;
   e.exec.reset();
   VLAC_ASSIGN_OR_RETURN(e.exec, e.backend->runtime().plan(std::move(g), *e.weights, eo));
   // The executable now holds packed copies of its weights: give the mapped pages back (they
@@ -271,6 +273,13 @@ Status PackageEngines::run_stage(const std::string& stage, std::map<std::string,
     }
   }
   return Status::ok();
+}
+
+void PackageEngines::inputs_changed(const std::string& stage) {
+  auto st = stage_engines_.find(stage);
+  if (st == stage_engines_.end()) return;
+  for (size_t id : st->second)
+    if (engines_[id]->exec) engines_[id]->exec->inputs_changed();
 }
 
 void PackageEngines::release_stage(const std::string& stage) {

@@ -28,8 +28,10 @@ struct PackageRunOptions {
   uint64_t mem_budget = 0;
   bool pack_weights = false;         // ExecOptions::pack_weights (not with mem_budget)
   bool bf16_mqa_attention = false;   // ExecOptions::bf16_mqa_attention
+  bool fast_vision = false;          // ExecOptions::fast_vision, for the engines of stage "vision"
   std::vector<std::string> memo_inputs;  // ExecOptions::memo_inputs
   int memo_slots = 0;
+  std::vector<std::string> stable_inputs;  // ExecOptions::stable_inputs (inputs_changed())
   /// Runs every engine on this registry backend instead of the one its manifest entry names
   /// (weights are bound by name, so a CPU package's engines run on "cuda" too). Empty: the manifest's.
   std::string backend;
@@ -71,6 +73,9 @@ class PackageEngines {
   Status run_stage(const std::string& stage, std::map<std::string, PackageValue>* values);
   /// The stage's pages leave this process (they stay in the page cache).
   void release_stage(const std::string& stage);
+  /// The stable inputs (PackageRunOptions::stable_inputs) of the stage's engines changed: their
+  /// next runs read them again (Executable::inputs_changed).
+  void inputs_changed(const std::string& stage);
   const PackageRunStats& stats() const { return stats_; }
 
   /// The backend runtime of the engines (the first engine's; all of a pi0.5 package share one)

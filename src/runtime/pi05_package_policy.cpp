@@ -94,7 +94,13 @@ Status Pi05PackagePolicy::load_manifest() {
   // The step's time-only part (time MLP, adaRMS modulations) is computed once per value of t.
   ro.memo_inputs = {kPi05InTime, kPi05Cond};
   ro.memo_slots = int(steps_);
+  // The prefix K/V cache is the same for the N steps of a chunk (enqueue_denoise says when not).
+  for (int64_t l = 0; l < depth_; ++l)
+    for (const char* kv : {"prefix.k.", "prefix.v."}) ro.stable_inputs.push_back(kv + std::to_string(l));
   ro.backend = options_.backend;
+  fast_vision_ = options_.fast_vision.value_or(
+      pkg_->manifest().policy.value("precision", std::string()) == "bf16-all-matrices");
+  ro.fast_vision = fast_vision_;
   VLAC_ASSIGN_OR_RETURN(PackageEngines engines, PackageEngines::open(*pkg_, std::move(ro)));
   engines_ = std::make_unique<PackageEngines>(std::move(engines));
   for (const char* s : {"vision", "lm", "step"})
@@ -226,6 +232,7 @@ Status Pi05PackagePolicy::enqueue_denoise() {
   v[kPi05InSuffixPos] = Slot{suffix_pos_->data(), ir::ValueInfo{DType::I64, {H_}}, MemoryKind::Host};
   if (!recording_) stats_.step_ms.assign(size_t(steps_), 0.0);
   const float* times = static_cast<const float*>(times_->data());
+  engines_->inputs_changed("step");  // a new prefix K/V cache: the first step reads it again
   for (int64_t k = 0; k < steps_; ++k) {
     // x_ is bound in place; t is read from the step's entry of the Euler times; outputs are
     // overwritten each step.

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,10 @@ struct Pi05PackageOptions {
   bool pack_weights = false;
   /// Runs every engine on this registry backend ("cuda", "cpu") instead of the manifest's.
   std::string backend;
+  /// SigLIP's rounding points (ExecOptions::fast_vision: its attention in the bf16 kernel, fp32
+  /// matrices on TF32). Unset: fast for a bf16-all package (its vision matrices are bf16 already,
+  /// so lerobot's fp32 vision is not what it runs), exact otherwise.
+  std::optional<bool> fast_vision;
 };
 
 /// What the runtime did, for the report.
@@ -58,6 +63,8 @@ class Pi05PackagePolicy {
   const Pi05Config& config() const { return config_; }
   const Pi05Processor& processor() const { return processor_; }
   bool bf16() const { return bf16_; }
+  /// Whether SigLIP runs at the fast rounding points (Pi05PackageOptions::fast_vision, resolved).
+  bool fast_vision() const { return fast_vision_; }
   int64_t chunk_size() const { return H_; }
   int64_t max_action_dim() const { return A_; }
   int64_t channels() const { return C_; }
@@ -101,6 +108,7 @@ class Pi05PackagePolicy {
   Pi05Config config_;
   Pi05Processor processor_;
   bool bf16_ = false;
+  bool fast_vision_ = false;
   int64_t H_ = 0, A_ = 0, C_ = 3, R_ = 0, n_img_ = 0, W_ = 0, depth_ = 0, steps_ = 10;
   float dt_ = -0.1f;
   std::unique_ptr<PackageEngines> engines_;

@@ -27,6 +27,14 @@ __global__ void cast_kernel(const Tx* x, Ty* y, int64_t n) {
 }
 
 template <typename Tx, typename Ty>
+__global__ void cast_rows_kernel(const Tx* x, int64_t x_stride, Ty* y, int64_t y_stride, int64_t rows, int64_t cols) {
+  VLAC_GRID_LOOP(i, rows * cols) {
+    const int64_t r = i / cols, c = i % cols;
+    st(y, r * y_stride + c, ld(x, r * x_stride + c));
+  }
+}
+
+template <typename Tx, typename Ty>
 __global__ void gelu_kernel(const Tx* x, Ty* y, int64_t n) {
   VLAC_GRID_LOOP(i, n) st(y, i, gelu_tanh_1(ld(x, i)));
 }
@@ -124,6 +132,19 @@ Status cast(cudaStream_t stream, const void* x, DType xt, void* y, DType yt, int
   return dispatch2(xt, yt, [&]<typename Tx, typename Ty>() {
     cast_kernel<<<grid_1d(n, kThreads), kThreads, 0, stream>>>(static_cast<const Tx*>(x), static_cast<Ty*>(y), n);
     return launch_status("cast");
+  });
+}
+
+Status cast_rows(cudaStream_t stream, const void* x, DType xt, int64_t x_stride, void* y, DType yt, int64_t y_stride,
+                 int64_t rows, int64_t cols) {
+  if (!is_act(xt) || !is_act(yt)) return bad_dtype("cast_rows");
+  if (rows < 0 || cols < 0 || x_stride < cols || y_stride < cols) return invalid_argument("cast_rows: bad shape");
+  VLAC_RETURN_IF_ERROR(check_n("cast_rows", rows * cols));
+  if (rows * cols == 0) return Status::ok();
+  return dispatch2(xt, yt, [&]<typename Tx, typename Ty>() {
+    cast_rows_kernel<<<grid_1d(rows * cols, kThreads), kThreads, 0, stream>>>(
+        static_cast<const Tx*>(x), x_stride, static_cast<Ty*>(y), y_stride, rows, cols);
+    return launch_status("cast_rows");
   });
 }
 

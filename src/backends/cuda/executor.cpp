@@ -74,6 +74,7 @@ void CUDART_CB gather_rows(void* p) {
 CudaExecutable::~CudaExecutable() {
   for (void* p : {own_arena_, own_scratch_, const_storage_, iota_, memo_storage_})
     if (p) (void)cudaFree(p);
+  for (void* p : own_blocks_) (void)cudaFree(p);
   for (auto& in : inputs_)
     if (in.own) (void)cudaFree(in.own);
   for (auto& g : gathers_)
@@ -102,9 +103,10 @@ Status CudaExecutable::plan(const CudaWeights& weights) {
   const size_t nv = g.values().size();
   root_ = exec::storage_roots(g, order_);
   ptr_.assign(nv, nullptr);
+  plans_.assign(g.nodes().size(), NodePlan{});
+  plan_slice_views();
   weight_dtype_.assign(nv, DType::F32);
   weight_entry_.assign(nv, nullptr);
-  plans_.assign(g.nodes().size(), NodePlan{});
   inputs_.assign(g.inputs().size(), Input{});
   const std::string label = options_.label.empty() ? std::string("?") : options_.label;
 
@@ -335,8 +337,75 @@ Status CudaExecutable::plan(const CudaWeights& weights) {
     if (e != cudaSuccess) return cuda_error("engine '" + label + "': embedding ids", e);
   }
 
+  // Stable inputs (ExecOptions::stable_inputs): a Concat along axis 0 with pieces read from them
+  // keeps its output between runs in a buffer of its own, so those pieces (pi0.5's prefix K/V, the
+  // bulk of every denoising step's keys and values) are copied, and rounded to bf16, once per
+  // change instead of in every run.
+  stable_input_.assign(g.inputs().size(), 0);
+  std::vector<uint8_t> stable_root(nv, 0), outside(nv, 0);
+  std::vector<std::pair<ValueId, int64_t>> inplace_views;  // (value, element offset in its Concat)
+  for (size_t i = 0; i < g.inputs().size(); ++i) {
+    const std::string name = ir::input_name(g, g.inputs()[i]);
+    for (const std::string& s : options_.stable_inputs)
+      if (s == name) stable_input_[i] = 1, stable_root[size_t(g.inputs()[i])] = 1;
+  }
+  {
+    std::vector<uint8_t> is_out(nv, 0);
+    for (ValueId o : g.outputs()) is_out[size_t(root_[size_t(o)])] = 1;
+    for (NodeId id : order_) {
+      const Node& n = g.node(id);
+      if (n.op != OpKind::Concat || n.inputs.size() > 32) continue;
+      int64_t axis = n.attrs.get_int("axis", 0);
+      if (axis < 0) axis += int64_t(g.info(n.outputs[0]).shape.size());
+      const ValueId o = n.outputs[0];
+      if (axis != 0 || root_[size_t(o)] != o || is_out[size_t(o)]) continue;
+      uint32_t mask = 0;
+      for (size_t i = 0; i < n.inputs.size(); ++i)
+        if (stable_root[size_t(root_[size_t(n.inputs[i])])]) mask |= 1u << i;
+      if (!mask) continue;
+      plans_[size_t(id)].stable_pieces = mask;
+      outside[size_t(o)] = 1;
+      // The other pieces' producers write their rows of the output themselves when this Concat
+      // is their only reader: a RoPE (the step's own keys), a column Slice of a fused GEMM (its
+      // values, converted by cast_rows). Their values become views into the output.
+      int64_t elem = 0;
+      for (size_t i = 0; i < n.inputs.size(); ++i) {
+        const ValueId r = root_[size_t(n.inputs[i])];
+        const int64_t cnt = g.info(n.inputs[i]).numel();
+        const NodeId pid = g.value(r).producer;
+        const Node& pn = g.node(pid);
+        bool ok = !((mask >> i) & 1u) && !is_out[size_t(r)] && g.info(r).dtype == DType::F32;
+        if (ok && pn.op == OpKind::Slice) {
+          const ValueInfo& xi = g.info(pn.inputs[0]);
+          int64_t ax = pn.attrs.get_int("axis", 0);
+          if (ax < 0) ax += int64_t(xi.shape.size());
+          ok = xi.shape.size() == 2 && ax == 1 && xi.dtype == DType::F32 && !plans_[size_t(pid)].view;
+        } else if (pn.op != OpKind::RoPE) {
+          ok = false;
+        }
+        int readers = 0;
+        for (NodeId rid : order_) {
+          const Node& rn = g.node(rid);
+          if (rn.op == OpKind::Reshape) continue;
+          for (ValueId in : rn.inputs)
+            if (root_[size_t(in)] == r) readers += rid == id ? 1 : 2;
+        }
+        if (ok && readers == 1) {
+          plans_[size_t(id)].inplace_pieces |= 1u << i;
+          if (pn.op == OpKind::Slice) plans_[size_t(pid)].into_concat = true;
+          for (size_t v = 0; v < nv; ++v)
+            if (root_[v] == r) {
+              root_[v] = o;
+              inplace_views.push_back({ValueId(v), elem});
+            }
+        }
+        elem += cnt;
+      }
+    }
+  }
+
   // Activations: one arena from liveness (exec/arena_plan), the CPU executor's plan.
-  exec::ArenaPlan arena = exec::plan_arena(g, order_, root_);
+  exec::ArenaPlan arena = exec::plan_arena(g, order_, root_, outside);
   arena_bytes_ = arena.bytes;
   arena_blocks_ = std::move(arena.blocks);
   if (!options_.shared_memory) {
@@ -360,8 +429,22 @@ Status CudaExecutable::plan(const CudaWeights& weights) {
   }
   for (size_t i = 0; i < inputs_.size(); ++i)
     if (inputs_[i].keep_shadow) inputs_[i].shadow.resize(g.info(g.inputs()[i]).bytes());
+  for (NodeId id : order_)
+    if (plans_[size_t(id)].view && memo_.node[size_t(id)])
+      return internal_error(where(g.node(id)) + ": a slice view cannot be a memo result");
   plan_bf16_stores();
   plan_residual_norms();
+  for (NodeId id : order_) {
+    const Node& n = g.node(id);
+    if (!plans_[size_t(id)].stable_pieces) continue;
+    const ValueId o = n.outputs[0];
+    const uint64_t bytes = uint64_t(g.info(o).numel()) * (bf16_stored(o) ? 2 : dtype_size(g.info(o).dtype));
+    VLAC_ASSIGN_OR_RETURN(void* b, device_alloc(bytes, where(n) + ": its output kept between runs"));
+    own_blocks_.push_back(b);
+    ptr_[size_t(o)] = b;
+  }
+  for (const auto& [v, elem] : inplace_views)
+    view_off_[size_t(v)] = uint64_t(elem) * (bf16_stored(v) ? 2 : dtype_size(g.info(v).dtype));
   // Memo results read in place from their slot (point_memo_results): those that own their
   // arena block (not graph outputs, whose pointers callers may keep).
   arena_off_.assign(nv, -1);
@@ -385,6 +468,93 @@ Status CudaExecutable::plan(const CudaWeights& weights) {
     }
   }
   return Status::ok();
+}
+
+// Slice views: the fused q|k|v and gate|up GEMMs (ir/fuse) write one [R, W] output that the
+// graph cuts into column Slices. Where every reader of a slice takes strided rows (RoPE reads
+// x_stride, GeGLU reads in_stride), the slice is not copied: its value becomes a view into the
+// fused output (same storage root, so the arena keeps that block alive until the last reader),
+// and the readers get the fused width as their row stride. A Reshape between slice and reader
+// may only split the last dimension (rows unchanged). Graph outputs and memo results keep their
+// own contiguous block. Same bits as the copy, one kernel and 2 x the slice's bytes fewer.
+void CudaExecutable::plan_slice_views() {
+  const ir::Graph& g = graph_;
+  const size_t nv = g.values().size();
+  view_off_.assign(nv, 0);
+  view_stride_.assign(nv, 0);
+  std::vector<uint8_t> is_out(nv, 0);
+  for (ValueId o : g.outputs()) is_out[size_t(root_[size_t(o)])] = 1;
+  // Readers by root (Reshapes see through) and the aliases of every root.
+  std::vector<std::vector<std::pair<NodeId, size_t>>> readers(nv);
+  for (NodeId id : order_) {
+    const Node& n = g.node(id);
+    if (n.op == OpKind::Reshape) continue;
+    for (size_t i = 0; i < n.inputs.size(); ++i) readers[size_t(root_[size_t(n.inputs[i])])].push_back({id, i});
+  }
+  auto slice_of = [&](ValueId v) -> const Node* {  // the Slice producing v's root, if any
+    const Node& n = g.node(g.value(root_[size_t(v)]).producer);
+    return n.op == OpKind::Slice ? &n : nullptr;
+  };
+  auto viewable = [&](const Node& sl) {
+    if (sl.inputs.size() != 1 || sl.outputs.size() != 1) return false;
+    const ValueId in = sl.inputs[0], out = sl.outputs[0];
+    const ValueInfo& xi = g.info(in);
+    if (xi.shape.size() != 2 || xi.dtype != DType::F32 || root_[size_t(in)] != in) return false;
+    const OpKind pop = g.node(g.value(in).producer).op;
+    if (pop != OpKind::Linear) return false;  // an arena activation, never an input or a weight
+    int64_t axis = sl.attrs.get_int("axis", 0);
+    if (axis < 0) axis += 2;
+    if (axis != 1 || is_out[size_t(out)] || root_[size_t(out)] != out) return false;
+    // Every alias keeps the rows: a Reshape may split only the last dimension.
+    for (size_t v = 0; v < nv; ++v)
+      if (root_[v] == out && ValueId(v) != out) {
+        const ValueInfo& a = g.info(ValueId(v));
+        if (a.shape.empty() || a.shape[0] != xi.shape[0] || is_out[v]) return false;
+      }
+    for (const auto& [r, i] : readers[size_t(out)]) {
+      const Node& rn = g.node(r);
+      if (rn.op == OpKind::RoPE && i == 0) continue;
+      if (rn.op == OpKind::GeGLU && i < 2) {
+        // GeGLU takes one stride for both: gate and up must be slices of the same fused output.
+        const Node* a = slice_of(rn.inputs[0]);
+        const Node* b = slice_of(rn.inputs[1]);
+        if (a && b && a->inputs[0] == b->inputs[0]) continue;
+      }
+      return false;
+    }
+    return !readers[size_t(out)].empty();
+  };
+  std::vector<NodeId> views;
+  for (NodeId id : order_)
+    if (g.node(id).op == OpKind::Slice && viewable(g.node(id))) views.push_back(id);
+  // GeGLU: both of its slices must be views, or neither.
+  std::vector<uint8_t> chosen(g.nodes().size(), 0);
+  for (NodeId id : views) chosen[size_t(id)] = 1;
+  for (NodeId id : order_) {
+    const Node& n = g.node(id);
+    if (n.op != OpKind::GeGLU) continue;
+    const ValueId a = g.value(root_[size_t(n.inputs[0])]).producer, b = g.value(root_[size_t(n.inputs[1])]).producer;
+    const bool both = chosen[size_t(a)] && chosen[size_t(b)];
+    if (!both) chosen[size_t(a)] = 0, chosen[size_t(b)] = 0;
+  }
+  for (NodeId id : views) {
+    if (!chosen[size_t(id)]) continue;
+    const Node& sl = g.node(id);
+    const ValueId in = sl.inputs[0], out = sl.outputs[0];
+    const int64_t w = g.info(in).shape[1];
+    const uint64_t off = uint64_t(sl.attrs.get_int("start", 0)) * 4;
+    for (size_t v = 0; v < nv; ++v)
+      if (root_[v] == out) {
+        root_[v] = in;
+        view_off_[v] = off;
+        view_stride_[v] = w;
+      }
+    plans_[size_t(id)].view = true;
+  }
+}
+
+int64_t CudaExecutable::row_stride(ValueId v) const {
+  return view_stride_[size_t(v)] ? view_stride_[size_t(v)] : last_dim(graph_.info(v));
 }
 
 // Residual + norm: h' = Add(h, branch) (branch = Mul(x, gate[D]) read by that Add alone, or any
@@ -503,7 +673,8 @@ void CudaExecutable::plan_residual_norms() {
 
 // An F32 activation whose every reader rounds it to bf16 on the way in (a Linear with a bf16
 // weight, the bf16 attention's q/k/v) is written in bf16 by its producer, when that producer can
-// round at its store (norms, GeGLU/GELU, RoPE, attention, an axis-0 concat): the rounding is the
+// round at its store (norms, GeGLU/GELU, RoPE, attention, an axis-0 concat, a column slice of
+// a fused GEMM output): the rounding is the
 // same (round to nearest even of the same fp32 value), so results are bit-identical to casting
 // in the reader, minus the cast kernel and half the traffic. The block stays sized for F32.
 // Graph outputs, memoized nodes and values read any other way keep F32.
@@ -535,6 +706,13 @@ void CudaExecutable::plan_bf16_stores() {
       case OpKind::AdaRMSNorm:  // output 0 only (the gate is read by an fp32 Mul)
         producer = true;
         break;
+      case OpKind::Slice: {  // a column slice of a 2-D fp32 value: cast_rows rounds at its store
+        const ValueInfo& xi = g.info(n.inputs[0]);
+        int64_t axis = n.attrs.get_int("axis", 0);
+        if (axis < 0) axis += int64_t(xi.shape.size());
+        producer = xi.shape.size() == 2 && axis == 1 && xi.dtype == DType::F32 && !plans_[size_t(id)].view;
+        break;
+      }
       default:
         break;
     }
@@ -551,6 +729,7 @@ void CudaExecutable::plan_bf16_stores() {
     for (size_t i = 0; i < n.inputs.size(); ++i) {
       const size_t r = size_t(root_[size_t(n.inputs[i])]);
       if (!ok[r]) continue;
+      if ((p.inplace_pieces >> i) & 1u) continue;  // its own rows, written by their producer
       seen[r] = 1;
       const bool rounds = (n.op == OpKind::Linear && i == 0 && p.bf16 && p.gemm.m > 0) ||
                           (n.op == OpKind::Attention && i < 3 && p.bf16);
@@ -619,7 +798,9 @@ void CudaExecutable::bind_input(int i, const void* external) {
   Input& in = inputs_[size_t(i)];
   in.external = external != nullptr;
   in.shadow_valid = false;
-  ptr_[size_t(graph_.inputs()[size_t(i)])] = external ? const_cast<void*>(external) : in.own;
+  void* p = external ? const_cast<void*>(external) : in.own;
+  if (stable_input_[size_t(i)] && ptr_[size_t(graph_.inputs()[size_t(i)])] != p) stable_dirty_ = true;
+  ptr_[size_t(graph_.inputs()[size_t(i)])] = p;
 }
 
 Status CudaExecutable::write_input(int i, const void* src, uint64_t bytes) {
@@ -633,6 +814,7 @@ Status CudaExecutable::write_input(int i, const void* src, uint64_t bytes) {
   Input& in = inputs_[size_t(i)];
   in.external = false;
   ptr_[size_t(v)] = in.own;
+  if (stable_input_[size_t(i)]) stable_dirty_ = true;
   if (ctx_->capturing()) {
     // Inside a recording the copy node reads `src` at every replay: it must be page-locked memory
     // of this backend (a Host BackendBuffer), not memory the host may have reused.
@@ -721,6 +903,7 @@ Status CudaExecutable::run() {
     }
   }
   if (slot >= 0 && !hit) memo_valid_[size_t(slot)] = 1;
+  stable_dirty_ = false;  // the stable pieces are in their buffers now
   for (const auto& hg : gathers_)
     if (hg->bad) {
       const int pos = hg->bad - 1;
@@ -815,11 +998,12 @@ Status CudaExecutable::run_node(NodeId id) {
       return silu(s, f(0), outf, x.numel());
     case OpKind::GeGLU: {
       const int64_t d = last_dim(x);
-      return geglu(s, f(0), f(1), DType::F32, d, out, od, x.numel() / d, d);
+      return geglu(s, f(0), f(1), DType::F32, row_stride(n.inputs[0]), out, od, x.numel() / d, d);
     }
     case OpKind::RoPE: {
       const int64_t row = x.shape[1] * x.shape[2];  // out of place: no copy of x first
-      return rope_to(s, f(0), DType::F32, row, out, od, row, static_cast<const int64_t*>(ptr(n.inputs[1])), x.shape[0],
+      const int64_t xs = view_stride_[size_t(n.inputs[0])] ? view_stride_[size_t(n.inputs[0])] : row;
+      return rope_to(s, f(0), DType::F32, xs, out, od, row, static_cast<const int64_t*>(ptr(n.inputs[1])), x.shape[0],
                      x.shape[1], x.shape[2], float(n.attrs.get_float("base", 10000.0)));
     }
     case OpKind::Attention: {
@@ -883,11 +1067,16 @@ Status CudaExecutable::run_node(NodeId id) {
       for (int64_t dd = 0; dd < axis; ++dd) outer *= o.shape[size_t(dd)];
       outer = std::max<int64_t>(outer, 1);
       uint8_t* dst = static_cast<uint8_t*>(out);
+      // Pieces from unchanged stable inputs are in the output's own buffer already.
+      auto keep = [&](size_t i) {
+        return ((p.inplace_pieces >> i) & 1u) || (!stable_dirty_ && ((p.stable_pieces >> i) & 1u));
+      };
       if (od == DType::BF16) {  // axis 0 of f32 pieces (plan_bf16_stores): one cast per piece
         uint64_t at = 0;
-        for (ValueId in : n.inputs) {
+        for (size_t i = 0; i < n.inputs.size(); ++i) {
+          const ValueId in = n.inputs[i];
           const int64_t cnt = info(in).numel();
-          if (cnt > 0) VLAC_RETURN_IF_ERROR(cast(s, ptr(in), DType::F32, dst + at, DType::BF16, cnt));
+          if (cnt > 0 && !keep(i)) VLAC_RETURN_IF_ERROR(cast(s, ptr(in), DType::F32, dst + at, DType::BF16, cnt));
           at += uint64_t(cnt) * 2;
         }
         return Status::ok();
@@ -895,9 +1084,10 @@ Status CudaExecutable::run_node(NodeId id) {
       const uint64_t es = dtype_size(o.dtype);
       const uint64_t out_row = uint64_t(o.numel() / outer) * es;
       uint64_t col = 0;
-      for (ValueId in : n.inputs) {
+      for (size_t i = 0; i < n.inputs.size(); ++i) {
+        const ValueId in = n.inputs[i];
         const uint64_t row = uint64_t(info(in).numel() / outer) * es;
-        if (row > 0) {
+        if (row > 0 && !keep(i)) {
           const cudaError_t e = outer == 1 ? cudaMemcpyAsync(dst + col, ptr(in), row, cudaMemcpyDeviceToDevice, s)
                                            : cudaMemcpy2DAsync(dst + col, out_row, ptr(in), row, row, size_t(outer),
                                                                cudaMemcpyDeviceToDevice, s);
@@ -908,6 +1098,7 @@ Status CudaExecutable::run_node(NodeId id) {
       return Status::ok();
     }
     case OpKind::Slice: {
+      if (p.view) return Status::ok();  // read in place by its readers (plan_slice_views)
       int64_t axis = n.attrs.get_int("axis", 0);
       if (axis < 0) axis += int64_t(x.shape.size());
       int64_t outer = 1, inner = 1;
@@ -919,6 +1110,9 @@ Status CudaExecutable::run_node(NodeId id) {
       const uint64_t len = uint64_t((end - start) * inner) * es;
       if (len == 0 || outer == 0) return Status::ok();
       const uint8_t* src = static_cast<const uint8_t*>(ptr(n.inputs[0])) + uint64_t(start * inner) * es;
+      // Rows of a concatenation, or a slice stored in bf16 (plan_bf16_stores): 2-D, last axis, F32.
+      if (p.into_concat || od == DType::BF16)
+        return cast_rows(s, src, DType::F32, dim, out, od, end - start, outer, end - start);
       const cudaError_t e = cudaMemcpy2DAsync(out, len, src, uint64_t(dim * inner) * es, len, size_t(outer),
                                               cudaMemcpyDeviceToDevice, s);
       return e == cudaSuccess ? Status::ok() : cuda_error("slice copy", e);

@@ -42,6 +42,7 @@ class CudaExecutable final : public Executable {
   size_t memo_nodes() const override { return memo_.node_count; }
   MemoryKind memory_kind() const override { return MemoryKind::Device; }
   Status write_input(int i, const void* src, uint64_t bytes) override;
+  void inputs_changed() override { stable_dirty_ = true; }
 
  private:
   CudaExecutable() = default;
@@ -52,10 +53,16 @@ class CudaExecutable final : public Executable {
   void point_memo_results(int slot);
   Status ensure_input(int i);
   std::string where(const ir::Node& n) const;
-  void* ptr(ir::ValueId v) const { return ptr_[size_t(root_[size_t(v)])]; }
+  void* ptr(ir::ValueId v) const {
+    return static_cast<uint8_t*>(ptr_[size_t(root_[size_t(v)])]) + view_off_[size_t(v)];
+  }
+  /// Row stride in elements of a value read as rows of its last dimension: the fused output's
+  /// width for a Slice view (plan_slice_views), else the value's own last dimension.
+  int64_t row_stride(ir::ValueId v) const;
   /// Values an F32 graph keeps in bf16 on the device (plan_bf16_stores).
   bool bf16_stored(ir::ValueId v) const { return bf16_store_[size_t(root_[size_t(v)])] != 0; }
   void plan_bf16_stores();
+  void plan_slice_views();
   void plan_residual_norms();
   uint8_t* scratch_at(uint64_t off) const { return static_cast<uint8_t*>(scratch_) + off; }
 
@@ -65,6 +72,10 @@ class CudaExecutable final : public Executable {
   std::vector<ir::NodeId> order_;
   std::vector<ir::ValueId> root_;
   std::vector<void*> ptr_;  // by root value id (device pointers; host tables for Embedding)
+  // Slice views (plan_slice_views), by value id: byte offset into the root's block and the
+  // root's row width in elements (0: not a view).
+  std::vector<uint64_t> view_off_;
+  std::vector<int64_t> view_stride_;
   std::vector<uint8_t> bf16_store_;  // by root value id
   std::vector<std::pair<ir::ValueId, uint64_t>> arena_blocks_;
   uint64_t arena_bytes_ = 0, scratch_bytes_ = 0;
@@ -101,6 +112,13 @@ class CudaExecutable final : public Executable {
     bool fused = false;          // this norm runs residual_norm_to
     ir::ValueId f_h = 0, f_branch = 0, f_sum = 0, f_gate = 0;
     bool f_has_gate = false;
+    bool view = false;           // a Slice read in place by its readers (plan_slice_views)
+    // A Concat over stable inputs (ExecOptions::stable_inputs): its output lives in a buffer of
+    // its own, and the pieces flagged here are written only when those inputs changed.
+    uint32_t stable_pieces = 0;
+    // ... and the pieces whose producer (a RoPE, a column Slice) writes straight into it.
+    uint32_t inplace_pieces = 0;
+    bool into_concat = false;    // a Slice written as rows into a concatenation (cast_rows)
   };
   std::vector<NodePlan> plans_;
   std::vector<std::unique_ptr<struct HostGather>> gathers_;
@@ -126,6 +144,11 @@ class CudaExecutable final : public Executable {
   };
   std::vector<GateView> gate_views_;
   uint8_t* arena_base_ = nullptr;
+  // Stable inputs: by input index; whether they changed since the last run; the persistent
+  // outputs of the Concats over them.
+  std::vector<uint8_t> stable_input_;
+  bool stable_dirty_ = true;
+  std::vector<void*> own_blocks_;
 };
 
 }  // namespace vlac::cuda

@@ -5,7 +5,10 @@
 
 #include <cublasLt.h>
 
+#include <cstdlib>
+#include <map>
 #include <string>
+#include <vector>
 
 namespace vlac::cuda {
 
@@ -33,6 +36,8 @@ struct Plan {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algo{};
+  std::vector<cublasLtMatmulAlgo_t> candidates;  // the heuristic's top few, best guess first
+  bool tuned = false;
   void destroy() {
     if (op) cublasLtMatmulDescDestroy(op);
     if (a) cublasLtMatrixLayoutDestroy(a);
@@ -44,16 +49,69 @@ struct Plan {
 
 }  // namespace
 
+// The heuristic's first answer is a guess from the shape alone; at M = 50 (the expert) or a
+// wave-quantised N another of its top answers is often faster. Each shape's candidates are timed
+// once, on its first run outside a capture, on the run's own operands (the result is rewritten
+// by the chosen one), and the fastest is kept if it beats the first by 5%. VLAC_GEMM_TUNE=0 keeps
+// the first answer (the choice is then the same on every run of every process).
+constexpr int kCandidates = 8;
+static bool tuning_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("VLAC_GEMM_TUNE");
+    return !(e && std::string(e) == "0");
+  }();
+  return on;
+}
+
 struct GemmRunner::Impl {
   cublasLtHandle_t handle = nullptr;
   uint64_t workspace = 0;
+  uint64_t tuned = 0, switched = 0;
   std::map<decltype(GemmDesc{}.key()), Plan> plans;
   ~Impl() {
     for (auto& [k, p] : plans) p.destroy();
     if (handle) cublasLtDestroy(handle);
   }
   Status make(const GemmDesc& d, Plan& p);
+  void tune(cudaStream_t stream, Plan& p, const void* x, const void* w, void* y, void* ws);
 };
+
+void GemmRunner::Impl::tune(cudaStream_t stream, Plan& p, const void* x, const void* w, void* y, void* ws) {
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  if (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess) {
+    (void)cudaGetLastError();
+    if (e0) cudaEventDestroy(e0);
+    return;
+  }
+  const float alpha = 1.0f, beta = 0.0f;
+  float first = -1, best = -1;
+  size_t best_i = 0;
+  for (size_t i = 0; i < p.candidates.size(); ++i) {
+    auto go = [&] {
+      return cublasLtMatmul(handle, p.op, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &p.candidates[i], ws, workspace,
+                            stream);
+    };
+    if (go() != CUBLAS_STATUS_SUCCESS) continue;  // warm-up; a candidate that fails is dropped
+    cudaEventRecord(e0, stream);
+    bool ok = true;
+    for (int r = 0; r < 3 && ok; ++r) ok = go() == CUBLAS_STATUS_SUCCESS;
+    cudaEventRecord(e1, stream);
+    float ms = 0;
+    if (!ok || cudaEventSynchronize(e1) != cudaSuccess || cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess) {
+      (void)cudaGetLastError();
+      continue;
+    }
+    if (i == 0) first = ms;
+    if (best < 0 || ms < best) best = ms, best_i = i;
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  ++tuned;
+  if (best_i != 0 && (first < 0 || best < 0.95f * first)) {
+    p.algo = p.candidates[best_i];
+    ++switched;
+  }
+}
 
 Status GemmRunner::Impl::make(const GemmDesc& d, Plan& p) {
   const std::string name = shape_name(d);
@@ -87,14 +145,16 @@ Status GemmRunner::Impl::make(const GemmDesc& d, Plan& p) {
   for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
                     CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
     if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align));
-  cublasLtMatmulHeuristicResult_t res{};
+  cublasLtMatmulHeuristicResult_t res[kCandidates]{};
   int found = 0;
   if (st == CUBLAS_STATUS_SUCCESS)
-    st = cublasLtMatmulAlgoGetHeuristic(handle, p.op, p.a, p.b, p.c, p.c, pref, 1, &res, &found);
+    st = cublasLtMatmulAlgoGetHeuristic(handle, p.op, p.a, p.b, p.c, p.c, pref, kCandidates, res, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   if (st != CUBLAS_STATUS_SUCCESS) return lt_error("heuristic " + name, st);
   if (found == 0) return unsupported("gemm " + name + ": cuBLASLt has no algorithm for this shape");
-  p.algo = res.algo;
+  p.algo = res[0].algo;
+  for (int i = 0; i < found; ++i)
+    if (res[i].state == CUBLAS_STATUS_SUCCESS) p.candidates.push_back(res[i].algo);
   return Status::ok();
 }
 
@@ -134,6 +194,14 @@ Status GemmRunner::run(cudaStream_t stream, const GemmDesc& d, const void* x, co
   if (impl_->workspace > 0 && workspace == nullptr) return invalid_argument(name + ": no workspace given");
   Plan& p = impl_->plans.at(d.key());
   if (bias) VLAC_LT(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)), name);
+  if (!p.tuned) {
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream, &cs) != cudaSuccess) (void)cudaGetLastError();
+    if (cs == cudaStreamCaptureStatusNone) {
+      p.tuned = true;  // also when not timed: the choice is fixed from here on
+      if (tuning_enabled() && p.candidates.size() > 1 && !d.accumulate) impl_->tune(stream, p, x, w, y, workspace);
+    }
+  }
   const float alpha = 1.0f, beta = d.accumulate ? 1.0f : 0.0f;
   VLAC_LT(cublasLtMatmul(impl_->handle, p.op, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &p.algo, workspace,
                          impl_->workspace, stream),
@@ -142,6 +210,8 @@ Status GemmRunner::run(cudaStream_t stream, const GemmDesc& d, const void* x, co
 }
 
 uint64_t GemmRunner::workspace_bytes() const { return impl_->workspace; }
+uint64_t GemmRunner::tuned_shapes() const { return impl_->tuned; }
+uint64_t GemmRunner::switched_shapes() const { return impl_->switched; }
 size_t GemmRunner::plans() const { return impl_->plans.size(); }
 
 }  // namespace vlac::cuda

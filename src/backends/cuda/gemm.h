@@ -51,6 +51,10 @@ class GemmRunner {
   Status run(cudaStream_t stream, const GemmDesc& d, const void* x, const void* w, const void* bias, void* y,
              void* workspace);
   uint64_t workspace_bytes() const;
+  /// Shapes whose cuBLASLt candidates were timed at their first run, and those where another
+  /// candidate than the heuristic's first won (VLAC_GEMM_TUNE=0: none).
+  uint64_t tuned_shapes() const;
+  uint64_t switched_shapes() const;
   /// Number of cached plans (shapes seen).
   size_t plans() const;
 

@@ -36,6 +36,10 @@ int device_sm_count();
 
 /// y = x converted (F32 <-> BF16, or a copy); F32 -> BF16 rounds to nearest even, NaN stays NaN.
 Status cast(cudaStream_t stream, const void* x, DType xt, void* y, DType yt, int64_t n);
+/// The same over rows: y[r·y_stride + c] = x[r·x_stride + c] for r < rows, c < cols (a column
+/// slice of a fused output written into a concatenation, converted on the way).
+Status cast_rows(cudaStream_t stream, const void* x, DType xt, int64_t x_stride, void* y, DType yt, int64_t y_stride,
+                 int64_t rows, int64_t cols);
 /// y = gelu_tanh(x) = 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))), rounded once to yt.
 Status gelu_tanh(cudaStream_t stream, const void* x, DType xt, void* y, DType yt, int64_t n);
 /// y[R,F] = gelu_tanh(gate) ⊙ up, where gate and up rows are `in_stride` elements apart (a fused
