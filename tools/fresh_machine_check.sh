@@ -133,6 +133,20 @@ git -C "$root/root/vlac" checkout -q --detach "$head"
 
 # 3. What a real machine has mounted.
 cp -L /etc/resolv.conf "$root/etc/resolv.conf"
+# The network's own trust, like its DNS: where this host reaches the registries through a proxy
+# that signs with a local CA (/usr/local/share/ca-certificates), a machine on that network has the
+# same CA, and pip (whose own bundle lacks it) is pointed at the system bundle by PIP_CERT below.
+# No package is added: ca-certificates is part of the base system above.
+cas=(/usr/local/share/ca-certificates/*.crt)
+if [[ -e "${cas[0]}" ]]; then
+  mkdir -p "$root/usr/local/share/ca-certificates"
+  cp -L "${cas[@]}" "$root/usr/local/share/ca-certificates/"
+  chroot "$root" update-ca-certificates >>"$log" 2>&1 || say "update-ca-certificates failed in the chroot (see $log)"
+  netenv=(PIP_CERT=/etc/ssl/certs/ca-certificates.crt)
+  say "copied this network's local CA certificates (${#cas[@]}) into the chroot"
+else
+  netenv=()
+fi
 mount -t proc proc "$root/proc"
 mount --rbind /sys "$root/sys" && mount --make-rslave "$root/sys"
 mount --rbind /dev "$root/dev" && mount --make-rslave "$root/dev"
@@ -161,8 +175,9 @@ for c in "${cmds[@]}"; do
   timer=(); [[ -x /usr/bin/time ]] && timer=(/usr/bin/time -v -o "$tv")
   s=$(date +%s.%N)
   set +e
-  # A login-like environment: nothing from this shell leaks in except the terminal type.
-  "${timer[@]}" chroot "$root" /usr/bin/env -i HOME=/root LANG=C.UTF-8 TERM="${TERM:-dumb}" \
+  # A login-like environment: nothing from this shell leaks in except the terminal type (and the
+  # network's CA bundle for pip, netenv above).
+  "${timer[@]}" chroot "$root" /usr/bin/env -i HOME=/root LANG=C.UTF-8 TERM="${TERM:-dumb}" "${netenv[@]}" \
     PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     /bin/bash -c "cd /root/vlac && $c" >>"$log" 2>&1
   code=$?
