@@ -145,6 +145,28 @@ def test_package_dtype_and_device_checked(packages):
     assert p.config.kind == "package" and p.config.device == "cpu" and p.config.dtype == "fp32"
 
 
+def test_device_policy_is_vlac_runs(packages, tmp_path):
+    # One device policy (src/runtime/device_choice) for vlac run --device and vlac.Policy: on a
+    # folder and on a CPU package, cuda gives vlac run's error where no GPU is seen (or runs on
+    # it), and auto falls back to the CPU.
+    case = FIXTURES / "tiny_b"
+    for path in (case / "policy", packages("tiny_b")):
+        r = run_vlac("run", path, "--obs", case / "obs.safetensors", "--out", tmp_path / "o.safetensors",
+                     "--device", "cuda", "--quiet", check=False)
+        if r.returncode == 0:  # a GPU: the CPU package is re-bound to it, as vlac run does
+            assert vlac.Policy.from_pretrained(path, device="cuda").config.device == "cuda"
+            continue
+        assert r.returncode == 2, r.stderr
+        cli = r.stderr.strip().splitlines()[-1]
+        assert cli.startswith("vlac run: error: --device cuda: "), cli
+        with pytest.raises(vlac.BadInputError) as e:
+            vlac.Policy.from_pretrained(path, device="cuda")
+        assert "device cuda: " + cli[len("vlac run: error: --device cuda: "):] == str(e.value)
+        assert vlac.Policy.from_pretrained(path, device="auto").config.device == "cpu"
+    with pytest.raises(vlac.BadInputError, match="device must be cpu, cuda or auto, got 'tpu'"):
+        vlac.Policy.from_pretrained(case / "policy", device="tpu")
+
+
 def test_torch_is_not_imported():
     vlac.Policy.from_pretrained(FIXTURES / "tiny_b" / "policy").predict_action_chunk(case_batch("tiny_b"))
     assert "torch" not in sys.modules
