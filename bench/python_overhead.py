@@ -1,15 +1,26 @@
 """Per-observation overhead of vlac.Policy and of `vlac serve` over the bare policy call (JSON).
 
 bare:   the C++ session's own time for one observation (Pi05Session::predict: preprocessing,
-        prefix, denoise, postprocessing), as it reports it;
+        prefix, denoise, postprocessing), as it reports it (last_stats; the server's log line);
 api:    wall time of vlac.Policy.predict_action_chunk(batch) in Python; overhead = api - bare;
-server: wall time of one lerobot-client exchange on loopback (pickle a TimedObservation, stream it
-        in 2 MiB pieces, GetActions, unpickle the TimedAction list), against a `vlac serve`
-        process; overhead = server - bare of that observation (from the server's log line).
+server: wall time of one lerobot-client exchange on loopback, as lerobot's robot client makes it:
+        pickle a TimedObservation, stream it in 2 MiB pieces (SendObservations), GetActions,
+        unpickle the TimedAction list; against a `vlac serve` process. overhead = exchange - bare
+        of that observation. So it counts the client's pickling and unpickling (lerobot's code,
+        not vlac's), two gRPC calls on loopback, and everything the server does around the policy
+        (reassembly, restricted unpickling, the batch, the queue, vlac.Policy's conversions, the
+        actions' pickle, the log line). The JSON splits it: client-side parts (pickle, send,
+        get, unpickle), the server's own parts from its log line (receive, queue wait,
+        serialize, inference - bare = the API's conversions), and grpc_floor: the same two calls
+        against a server whose handlers do nothing (the transport's own cost on this machine now).
+        overhead_with_get_pending: the same, with GetActions already waiting on the server when
+        the observation is sent, as lerobot's client's receiver thread has it (no second call
+        after the observation: closer to what the robot sees; reported beside, not instead).
 Targets (issue 15): api overhead <= 1 ms, server overhead <= 5 ms.
 
 Usage (in a venv with vlac installed, e.g. build/py-venv from scripts/test_python.sh):
   python bench/python_overhead.py [--sizes tiny,medium] [--iters N] [--out bench/results/python_overhead.json]
+       [--server-cpus LIST --client-cpus LIST] (taskset pinning of the server / this process)
 The medium policy (~260 M parameters) is written by build/vlac_write_pi05 --size medium, given
 lerobot-style processor files (identity normalization, the fixtures' tokenizer) so that a client's
 task string works, and compiled; everything goes to build/bench-python/.
@@ -25,7 +36,9 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -122,17 +135,72 @@ def bench_api(policy, cams, motors, iters):
     return {"bare_ms": stats(bare), "api_ms": stats(wall), "overhead_ms": stats(over)}
 
 
-LINE = re.compile(r"inference [\d.]+ ms \(pre ([\d.]+), prefix ([\d.]+), denoise ([\d.]+), post ([\d.]+)\)")
+LINE = re.compile(r"receive ([\d.]+) ms, queue wait ([\d.]+) ms, inference ([\d.]+) ms \(pre ([\d.]+), prefix ([\d.]+), "
+                  r"denoise ([\d.]+), post ([\d.]+)\), serialize ([\d.]+) ms, total ([\d.]+) ms")
+
+FLOOR_SERVER = """
+import sys, time, grpc
+from concurrent import futures
+ident = lambda b: b
+def send(it, ctx):
+    for _ in it:
+        break
+    return b""
+h = {"SendObservations": grpc.stream_unary_rpc_method_handler(send, ident, ident),
+     "GetActions": grpc.unary_unary_rpc_method_handler(lambda r, c: b"\\n\\x01x", ident, ident)}
+s = grpc.server(futures.ThreadPoolExecutor(max_workers=4), handlers=[grpc.method_handlers_generic_handler(sys.argv[1], h)])
+port = s.add_insecure_port("127.0.0.1:0")
+s.start()
+print(port, flush=True)
+sys.stdin.read()
+"""
 
 
-def bench_server(pkg, policy, cams, motors, iters, work: Path):
+def pinned(cpus):
+    return ["taskset", "-c", cpus] if cpus else []
+
+
+def exchange(send, get, data, chunk=2 << 20):
+    pieces = [data[i:i + chunk] for i in range(0, len(data), chunk)]
+    states = ([_wire.TRANSFER_END] if len(pieces) == 1 else
+              [_wire.TRANSFER_BEGIN] + [_wire.TRANSFER_MIDDLE] * (len(pieces) - 2) + [_wire.TRANSFER_END])
+    send(iter([_wire.encode_observation(s, x) for s, x in zip(states, pieces)]))
+    t = time.perf_counter()
+    return get(b""), t
+
+
+def bench_grpc_floor(data, iters, server_cpus):
+    """The two calls of an exchange against handlers that do nothing: gRPC's own cost here."""
+    import grpc
+
+    p = subprocess.Popen(pinned(server_cpus) + [sys.executable, "-c", FLOOR_SERVER, _wire.SERVICE],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(p.stdout.readline())
+        ch = grpc.insecure_channel(f"127.0.0.1:{port}")
+        m = f"/{_wire.SERVICE}/"
+        send, get = ch.stream_unary(m + "SendObservations"), ch.unary_unary(m + "GetActions")
+        wall = []
+        for k in range(iters + 5):
+            t0 = time.perf_counter()
+            exchange(send, get, data)
+            if k >= 5:
+                wall.append(1e3 * (time.perf_counter() - t0))
+        ch.close()
+    finally:
+        p.stdin.close()
+        p.wait(timeout=30)
+    return stats(wall)
+
+
+def bench_server(pkg, policy, cams, motors, iters, work: Path, server_cpus=""):
     import grpc
 
     port_file, log = work / "port", work / "server.log"
     port_file.unlink(missing_ok=True)
     with open(log, "w") as lf:
-        p = subprocess.Popen([sys.executable, "-m", "vlac.serve", str(pkg), "--port", "0", "--port-file", str(port_file)],
-                             stderr=lf)
+        p = subprocess.Popen(pinned(server_cpus) + [sys.executable, "-m", "vlac.serve", str(pkg), "--port", "0",
+                                                    "--port-file", str(port_file)], stderr=lf)
     try:
         for _ in range(1200):
             if port_file.exists():
@@ -151,32 +219,65 @@ def bench_server(pkg, policy, cams, motors, iters, work: Path):
         ch.unary_unary(m + "SendPolicyInstructions")(_wire.encode_data(lr.dumps(cfg)))
         send, get = ch.stream_unary(m + "SendObservations"), ch.unary_unary(m + "GetActions")
         rng = np.random.default_rng(1)
-        wall, sizes = [], []
-        chunk = 2 << 20
+        wall, sizes, parts = [], [], {"pickle": [], "send": [], "get": [], "unpickle": []}
+        # lerobot's client reads the answer with pickle.loads (torch.from_numpy: a stand-in here).
+        fake_torch = types.ModuleType("torch")
+        fake_torch.from_numpy = lambda a: a
+        saved_torch = sys.modules.get("torch")
+        sys.modules["torch"] = fake_torch
         with lr.lerobot_modules():
             for k in range(iters + 2):
                 raw = raw_observation(rng, cams, motors)
                 t0 = time.perf_counter()
                 data = pickle.dumps(lr.TimedObservation(time.time(), k, raw, True))
-                pieces = [data[i:i + chunk] for i in range(0, len(data), chunk)]
-                states = ([_wire.TRANSFER_END] if len(pieces) == 1 else
-                          [_wire.TRANSFER_BEGIN] + [_wire.TRANSFER_MIDDLE] * (len(pieces) - 2) + [_wire.TRANSFER_END])
-                send(iter([_wire.encode_observation(s, x) for s, x in zip(states, pieces)]))
-                actions = lr.loads_actions(_wire.decode_data(get(b"")))
                 t1 = time.perf_counter()
+                answer, t2 = exchange(send, get, data)
+                t3 = time.perf_counter()
+                actions = pickle.loads(_wire.decode_data(answer))
+                t4 = time.perf_counter()
                 assert len(actions) == policy.config.chunk_size
                 if k >= 2:
-                    wall.append(1e3 * (t1 - t0))
+                    wall.append(1e3 * (t4 - t0))
                     sizes.append(len(data))
+                    for n, a, b in (("pickle", t0, t1), ("send", t1, t2), ("get", t2, t3), ("unpickle", t3, t4)):
+                        parts[n].append(1e3 * (b - a))
+            # As lerobot's client runs: its receiver thread has GetActions waiting on the server
+            # before the control loop sends the observation (t0: the pickle starts).
+            pending = []
+            for k in range(iters):
+                raw = raw_observation(rng, cams, motors)
+                box = {}
+                th = threading.Thread(target=lambda: box.update(answer=get(b"")))
+                th.start()
+                time.sleep(0.02)  # the call is in flight and waiting on the server's queue
+                t0 = time.perf_counter()
+                data = pickle.dumps(lr.TimedObservation(time.time(), 1000 + k, raw, True))
+                exchange(send, lambda _: b"", data)
+                th.join()
+                actions = pickle.loads(_wire.decode_data(box["answer"]))
+                pending.append(1e3 * (time.perf_counter() - t0))
+                assert len(actions) == policy.config.chunk_size
         ch.close()
+        if saved_torch is None:
+            del sys.modules["torch"]
+        else:
+            sys.modules["torch"] = saved_torch
     finally:
         p.send_signal(signal.SIGINT)
         p.wait(timeout=30)
-    cores = [sum(map(float, m.groups())) for m in LINE.finditer(log.read_text())][2:]
-    assert len(cores) == len(wall), (len(cores), len(wall))
+    lines = [list(map(float, m.groups())) for m in LINE.finditer(log.read_text())][2:]
+    assert len(lines) == len(wall) + len(pending), (len(lines), len(wall), len(pending))
+    lines, pending_cores = lines[:len(wall)], [sum(x[3:7]) for x in lines[len(wall):]]
+    cores = [sum(x[3:7]) for x in lines]
     over = [w - c for w, c in zip(wall, cores)]
+    srv = {"receive_ms": stats([x[0] for x in lines]), "queue_wait_ms": stats([x[1] for x in lines]),
+           "api_conversions_ms": stats([x[2] - c for x, c in zip(lines, cores)]),
+           "serialize_ms": stats([x[7] for x in lines]),
+           "server_total_minus_bare_ms": stats([x[8] - c for x, c in zip(lines, cores)])}
     return {"bare_ms": stats(cores), "exchange_ms": stats(wall), "overhead_ms": stats(over),
-            "observation_pickle_bytes": int(statistics.median(sizes))}
+            "client_side_ms": {n: stats(v) for n, v in parts.items()}, "server_side_ms": srv,
+            "overhead_with_get_pending_ms": stats([w - c for w, c in zip(pending, pending_cores)]),
+            "observation_pickle_bytes": int(statistics.median(sizes)), "_pickle": data}
 
 
 def main():
@@ -186,11 +287,17 @@ def main():
     ap.add_argument("--out", default=str(ROOT / "bench/results/python_overhead.json"))
     ap.add_argument("--vlac", default=os.environ.get("VLAC_BIN", str(ROOT / "build/vlac")))
     ap.add_argument("--writer", default=str(ROOT / "build/vlac_write_pi05"))
+    ap.add_argument("--server-cpus", default="", help="taskset -c list for the server process")
+    ap.add_argument("--client-cpus", default="", help="taskset -c list for this (client) process")
     args = ap.parse_args()
+    if args.client_cpus:
+        os.sched_setaffinity(0, {int(c) for c in args.client_cpus.split(",")})
     work = ROOT / "build" / "bench-python"
     work.mkdir(parents=True, exist_ok=True)
     result = {"what": __doc__.split("\n\n")[0], "host": platform.node(), "cpus": os.cpu_count(),
-              "load_average_at_start": os.getloadavg()[0], "python": platform.python_version(), "sizes": {}}
+              "load_average_at_start": os.getloadavg()[0], "python": platform.python_version(),
+              "grpcio": __import__("grpc").__version__, "server_cpus": args.server_cpus or "any",
+              "client_cpus": args.client_cpus or "any", "sizes": {}}
     for size in args.sizes.split(","):
         if size == "tiny":
             folder, iters, dtype = ROOT / "tests/fixtures/pi05/pipe_b_quantiles/policy", args.iters or 50, "fp32"
@@ -208,13 +315,19 @@ def main():
         r["api"] = bench_api(policy, cams, motors, iters)
         del policy
         pol2 = vlac.Policy.from_pretrained(pkg)
-        r["server"] = bench_server(pkg, pol2, cams, motors, iters, work)
+        r["load_average_before_server"] = os.getloadavg()[0]
+        r["server"] = bench_server(pkg, pol2, cams, motors, iters, work, args.server_cpus)
+        r["server"]["grpc_floor_ms"] = bench_grpc_floor(r["server"].pop("_pickle"), max(iters, 30), args.server_cpus)
+        r["load_average_after"] = os.getloadavg()[0]
         r["api_overhead_target_ms"], r["server_overhead_target_ms"] = 1.0, 5.0
         r["api_overhead_met"] = r["api"]["overhead_ms"]["median"] <= 1.0
         r["server_overhead_met"] = r["server"]["overhead_ms"]["median"] <= 5.0
         result["sizes"][size] = r
         print(json.dumps({size: {"api_overhead_ms": r["api"]["overhead_ms"]["median"],
                                  "server_overhead_ms": r["server"]["overhead_ms"]["median"],
+                                 "server_overhead_min_ms": r["server"]["overhead_ms"]["min"],
+                                 "grpc_floor_ms": r["server"]["grpc_floor_ms"]["median"],
+                                 "overhead_get_pending_ms": r["server"]["overhead_with_get_pending_ms"]["median"],
                                  "bare_ms": r["api"]["bare_ms"]["median"]}}), flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out + ".tmp"

@@ -121,8 +121,8 @@ class Policy:
         pack_weights: bool = False,
     ) -> "Policy":
         """Opens a .vlac package (vlac compile) or a lerobot pi0.5 policy folder (a local path:
-        vlac never downloads). device: "auto", "cpu" or "cuda" (a backend this vlac was built
-        with). dtype: None (the config's or the package's), "float32"/"fp32", "bfloat16"/"bf16".
+        vlac never downloads). device: "auto", "cpu" or "cuda", as `vlac run --device` decides
+        it (the same C++ code; a named device re-binds a package's engines to it). dtype: None (the config's or the package's), "float32"/"fp32", "bfloat16"/"bf16".
         seed: without ``noise=``, call k draws vlac's Gaussian noise of seed + k (call 0 equals
         `vlac run --seed SEED`)."""
         if not isinstance(device, str):

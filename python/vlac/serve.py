@@ -8,9 +8,9 @@ What differs from lerobot's own server (docs/serve.md):
   actions_per_chunk <= chunk_size) and refused with a clear error when it does not fit;
 - payloads are unpickled by a restricted unpickler (vlac/_safe_pickle.py), never as arbitrary objects;
 - observations are size-limited, and a stream that ends early or breaks off is dropped;
-- camera frames go to the policy as the robot sent them (vlac's preprocessing resizes with pad,
-  as `vlac run` and lerobot's predict_action_chunk do), not first bilinear-resized to the config's
-  feature shape as lerobot's server does (the same thing when the camera already has that size);
+- camera frames of another size than the policy's image feature are resized to it first, as
+  lerobot's server does (vlac/_frame_resize.py: torch's uint8 bilinear kernel redone in numpy),
+  then the policy resizes them with pad to its resolution;
 - it listens on loopback unless --allow-remote is given; the protocol has no authentication.
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _safe_pickle, _wire
+from . import _frame_resize, _safe_pickle, _wire
 from ._core import BadInputError, Error
 
 log = logging.getLogger("vlac.serve")
@@ -52,6 +52,7 @@ class _Setup:
     cameras: dict  # policy camera key -> raw observation key
     rename_map: dict
     device: str
+    frame_sizes: dict  # policy camera key -> (H, W) of its image feature (frames are resized to it)
 
 
 @dataclass
@@ -139,18 +140,22 @@ class PolicyServer:
         with self._lock:
             generation = self._generation
             setup = self._setup
-        buf = bytearray()
+        # The pieces are kept as views of the received messages and joined once (one copy; none
+        # for an observation of one piece, the usual case below 2 MiB).
+        pieces: list = []
+        nbytes = 0
         complete = False
         try:
             for raw in request_iterator:
                 state, data = _wire.decode_observation(raw)
                 if state == _wire.TRANSFER_BEGIN:
-                    buf = bytearray(data)
+                    pieces, nbytes = [data], len(data)
                 elif state in (_wire.TRANSFER_MIDDLE, _wire.TRANSFER_END):
-                    buf += data
+                    pieces.append(data)
+                    nbytes += len(data)
                 else:
                     raise _wire.WireError(f"unknown transfer state {state}")
-                if len(buf) > self.max_observation_bytes:
+                if nbytes > self.max_observation_bytes:
                     self.stats["refused_observations"] += 1
                     log.error("client %s: observation over %d bytes: refused", peer, self.max_observation_bytes)
                     context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -164,22 +169,22 @@ class PolicyServer:
             log.error("client %s: malformed observation message: %s", peer, e)
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"vlac serve: malformed observation message: {e}")
         except grpc.RpcError as e:  # the client went away mid-stream
-            log.warning("client %s: observation stream broke off after %d bytes (%s): dropped", peer, len(buf),
+            log.warning("client %s: observation stream broke off after %d bytes (%s): dropped", peer, nbytes,
                         getattr(e, "code", lambda: e)())
             return b""
         if not complete:
             self.stats["refused_observations"] += 1
             if not context.is_active():
-                log.warning("client %s: disconnected mid-observation after %d bytes: dropped", peer, len(buf))
+                log.warning("client %s: disconnected mid-observation after %d bytes: dropped", peer, nbytes)
                 return b""
-            log.error("client %s: observation stream ended before TRANSFER_END (%d bytes): dropped", peer, len(buf))
+            log.error("client %s: observation stream ended before TRANSFER_END (%d bytes): dropped", peer, nbytes)
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"vlac serve: observation truncated: the stream ended before TRANSFER_END ({len(buf)} bytes)")
+                          f"vlac serve: observation truncated: the stream ended before TRANSFER_END ({nbytes} bytes)")
         if setup is None:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                           "vlac serve: no policy setup: call Ready and SendPolicyInstructions first")
         try:
-            obs = _safe_pickle.loads(bytes(buf))
+            obs = _safe_pickle.loads(pieces[0].tobytes() if len(pieces) == 1 else b"".join(pieces))
             batch = self._to_batch(obs, setup)
         except (_safe_pickle.UnsafePickle, SetupError) as e:
             self.stats["refused_observations"] += 1
@@ -197,7 +202,7 @@ class PolicyServer:
                 q.get_nowait()  # newest wins
             except queue.Empty:
                 pass
-            q.put_nowait(_Queued(obs, batch, t0, time.perf_counter(), len(buf)))
+            q.put_nowait(_Queued(obs, batch, t0, time.perf_counter(), nbytes))
         return b""
 
     def GetActions(self, request: bytes, context) -> bytes:  # noqa: N802
@@ -231,8 +236,8 @@ class PolicyServer:
         if self.record_dir:
             self._record(item, chunk[:n], st)
         log.info(
-            "obs #%d%s: %.1f KiB, receive %.1f ms, queue wait %.1f ms, inference %.1f ms "
-            "(pre %.1f, prefix %.1f, denoise %.1f, post %.1f), serialize %.2f ms, total %.1f ms",
+            "obs #%d%s: %.1f KiB, receive %.2f ms, queue wait %.2f ms, inference %.2f ms "
+            "(pre %.2f, prefix %.2f, denoise %.2f, post %.2f), serialize %.2f ms, total %.2f ms",
             item.obs.timestep, " (must go)" if item.obs.must_go else "", item.nbytes / 1024,
             1e3 * (item.enqueued - item.received), 1e3 * (t_got - item.enqueued), 1e3 * (t_inf - t_got),
             st.get("preprocess_ms", 0), st.get("prefix_ms", 0), st.get("denoise_ms", 0), st.get("postprocess_ms", 0),
@@ -291,7 +296,20 @@ class PolicyServer:
         missing = [c for c in policy_cams if c not in cameras]
         if missing:
             log.warning("client %s: cameras %s absent: masked, as lerobot does", peer, ", ".join(missing))
-        return _Setup(peer, n, state_names, cameras, rename, str(getattr(cfg, "device", "cpu")))
+        # lerobot's server resizes each frame to the policy's image feature size first.
+        frame_sizes = {}
+        for cam, shape in zip(policy_cams, info["camera_shapes"]):
+            if cam in cameras and len(shape) == 3:
+                frame_sizes[cam] = (int(shape[1]), int(shape[2]))
+        for key, ft in feats.items():
+            pkey = rename.get(key, key)
+            if pkey in frame_sizes:
+                shape = _feature_fields(key, ft)[0]
+                if tuple(shape[:2]) != frame_sizes[pkey]:
+                    log.info("client %s: camera %s sends %dx%d frames: resized to the policy's %dx%d (bilinear, "
+                             "as lerobot's server does)", peer, key, shape[1], shape[0], frame_sizes[pkey][1],
+                             frame_sizes[pkey][0])
+        return _Setup(peer, n, state_names, cameras, rename, str(getattr(cfg, "device", "cpu")), frame_sizes)
 
     def _to_batch(self, obs, setup: _Setup) -> dict:
         """The policy batch of a TimedObservation, as lerobot's server builds it (state from the
@@ -329,7 +347,15 @@ class PolicyServer:
         for pkey, rkey in setup.cameras.items():
             if rkey not in raw:
                 continue  # masked camera
-            batch[pkey] = _safe_pickle.check_array(rkey, raw[rkey])
+            frame = _safe_pickle.check_array(rkey, raw[rkey])
+            size = setup.frame_sizes.get(pkey)
+            if size is not None and frame.ndim == 3 and frame.shape[:2] != size:
+                if frame.dtype != np.uint8:
+                    raise SetupError(f"camera {rkey!r}: a {frame.dtype} frame of {frame.shape[1]}x{frame.shape[0]} "
+                                     f"differs from the policy's {size[1]}x{size[0]}: send uint8 frames (as "
+                                     "lerobot's cameras do) or frames of that size")
+                frame = _frame_resize.resize_u8_hwc(frame, *size)
+            batch[pkey] = frame
         task = raw.get("task", "")
         if not isinstance(task, str):
             raise SetupError("task must be a string")
@@ -398,6 +424,24 @@ def make_grpc_server(service: PolicyServer, address: str, max_workers: int = 4):
     return server, port
 
 
+def keep_freed_heap(mmap_threshold: int = 16 << 20, trim_threshold: int = 64 << 20) -> bool:
+    """Lets glibc keep freed heap for the next observation instead of giving it back at once.
+    By default a buffer over ~128 KiB (a 224x224 frame is 147 KiB) is mapped fresh, or the heap
+    top trimmed after it is freed, so every observation page-faults its buffers anew: ~0.3 ms
+    per frame-sized copy on the shared VM this was measured on (bench/python_overhead.py). With
+    these thresholds up to 64 MiB of freed heap stays mapped (the process keeps its peak instead
+    of dropping it between observations). False where it cannot be set (not glibc)."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
+        return bool(libc.mallopt(m_mmap_threshold, mmap_threshold)) and bool(libc.mallopt(m_trim_threshold,
+                                                                                          trim_threshold))
+    except (OSError, AttributeError):
+        return False
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         prog="vlac serve",
@@ -409,7 +453,8 @@ def main(argv=None) -> int:
     ap.add_argument("--allow-remote", action="store_true",
                     help="allow a non-loopback --host (the protocol has no authentication: anyone who reaches "
                          "the port can drive the policy)")
-    ap.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    ap.add_argument("--device", default="auto",
+                    help="auto, cpu or cuda, as vlac run --device (default auto: cuda when a GPU is seen)")
     ap.add_argument("--dtype", default=None, help="fp32 or bf16 (default: the package's)")
     ap.add_argument("--threads", type=int, default=2, help="CPU threads of the policy (default 2)")
     ap.add_argument("--seed", type=int, default=0, help="noise of inference k: vlac's Gaussian noise of seed + k")
@@ -435,6 +480,7 @@ def main(argv=None) -> int:
                     "this port can drive the policy", args.host)
     from .policy import Policy
 
+    keep_freed_heap()
     try:
         policy = Policy.from_pretrained(args.package, device=args.device, dtype=args.dtype, threads=args.threads,
                                         seed=args.seed)

@@ -11,6 +11,7 @@
 #include "backends/registry.h"
 #include "package/package.h"
 #include "policy/pi05_policy.h"
+#include "runtime/device_choice.h"
 #include "runtime/pi05_package_policy.h"
 
 namespace vlac {
@@ -21,17 +22,6 @@ using Clock = std::chrono::steady_clock;
 double ms(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); }
 
 constexpr const char* kEmptyCameraPrefix = "observation.images.empty_camera_";
-
-// "auto": a built-in backend with device memory that reports a device, else the CPU.
-std::string auto_device() {
-  BackendRegistry& reg = backend_registry();
-  for (const std::string& name : reg.names()) {
-    if (name == kDefaultBackend) continue;
-    const DeviceInfo d = reg.find(name)->device();
-    if (d.memory != MemoryKind::Host && d.total_memory > 0) return name;
-  }
-  return kDefaultBackend;
-}
 
 Result<bool> want_bf16(const std::string& dtype, const std::string& path) {
   if (dtype == "fp32" || dtype == "float32") return false;
@@ -59,17 +49,18 @@ Result<std::unique_ptr<Pi05Session>> Pi05Session::open(const std::string& path, 
   Impl& im = *s->impl_;
   Pi05SessionInfo& info = s->info_;
   info.path = path;
-  const std::string& device = options.device.empty() ? std::string("auto") : options.device;
-  BackendRegistry& reg = backend_registry();
-  // A device other than auto must be a backend this vlac has (the registry's message says which).
-  if (device != "auto") VLAC_RETURN_IF_ERROR(reg.get(device, path + ": device '" + device + "'").status());
-
   struct stat st;
   const bool plain_file = ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-  if (plain_file || has_package_magic(path)) {
+  const bool is_package = plain_file || has_package_magic(path);
+  // vlac run's device policy, from the same code (runtime/device_choice): "" is vlac run's
+  // default (a folder on the CPU, a package on its manifest's backends).
+  VLAC_ASSIGN_OR_RETURN(const DeviceChoice dev, choose_device(options.device, is_package ? "" : kDefaultBackend, "device"));
+  if (dev.gpu && options.pack_weights) return invalid_argument("pack_weights applies to the CPU (device cpu)");
+  if (is_package) {
     Pi05PackageOptions po;
     po.threads = options.threads;
     po.pack_weights = options.pack_weights;
+    po.backend = dev.backend;
     VLAC_ASSIGN_OR_RETURN(Pi05PackagePolicy p, Pi05PackagePolicy::open(path, po));
     im.package = std::make_unique<Pi05PackagePolicy>(std::move(p));
     const Pi05PackagePolicy& pk = *im.package;
@@ -79,13 +70,13 @@ Result<std::unique_ptr<Pi05Session>> Pi05Session::open(const std::string& path, 
         return invalid_argument(path + ": the package was compiled for " + std::string(pk.bf16() ? "bf16" : "fp32") +
                                 "; dtype " + options.dtype + " needs a package compiled with that dtype");
     }
-    std::set<std::string> backends;
-    for (const PackageEngine& e : pk.package().manifest().engines) backends.insert(e.backend);
-    std::string list;
-    for (const std::string& b : backends) list += (list.empty() ? "" : ", ") + b;
-    if (device != "auto" && (backends.size() != 1 || *backends.begin() != device))
-      return invalid_argument(path + ": the package's engines run on " + list + "; device '" + device +
-                              "' needs a package compiled for it (vlac compile --backend " + device + ")");
+    // Where the engines run: the device asked for (they were re-bound to it), else the manifest's.
+    std::string list = dev.backend;
+    if (list.empty()) {
+      std::set<std::string> backends;
+      for (const PackageEngine& e : pk.package().manifest().engines) backends.insert(e.backend);
+      for (const std::string& b : backends) list += (list.empty() ? "" : ", ") + b;
+    }
     info.kind = "package";
     info.device = list;
     info.dtype = pk.bf16() ? "bf16" : "fp32";
@@ -104,7 +95,7 @@ Result<std::unique_ptr<Pi05Session>> Pi05Session::open(const std::string& path, 
     }
     fo.threads = options.threads;
     fo.pack_weights = options.pack_weights;
-    fo.backend = device == "auto" ? auto_device() : device;
+    fo.backend = dev.backend;
     VLAC_ASSIGN_OR_RETURN(Pi05Policy p, Pi05Policy::load(path, fo));
     im.folder = std::make_unique<Pi05Policy>(std::move(p));
     VLAC_ASSIGN_OR_RETURN(im.proc, load_pi05_processor(path));

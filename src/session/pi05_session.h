@@ -20,9 +20,10 @@
 namespace vlac {
 
 struct Pi05SessionOptions {
-  /// "auto" (a GPU backend from the registry when one is built in and sees a device, else the
-  /// CPU), "cpu", or a backend's registry name ("cuda"). Packages run where their manifest says;
-  /// a device the package was not compiled for is refused.
+  /// vlac run --device's policy (runtime/device_choice.h, the same code): "cpu", "cuda" (an
+  /// error without a CUDA build or a GPU), "auto" (cuda when it sees a GPU, else the CPU), or ""
+  /// (vlac run's default: a folder on the CPU, a package on its manifest's backends). A named
+  /// device re-binds a package's engines to it, whatever backend it was compiled for.
   std::string device = "auto";
   /// "" (the config's / the package's), "fp32"/"float32", "bf16"/"bfloat16".
   std::string dtype;

@@ -1,15 +1,17 @@
 """vlac.Policy on lerobot's tiny pi0.5 fixtures: bit-identical to `vlac run`, within 1e-4 of
 lerobot's own post-processed actions (fp32), lerobot's select_action/reset semantics, input
 forms (batched or not, uint8 HWC or float CHW), errors, the GIL."""
+import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import vlac
-from conftest import CASES, FIXTURES, FP32_CASES, case_batch, case_noise, read_safetensors, run_vlac
+from conftest import CASES, FIXTURES, FP32_CASES, case_batch, case_noise, read_safetensors, run_vlac, vlac_bin
 
 
 def vlac_run_action(policy_path, case, tmp_path, extra=()):
@@ -143,6 +145,32 @@ def test_package_dtype_and_device_checked(packages):
         vlac.Policy.from_pretrained(pkg, dtype="bfloat16")
     p = vlac.Policy.from_pretrained(pkg, dtype="float32", device="cpu")
     assert p.config.kind == "package" and p.config.device == "cpu" and p.config.dtype == "fp32"
+
+
+def test_device_policy_is_vlac_runs(packages, tmp_path):
+    # One device policy (src/runtime/device_choice) for vlac run --device and vlac.Policy: on a
+    # folder and on a CPU package, cuda gives vlac run's error where no GPU is seen (or runs on
+    # it), and auto falls back to the CPU.
+    # The vlac program of the same build as vlac._core (a wheel's is built without CUDA).
+    own = Path(vlac.__file__).parent / "bin" / "vlac"
+    prog = own if own.is_file() else vlac_bin()
+    case = FIXTURES / "tiny_b"
+    for path in (case / "policy", packages("tiny_b")):
+        r = subprocess.run([str(prog), "run", str(path), "--obs", str(case / "obs.safetensors"), "--out",
+                            str(tmp_path / "o.safetensors"), "--device", "cuda", "--quiet"], capture_output=True,
+                           text=True)
+        if r.returncode == 0:  # a GPU: the CPU package is re-bound to it, as vlac run does
+            assert vlac.Policy.from_pretrained(path, device="cuda").config.device == "cuda"
+            continue
+        assert r.returncode == 2, r.stderr
+        cli = r.stderr.strip().splitlines()[-1]
+        assert cli.startswith("vlac run: error: --device cuda: "), cli
+        with pytest.raises(vlac.BadInputError) as e:
+            vlac.Policy.from_pretrained(path, device="cuda")
+        assert "device cuda: " + cli[len("vlac run: error: --device cuda: "):] == str(e.value)
+        assert vlac.Policy.from_pretrained(path, device="auto").config.device == "cpu"
+    with pytest.raises(vlac.BadInputError, match="device must be cpu, cuda or auto, got 'tpu'"):
+        vlac.Policy.from_pretrained(case / "policy", device="tpu")
 
 
 def test_torch_is_not_imported():

@@ -17,6 +17,7 @@ import pytest
 
 import vlac
 from vlac import _wire
+from vlac._frame_resize import resize_u8_hwc
 from vlac.serve import PolicyServer, make_grpc_server
 
 import lerobot_stub as lr
@@ -130,11 +131,75 @@ def test_actions_are_vlac_policy_actions(server, package):
         got = c.actions()
         assert [a.timestep for a in got] == [10 * k + i for i in range(5)]
         assert all(a.action[0] == "tensor" and a.action[1].dtype == np.float32 for a in got)
+        # torch.from_numpy on the client needs writable arrays (else a warning per action).
+        assert all(a.action[1].flags.writeable and a.action[1].shape == (7,) for a in got)
         want = own.predict_action_chunk(batch_of(raw))[0]  # seed k: the server's inference k
         assert np.array_equal(np.stack([a.action[1] for a in got]), want)
     ts = [a.timestamp for a in got]
     assert np.allclose(np.diff(ts), 1 / 30)
     c.close()
+
+
+def test_frames_of_another_size_are_resized_as_lerobots_server_does(server, package):
+    # The robot's cameras send 48x56 (H x W) and 30x40 frames; the policy's image features are 40x40.
+    # lerobot's server resizes them (bilinear, uint8) to 40x40 first: the served actions are the
+    # policy's on the resized frames.
+    service, port = server
+    sizes = {"cam_high": (48, 56), "cam_left_wrist": (30, 40), "cam_right_wrist": (H, W)}
+    ft = features()
+    for cam, (h, w) in sizes.items():
+        ft[f"observation.images.{cam}"]["shape"] = (h, w, 3)
+    c = Client(port)
+    c.start(setup_bytes(lerobot_features=ft))
+    rng = np.random.default_rng(7)
+    raw = raw_observation(7)
+    for cam, (h, w) in sizes.items():
+        raw[cam] = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+    c.send(obs_bytes(raw))
+    got = np.stack([a.action[1] for a in c.actions()])
+    resized = dict(raw)
+    for cam in CAMS:
+        resized[cam] = resize_u8_hwc(raw[cam], H, W)
+    assert resized["cam_right_wrist"] is raw["cam_right_wrist"]  # already the feature's size: untouched
+    own = vlac.Policy.from_pretrained(package, seed=0)
+    assert np.array_equal(got, own.predict_action_chunk(batch_of(resized))[0])
+    # A float frame of another size is refused (lerobot's cameras send uint8), then served again.
+    bad = dict(raw)
+    bad["cam_high"] = raw["cam_high"].astype(np.float32) / 255
+    e = rpc_error(c.send, obs_bytes(bad))
+    assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and "send uint8 frames" in e.details(), e.details()
+    c.send(obs_bytes(raw, timestep=1))
+    assert len(c.actions()) == 5
+    c.close()
+
+
+def test_frame_resize_hand_computed():
+    # torch's uint8 bilinear (align_corners=False): fixed-point weights, round half up.
+    a = (np.arange(16, dtype=np.uint8) * 10).reshape(2, 8, 1)
+    # 8 -> 4 wide: each output the mean of two inputs, (x + y + 1) // 2; the height is untouched.
+    assert resize_u8_hwc(a, 2, 4)[..., 0].tolist() == [[5, 25, 45, 65], [85, 105, 125, 145]]
+    # 2 -> 4 wide: weights 1, 3/4 1/4, 1/4 3/4, 1 (edge taps clamp): 2.5 -> 3, 7.5 -> 8.
+    assert resize_u8_hwc(a[:, :2], 2, 4)[..., 0].tolist() == [[0, 3, 8, 10], [80, 83, 88, 90]]
+    # Both axes: the horizontal pass first, rounded to uint8, then the vertical one.
+    b = np.array([[0, 1], [2, 5]], np.uint8)[..., None]
+    # rows 0..1 -> widths 4: [0, 0.25->0, 0.75->1, 1], [2, 2.75->3, 4.25->4, 5]; then heights 4.
+    assert resize_u8_hwc(b, 4, 4)[..., 0].tolist() == [[0, 0, 1, 1], [1, 1, 2, 2], [2, 2, 3, 4], [2, 3, 4, 5]]
+    flat = np.full((30, 50, 3), 77, np.uint8)
+    assert np.all(resize_u8_hwc(flat, 224, 224) == 77)
+    same = np.zeros((4, 4, 3), np.uint8)
+    assert resize_u8_hwc(same, 4, 4) is same
+
+
+def test_frame_resize_equals_torch_where_installed():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(3)
+    for (h, w), (oh, ow) in [((48, 56), (40, 40)), ((30, 40), (40, 40)), ((480, 640), (224, 224)), ((7, 5), (12, 3))]:
+        frame = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+        # lerobot.async_inference.helpers.resize_robot_observation_image
+        t = torch.tensor(frame).permute(2, 0, 1).unsqueeze(0)
+        want = torch.nn.functional.interpolate(t, size=(oh, ow), mode="bilinear", align_corners=False)
+        want = want.squeeze(0).permute(1, 2, 0).numpy()
+        assert np.array_equal(resize_u8_hwc(frame, oh, ow), want), ((h, w), (oh, ow))
 
 
 def test_setup_mismatches_are_refused(server):

@@ -4,30 +4,22 @@
 #include "backends/registry.h"
 #include "command.h"
 #include "core/bytes.h"
+#include "runtime/device_choice.h"
 
 namespace vlac::cli {
 
-namespace {
-
-bool has_gpu(Backend* b) { return b && b->device().compute_major > 0; }
-
-}  // namespace
-
 Result<DevicePath> device_path(const std::string& device, const std::string& fallback, MemMeter& meter) {
-  std::string name = device.empty() ? fallback : device;
-  if (name == "auto") name = has_gpu(backend_registry().find("cuda")) ? "cuda" : "cpu";
+  // The choice itself is the runtime's (runtime/device_choice: vlac.Policy and vlac serve share it).
+  VLAC_ASSIGN_OR_RETURN(const DeviceChoice c, choose_device(device, fallback, "--device"));
   DevicePath out;
-  out.backend = name;
-  if (name.empty() || name == "cpu") {
+  out.backend = c.backend;
+  if (!c.gpu) {
     VLAC_ASSIGN_OR_RETURN(out.cpu, cpu_device(meter));
     meter.add_extra("device", "\"cpu\"");
     return out;
   }
-  if (name != "cuda") return invalid_argument("--device must be cpu, cuda or auto, got '" + name + "'");
-  Backend* b = backend_registry().find("cuda");
-  if (!b) return unsupported("--device cuda: this vlac was built without the CUDA backend (no nvcc at build time)");
-  const DeviceInfo d = b->device();
-  if (d.compute_major == 0) return unsupported("--device cuda: " + d.description);
+  Backend* b = backend_registry().find(c.backend);
+  const DeviceInfo& d = c.device;
   out.gpu = true;
   out.line = "device: " + d.description;
   meter.add_extra("device", "\"cuda\"");
