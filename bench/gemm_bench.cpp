@@ -1,7 +1,13 @@
 // GEMM benchmark for pi0.5's linear shapes: OpenBLAS sgemm vs vlac's Linear (oneDNN matmul on
 // weights in place) vs oneDNN with prepacked weights, fp32 and bf16 weights, on this machine.
 // Prints JSON on stdout (not a test; no timing assertions anywhere).
-// Usage: gemm_bench [--threads N] [--min-seconds S] [--shapes full|medium]
+// Usage: gemm_bench [--threads N] [--min-seconds S] [--shapes full|medium|pi05] [--pair]
+//   --shapes pi05  every distinct Linear shape of the full-size pi0.5 (prefix of 3 cameras: SigLIP
+//                  M = 256 per camera, Gemma M = 968; the expert's denoising step M = 50)
+//   --pair         only vlac's Linear, bf16 weights against fp32 weights (both in place), calls
+//                  interleaved; per shape the median of the per-pair CPU-time ratios bf16/fp32.
+//                  Run it with VLAC_MAX_CPU_ISA=avx2 for the AVX2 path (vlac's bf16 kernel
+//                  against oneDNN's sgemm).
 #include <cblas.h>
 #include <omp.h>
 
@@ -141,13 +147,69 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   return d;
 }
 
+// --pair: vlac's Linear over bf16 and over fp32 weights (both in place), the two calls of each
+// pair back to back so both see the same load; ratios per pair, then the median.
+int run_pairs(const std::vector<Shape>& shapes, int threads, double min_seconds) {
+  json out;
+  out["cpu"] = cpu_info(threads);
+  out["cpu"]["vlac_path"] = vlac::cpu::cpu_path_summary();
+  out["what"] = "vlac Linear bf16 weights vs fp32 weights, interleaved pairs; CPU seconds per call";
+  json cases = json::array();
+  for (const Shape& s : shapes) {
+    const double gflop = 2.0 * double(s.m) * double(s.k) * double(s.n) / 1e9;
+    auto x = random_floats(size_t(s.m * s.k), 1);
+    auto w = random_floats(size_t(s.n * s.k), 2);
+    auto wb = to_bf16(w);
+    std::vector<float> y(size_t(s.m * s.n));
+    auto lb = vlac::cpu::DnnlLinear::create(s.m, s.k, s.n, vlac::DType::BF16, false);
+    auto lf = vlac::cpu::DnnlLinear::create(s.m, s.k, s.n, vlac::DType::F32, false);
+    if (!lb.is_ok() || !lf.is_ok()) {
+      std::fprintf(stderr, "DnnlLinear: %s\n", (lb.is_ok() ? lf.status() : lb.status()).message().c_str());
+      return 1;
+    }
+    std::vector<uint8_t> sb(lb->scratch_bytes()), sf(lf->scratch_bytes());
+    auto call = [&](bool bf) {
+      const double c0 = process_cpu_seconds();
+      if (bf) (void)lb->run(x.data(), wb.data(), nullptr, y.data(), sb.data());
+      else (void)lf->run(x.data(), w.data(), nullptr, y.data(), sf.data());
+      return process_cpu_seconds() - c0;
+    };
+    call(true), call(false);  // warm up
+    std::vector<double> tb, tf, ratio;
+    auto start = Clock::now();
+    while (ratio.size() < 3 ||
+           (ratio.size() < 41 && std::chrono::duration<double>(Clock::now() - start).count() < 2 * min_seconds)) {
+      const bool bf_first = ratio.size() % 2 == 0;  // alternate which goes first
+      const double a = call(bf_first), b = call(!bf_first);
+      tb.push_back(bf_first ? a : b), tf.push_back(bf_first ? b : a);
+      ratio.push_back(tb.back() / tf.back());
+    }
+    auto median = [](std::vector<double> v) { std::sort(v.begin(), v.end()); return v[v.size() / 2]; };
+    const double mb = median(tb), mf = median(tf), r = median(ratio);
+    std::fprintf(stderr, "%5lldx%5lldx%5lld bf16 %7.1f GFLOP/cpu-s  fp32 %7.1f  bf16/fp32 %.3f  (%zu pairs) %s\n",
+                 (long long)s.m, (long long)s.k, (long long)s.n, gflop / mb, gflop / mf, r, ratio.size(), s.what);
+    cases.push_back({{"m", s.m}, {"k", s.k}, {"n", s.n}, {"what", s.what}, {"gflop", gflop},
+                     {"bf16_impl", lb->impl()}, {"fp32_impl", lf->impl()}, {"pairs", ratio.size()},
+                     {"bf16_median_cpu_s", mb}, {"fp32_median_cpu_s", mf},
+                     {"bf16_gflops_per_cpu_s", gflop / mb}, {"fp32_gflops_per_cpu_s", gflop / mf},
+                     {"bf16_over_fp32_median_ratio", r}});
+  }
+  out["cases"] = cases;
+  std::printf("%s\n", out.dump(2).c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int threads = 2;
   double min_seconds = 0.6;
   std::string shape_set = "full";
+  bool pair = false;
+  for (int i = 1; i < argc; ++i)
+    if (!std::strcmp(argv[i], "--pair")) pair = true;
   for (int i = 1; i + 1 < argc; i += 2) {
+    if (!std::strcmp(argv[i], "--pair")) { --i; continue; }
     if (!std::strcmp(argv[i], "--threads")) threads = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--min-seconds")) min_seconds = std::atof(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--shapes")) shape_set = argv[i + 1];
@@ -174,11 +236,26 @@ int main(int argc, char** argv) {
       {50, 1024, 4096, "expert mlp gate/up, one denoising step"},
       {50, 1024, 2048, "expert q_proj, one denoising step"},
   };
-  if (shape_set != "full" && shape_set != "medium") {
-    std::fprintf(stderr, "gemm_bench: --shapes must be full or medium, not '%s'\n", shape_set.c_str());
+  const std::vector<Shape> pi05 = {
+      {256, 1152, 4304, "siglip mlp fc1, one camera"},
+      {256, 4304, 1152, "siglip mlp fc2, one camera"},
+      {256, 1152, 1152, "siglip q/k/v/o_proj, one camera"},
+      {968, 2048, 16384, "gemma-2b mlp gate/up, prefix of 3 cameras"},
+      {968, 16384, 2048, "gemma-2b mlp down, prefix"},
+      {968, 2048, 2048, "gemma-2b q_proj/o_proj, prefix"},
+      {968, 2048, 256, "gemma-2b k_proj/v_proj, prefix"},
+      {50, 1024, 4096, "expert mlp gate/up, one denoising step"},
+      {50, 4096, 1024, "expert mlp down, one denoising step"},
+      {50, 1024, 2048, "expert q_proj, one denoising step"},
+      {50, 2048, 1024, "expert o_proj, one denoising step"},
+      {50, 1024, 256, "expert k_proj/v_proj, one denoising step"},
+  };
+  if (shape_set != "full" && shape_set != "medium" && shape_set != "pi05") {
+    std::fprintf(stderr, "gemm_bench: --shapes must be full, medium or pi05, not '%s'\n", shape_set.c_str());
     return 2;
   }
-  const std::vector<Shape>& shapes = shape_set == "medium" ? medium : full;
+  const std::vector<Shape>& shapes = shape_set == "medium" ? medium : shape_set == "pi05" ? pi05 : full;
+  if (pair) return run_pairs(shapes, threads, min_seconds);
   json out;
   out["cpu"] = cpu_info(threads);
   out["cpu"]["vlac_path"] = vlac::cpu::cpu_path_summary();

@@ -1,5 +1,6 @@
 // The AVX2 register-blocked bf16 GEMM (bf16_gemm.h) against a double reference over the rounded
-// operands: shapes off every tile edge (M mod 6, N odd, K mod 16, K < 16, K past one K block),
+// operands: shapes off every tile edge (uneven row tiles, partial W panels, K tails of the
+// pack and the staging, K < 16, K past one K block),
 // with and without bias; the same bits whatever the thread count; staging from bf16 equals
 // staging from fp32. Skipped with a message where the active ISA is below AVX2.
 #include <gtest/gtest.h>
@@ -47,8 +48,10 @@ std::vector<float> run(const Case& c, int64_t m, int64_t k, int64_t n, int threa
 TEST(CpuBf16Gemm, MatchesTheRoundedReferenceOnEveryTileEdge) {
   SKIP_WITHOUT_KERNEL();
   for (int64_t m : {1, 5, 6, 7, 13, 50})
-    for (int64_t k : {8, 16, 40, 1072})  // 1072: one full K block of 1024 plus 3 groups
-      for (int64_t n : {1, 2, 3, 65, 130})
+    // K: under one 8-step, odd, past one 256-block with an odd tail, 4 blocks + 48; N: partial
+    // 16-column panels (1, 2, 3, 17), several panels with a tail, whole panels.
+    for (int64_t k : {8, 16, 40, 53, 301, 1072})
+      for (int64_t n : {1, 2, 3, 17, 65, 130})
         for (bool bias : {false, true}) {
           const Case c = make_case(m, k, n, bias, uint32_t(m * 1000 + k + n));
           const auto y = run(c, m, k, n, 2);
