@@ -24,6 +24,7 @@
 #include "mem/meter.h"
 #include "policy/pi05_observation.h"
 #include "policy/pi05_policy.h"
+#include "runtime/memory_report.h"
 #include "runtime/pi05_package_policy.h"
 
 namespace {
@@ -93,6 +94,17 @@ int main(int argc, char** argv) {
   if (vision != "auto") opts.fast_vision = vision == "fast";
   auto policy = vlac::Pi05PackagePolicy::open(pkg_path, opts);
   if (!policy.is_ok()) return fail(policy.status());
+  // The GPU probe before the engines' first use (its first reading is the idle level), and the
+  // breakdown at three points (memory_breakdown in the JSON; runtime/memory_report.h).
+  if (policy->runtime().memory_kind() != vlac::MemoryKind::Host)
+    vlac::install_gpu_probe(meter, std::string(policy->runtime().name()));
+  else
+    meter.note_no_gpu_probe("the package's engines run on the host (" + std::string(policy->runtime().name()) + ")");
+  json breakdown = json::object();
+  auto snapshot = [&](const char* when) {
+    breakdown[when] = json::parse(vlac::memory_breakdown_json(&policy->runtime(), pkg_path, &meter));
+  };
+  snapshot("after_open");
   const int64_t vocab = policy->package().manifest().policy.value("vocab", int64_t{0});
   vlac::Pi05Processor proc = policy->processor();
   auto obs = vlac::read_pi05_observation(obs_path, policy->config(), policy->channels(), &proc, "", vocab);
@@ -128,6 +140,7 @@ int main(int argc, char** argv) {
   if (auto st = chunk(-2); !st.is_ok()) return fail(st);
   const double first_action_s = seconds_since_process_start();
   const Clock::time_point t_first = Clock::now();
+  snapshot("after_first_chunk");
   if (!out_actions.empty()) {
     int64_t D = 0;
     if (auto st = vlac::write_pi05_run_output(out_actions, action.data(), H, A, policy->config(), proc, *obs,
@@ -193,6 +206,7 @@ int main(int argc, char** argv) {
                                        {"prefix_lm_ms", row.st.lm_ms},
                                        {"step_ms", row.st.step_ms}}));
   const Row& first = rows.front();
+  snapshot("after_timed");
   vlac::MemReport rep = meter.finish();
   json out = json::object({
       {"package", pkg_path},
@@ -237,6 +251,7 @@ int main(int argc, char** argv) {
       {"per_round", std::move(per_round)},
       {"chunks", std::move(chunk_rows)},
       {"memory", json::parse(rep.to_json())},
+      {"memory_breakdown", std::move(breakdown)},
   });
   std::ofstream f(out_json);
   f << out.dump(2) << "\n";

@@ -47,6 +47,7 @@ void FileWeightSource::release_range(const ir::WeightRef& ref, uint64_t offset, 
   if (ref.file_id >= files_.size()) return;
   const WeightFileView& f = files_[ref.file_id];
   if (f.map) f.map->drop(ref.offset + offset, bytes);
+  else if (f.release) f.release(ref.offset + offset, bytes);
 }
 
 Status Executable::write_input(int i, const void* src, uint64_t bytes) {

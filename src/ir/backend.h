@@ -48,6 +48,7 @@ struct DeviceInfo {
   // GPU
   int compute_major = 0, compute_minor = 0;  // compute capability
   uint64_t total_memory = 0, free_memory = 0;
+  std::string memory_source;        // how total/free were read (e.g. "nvml ..."); empty: not read
 };
 
 // =============================================================================================
@@ -95,6 +96,9 @@ struct WeightFileView {
   uint64_t size = 0;
   std::string path;                 // for error messages
   const MappedFile* map = nullptr;  // optional: pages read for the last time are dropped from it
+  /// Optional, where there is no `map` (a package's segment): gives back the pages of
+  /// [offset, offset + bytes) of this view, read for the last time.
+  std::function<void(uint64_t offset, uint64_t bytes)> release = nullptr;
 };
 
 /// A WeightSource over mapped files: map() checks the bounds, release drops the pages (when the
@@ -328,6 +332,10 @@ class BackendRuntime {
   virtual Status synchronize() { return Status::ok(); }
   /// A recorder of run sequences on this backend (see RunSequence); default: runs directly.
   virtual std::unique_ptr<RunSequence> make_sequence() { return std::make_unique<RunSequence>(); }
+  /// The backend's own memory by use, for reports: name -> bytes (-1: not measurable here), e.g. a
+  /// GPU's context, workspace and live allocations by use. Cheap (no device work); empty by default
+  /// and before the backend ran anything.
+  virtual std::vector<std::pair<std::string, int64_t>> memory_breakdown() const { return {}; }
 };
 
 /// One backend: its device, and its compile and runtime halves (the compiler may be null for a

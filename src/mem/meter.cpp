@@ -102,10 +102,30 @@ MemMeter::~MemMeter() {
   if (sampler_.joinable()) sampler_.join();
 }
 
-void MemMeter::set_gpu_probe(GpuUsedProbe probe) {
+void MemMeter::set_gpu_probe(GpuUsedProbe probe, std::string source) {
   std::lock_guard<std::mutex> lock(mu_);
   gpu_probe_ = std::move(probe);
-  if (gpu_probe_) gpu_idle_ = gpu_probe_();
+  gpu_idle_.reset();
+  if (!gpu_probe_) {
+    report_.gpu_probe = "none: an empty GPU probe was installed";
+    return;
+  }
+  gpu_idle_ = gpu_probe_();
+  report_.gpu_probe = gpu_idle_ ? std::move(source)
+                                : "none: the GPU probe (" + source + ") gave no reading at start, so there is no idle level";
+}
+
+void MemMeter::note_no_gpu_probe(const std::string& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!gpu_idle_) report_.gpu_probe = "none: " + why;
+}
+
+std::optional<int64_t> MemMeter::gpu_above_idle_now() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!gpu_probe_ || !gpu_idle_) return std::nullopt;
+  auto used = gpu_probe_();
+  if (!used) return std::nullopt;
+  return static_cast<int64_t>(*used) - static_cast<int64_t>(*gpu_idle_);
 }
 
 void MemMeter::sample_once() {
@@ -195,6 +215,7 @@ std::string MemReport::to_json() const {
   s += "  \"system_idle_used_bytes\": " + std::to_string(system_idle_used_bytes) + ",\n";
   s += "  \"peak_system_above_idle_bytes\": " + std::to_string(peak_system_above_idle_bytes) + ",\n";
   s += "  \"peak_gpu_above_idle_bytes\": " + opt(peak_gpu_above_idle_bytes) + ",\n";
+  s += "  \"gpu_probe\": \"" + json_escape(gpu_probe) + "\",\n";
   s += "  \"phases\": [";
   for (size_t i = 0; i < phases.size(); ++i) {
     const auto& p = phases[i];

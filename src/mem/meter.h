@@ -33,6 +33,9 @@ struct MemReport {
   uint64_t system_idle_used_bytes = 0;     // MemTotal - MemAvailable when the meter started
   int64_t peak_system_above_idle_bytes = 0;
   std::optional<int64_t> peak_gpu_above_idle_bytes;
+  /// Where the GPU figures come from ("nvml", "cudaMemGetInfo"...) or, when they are null,
+  /// "none: <why>" (no GPU probe installed, or its first reading failed).
+  std::string gpu_probe = "none: no GPU probe installed (this command runs no GPU backend)";
   std::vector<PhaseReport> phases;
   /// Extra figures a command adds (bytes in/out, tensors, throughput...), as JSON text values.
   std::vector<std::pair<std::string, std::string>> extra_json;
@@ -54,7 +57,14 @@ class MemMeter {
   MemMeter(const MemMeter&) = delete;
   MemMeter& operator=(const MemMeter&) = delete;
 
-  void set_gpu_probe(GpuUsedProbe probe);
+  /// Installs the GPU probe; its first reading is the idle level. `source` says where the
+  /// readings come from (the report's gpu_probe). A probe whose first reading fails leaves the
+  /// GPU figures null and the report says so.
+  void set_gpu_probe(GpuUsedProbe probe, std::string source = "a GPU probe");
+  /// Says why there is no GPU probe (the report's gpu_probe becomes "none: <why>").
+  void note_no_gpu_probe(const std::string& why);
+  /// GPU memory above the idle level now (one probe reading), or nullopt without a probe.
+  std::optional<int64_t> gpu_above_idle_now();
   /// Ends the current phase (if any) and starts a new one.
   void begin_phase(const std::string& name);
   void end_phase();
@@ -73,6 +83,7 @@ class MemMeter {
   uint64_t idle_used_ = 0;
   std::optional<uint64_t> gpu_idle_;
   GpuUsedProbe gpu_probe_;
+  std::string gpu_source_;
   std::atomic<int64_t> phase_peak_sys_{0};
   std::atomic<int64_t> phase_peak_gpu_{0};
   std::atomic<bool> stop_{false};

@@ -275,6 +275,11 @@ void Package::release(const PackageSegment& s) const {
   if (in_map(s)) map_.release(s.offset, s.size);
 }
 
+void Package::release(const PackageSegment& s, uint64_t offset, uint64_t length) const {
+  if (!in_map(s) || offset >= s.size) return;
+  map_.release(s.offset + offset, std::min(length, s.size - offset));
+}
+
 Status Package::verify() const {
   map_.advise_sequential(layout_.manifest_end, map_.size() - layout_.manifest_end);
   return verify_package_segments(map_.data(), map_.size(), layout_, path(), kVerifyChunkBytes,

@@ -94,6 +94,8 @@ class Package {
   /// Unmaps the segment's pages from this process only (the page cache keeps them): RSS falls,
   /// the next use costs minor faults.
   void release(const PackageSegment& s) const;
+  /// Same for [offset, offset + length) of the segment only (clamped to it).
+  void release(const PackageSegment& s, uint64_t offset, uint64_t length) const;
 
   /// Checks every segment checksum and zero gaps, reading through the map in bounded chunks
   /// and dropping each chunk's pages after; memory stays bounded whatever the package size.

@@ -175,7 +175,13 @@ Status PackageEngines::prepare(Engine& e, const std::map<std::string, PackageVal
     wb.gather_only = e.gather_only;
     for (const PackageSegment* s : e.segments) {
       auto span = pkg_->data(*s);
-      wb.files.push_back({span.data(), span.size(), pkg_->path() + ": segment '" + s->name + "'", nullptr});
+      WeightFileView v{span.data(), span.size(), pkg_->path() + ": segment '" + s->name + "'", nullptr};
+      // A backend that copies the weights (a GPU) gives each chunk's pages back as it goes, so
+      // an engine's upload never holds its whole segment (the release after the bind is for
+      // everything else it touched, e.g. the checksum's reads).
+      if (e.backend->runtime().memory_kind() != MemoryKind::Host)
+        v.release = [pkg = pkg_, s](uint64_t off, uint64_t n) { pkg->release(*s, off, n); };
+      wb.files.push_back(std::move(v));
     }
     VLAC_ASSIGN_OR_RETURN(e.weights, e.backend->runtime().bind_weights(wb));
     // A backend that copied the weights into its own memory (a GPU) reads the segments no more,

@@ -10,7 +10,9 @@
 #include <map>
 #include <memory>
 
+#include "backends/registry.h"
 #include "command.h"
+#include "runtime/memory_report.h"
 #include "core/bytes.h"
 #include "io/safetensors_writer.h"
 #include "policy/pi05_policy.h"
@@ -93,6 +95,10 @@ Status run_policy(const RunFlags& f, MemMeter& meter) {
   meter.begin_phase("denoise");
   VLAC_RETURN_IF_ERROR(policy.denoise(noise.data(), action.data()));
   const Clock::time_point t3 = Clock::now();
+  // Where the memory is after the run (runtime/memory_report.h; the policy runs on the registry's
+  // backend of that name, so its runtime's breakdown is this run's).
+  if (Backend* b = backend_registry().find(dev.backend))
+    meter.add_extra("memory_breakdown", memory_breakdown_json(&b->runtime(), "", &meter));
   meter.begin_phase("write");
   int64_t D = 0;  // width of `action` (0: no postprocessor in the folder)
   VLAC_RETURN_IF_ERROR(

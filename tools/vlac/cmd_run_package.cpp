@@ -11,6 +11,7 @@
 #include "io/safetensors.h"
 #include "io/safetensors_writer.h"
 #include "policy/pi05_policy.h"
+#include "runtime/memory_report.h"
 #include "runtime/pi05_package_policy.h"
 
 namespace vlac::cli {
@@ -90,6 +91,9 @@ Status run_package(const PackageRunArgs& f, MemMeter& meter) {
     repeats += std::string(repeats.empty() ? "" : ", ") + "{\"prefix\": " + std::to_string(ms(t1, t2)) +
                ", \"denoise\": " + std::to_string(ms(t2, t3)) + "}";
   }
+  // Where the memory is after the run (the GPU's context, weights, activations...; the host's
+  // RSS by mapping): read once here, not per chunk (runtime/memory_report.h).
+  meter.add_extra("memory_breakdown", memory_breakdown_json(&policy.runtime(), f.package, &meter));
   meter.begin_phase("write");
   int64_t D = 0;  // width of `action` (0: no postprocessor in the package)
   VLAC_RETURN_IF_ERROR(

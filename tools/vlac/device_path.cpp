@@ -1,10 +1,11 @@
 // `vlac run --device`: which registry backend runs (cpu, cuda, auto), its line for the summary
-// and the report's device fields, and the meter's GPU probe (used memory through the backend's
-// DeviceInfo; mem/ includes nothing of CUDA).
+// and the report's device fields, and the meter's GPU probe (runtime/memory_report: used memory
+// through the backend's DeviceInfo; mem/ includes nothing of CUDA).
 #include "backends/registry.h"
 #include "command.h"
 #include "core/bytes.h"
 #include "runtime/device_choice.h"
+#include "runtime/memory_report.h"
 
 namespace vlac::cli {
 
@@ -26,13 +27,7 @@ Result<DevicePath> device_path(const std::string& device, const std::string& fal
   meter.add_extra("gpu", "\"" + d.description + "\"");
   meter.add_extra("gpu_compute_capability", "\"" + std::to_string(d.compute_major) + "." + std::to_string(d.compute_minor) + "\"");
   meter.add_extra("gpu_total_bytes", std::to_string(d.total_memory));
-  // Device-wide used memory; the first reading is the idle level (before this process's context
-  // where the backend can read it without one).
-  meter.set_gpu_probe([b]() -> std::optional<uint64_t> {
-    const DeviceInfo i = b->device();
-    if (i.total_memory == 0) return std::nullopt;
-    return i.total_memory - i.free_memory;
-  });
+  install_gpu_probe(meter, "cuda");  // runtime/memory_report.h
   return out;
 }
 

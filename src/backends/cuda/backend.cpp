@@ -2,8 +2,6 @@
 // stream), CUDA-graph recording of run sequences, and the device report.
 #include "backends/cuda/backend.h"
 
-#include <dlfcn.h>
-
 #include <map>
 #include <mutex>
 
@@ -22,8 +20,8 @@ class CudaBuffer final : public BackendBuffer {
  public:
   CudaBuffer(void* p, uint64_t bytes, MemoryKind kind) : p_(p), bytes_(bytes), kind_(kind) {}
   ~CudaBuffer() override {
-    if (kind_ == MemoryKind::Host) (void)cudaFreeHost(p_);
-    else (void)cudaFree(p_);
+    if (kind_ == MemoryKind::Host) host_free(p_);
+    else device_free(p_);
   }
   void* data() const override { return p_; }
   uint64_t bytes() const override { return bytes_; }
@@ -62,12 +60,16 @@ class CudaSequence final : public RunSequence {
       return Status(st.code(), "while recording a chunk: " + st.message());
     }
     if (ce != cudaSuccess) return cuda_error("recording a chunk", ce);
+    const std::optional<uint64_t> before = nvml_used_bytes();
     ce = cudaGraphInstantiate(&e.exec, graph, 0);
     (void)cudaGraphDestroy(graph);
     if (ce != cudaSuccess) {
       e.exec = nullptr;
       return cuda_error("instantiating a recorded chunk", ce);
     }
+    const std::optional<uint64_t> after = nvml_used_bytes();
+    if (before && after) ctx_->add_graph_bytes(int64_t(*after) - int64_t(*before));
+    trim_clean_pages();  // the last loading step of a chunk shape (context.h)
     ce = cudaGraphLaunch(e.exec, ctx_->stream());
     if (ce != cudaSuccess) return cuda_error("replaying a recorded chunk", ce);
     return Status::ok();
@@ -126,7 +128,7 @@ class CudaRuntime final : public BackendRuntime {
       kind = MemoryKind::Device;
       const cudaError_t e = cudaMemsetAsync(p, 0, bytes, ctx_.stream());
       if (e != cudaSuccess) {
-        (void)cudaFree(p);
+        device_free(p);
         return cuda_error(what, e);
       }
     }
@@ -146,43 +148,15 @@ class CudaRuntime final : public BackendRuntime {
     return Status::ok();
   }
   std::unique_ptr<RunSequence> make_sequence() override { return std::make_unique<CudaSequence>(&ctx_); }
+  std::vector<std::pair<std::string, int64_t>> memory_breakdown() const override {
+    if (!ctx_.started()) return {};
+    std::vector<std::pair<std::string, int64_t>> out = ctx_.breakdown();
+    for (auto& kv : memory_tally()) out.push_back(std::move(kv));
+    return out;
+  }
 
  private:
   CudaContext ctx_;
-};
-
-// Device-wide memory through NVML when the driver has it: it needs no CUDA context, so the
-// first reading (the meter's idle level) is taken before this process creates one and the
-// context's own memory counts as "above idle". Without NVML, cudaMemGetInfo (context first).
-struct Nvml {
-  struct Memory {
-    unsigned long long total, free, used;
-  };
-  using Init = int (*)();
-  using ByPci = int (*)(const char*, void**);
-  using MemInfo = int (*)(void*, Memory*);
-  bool ok = false;
-  void* dev = nullptr;
-  MemInfo mem = nullptr;
-  static Nvml& get() {
-    static Nvml n = [] {
-      Nvml x;
-      void* h = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
-      if (!h) return x;
-      auto init = reinterpret_cast<Init>(dlsym(h, "nvmlInit_v2"));
-      auto by_pci = reinterpret_cast<ByPci>(dlsym(h, "nvmlDeviceGetHandleByPciBusId_v2"));
-      x.mem = reinterpret_cast<MemInfo>(dlsym(h, "nvmlDeviceGetMemoryInfo"));
-      char bus[64] = {};
-      if (!init || !by_pci || !x.mem || init() != 0) return x;
-      if (cudaDeviceGetPCIBusId(bus, sizeof(bus), 0) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return x;
-      }
-      x.ok = by_pci(bus, &x.dev) == 0;
-      return x;
-    }();
-    return n;
-  }
 };
 
 class CudaBackend final : public Backend {
@@ -211,16 +185,19 @@ class CudaBackend final : public Backend {
     const cudaDeviceProp& prop = props.second;
     d.compute_major = prop.major;
     d.compute_minor = prop.minor;
-    Nvml& nv = Nvml::get();
-    Nvml::Memory m{};
-    if (nv.ok && nv.mem(nv.dev, &m) == 0) {
-      d.total_memory = m.total;
-      d.free_memory = m.free;
+    // Device-wide memory through NVML when the driver has it: it needs no CUDA context, so the
+    // first reading (the meter's idle level) is taken before this process creates one and the
+    // context's own memory counts as "above idle". Without NVML, cudaMemGetInfo (context first).
+    if (nvml_memory(&d.total_memory, &d.free_memory)) {
+      d.memory_source = "nvml (device-wide, read without a CUDA context: the context counts above idle)";
     } else {
       size_t fr = 0, tot = 0;
       if (cudaMemGetInfo(&fr, &tot) == cudaSuccess) {
         d.total_memory = tot;
         d.free_memory = fr;
+        d.memory_source =
+            "cudaMemGetInfo (no NVML: the idle reading creates this process's CUDA context, which then counts "
+            "as idle)";
       } else {
         (void)cudaGetLastError();
       }

@@ -7,6 +7,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <cuda_runtime_api.h>
 
@@ -18,9 +20,40 @@ namespace vlac::cuda {
 /// "cuda: <what>: <CUDA error string>" (StatusCode::Backend).
 Status cuda_error(const std::string& what, cudaError_t e);
 /// Device memory, or ResourceExhausted naming `what`, the bytes asked for and the free memory.
+/// Live bytes are tallied by use (memory_tally), the use read from `what`'s wording.
 Result<void*> device_alloc(uint64_t bytes, const std::string& what);
 /// Page-locked host memory (for staging), or ResourceExhausted naming `what` and the bytes.
 Result<void*> host_alloc(uint64_t bytes, const std::string& what);
+/// cudaFree / cudaFreeHost of what device_alloc / host_alloc gave, keeping the tally true.
+void device_free(void* p);
+void host_free(void* p);
+/// Live bytes from device_alloc and host_alloc by use ("device.weights", "device.arena",
+/// "host_pinned.staging"...; every use present, 0 when none), and the peak of the pinned total.
+/// For the memory breakdown (a map lookup per allocation: nothing per chunk).
+std::vector<std::pair<std::string, int64_t>> memory_tally();
+
+/// Device-wide used bytes (total - free) through NVML, which needs no CUDA context (so a reading
+/// before this process makes one is the idle level); nullopt where the driver has no NVML.
+std::optional<uint64_t> nvml_used_bytes();
+/// NVML's total and free bytes of device 0; false where there is no NVML.
+bool nvml_memory(uint64_t* total, uint64_t* free_bytes);
+
+/// The per-thread stack limit ensure() sets (VLAC_CUDA_STACK_BYTES, else kDefaultStackBytes):
+/// the driver reserves stack x the device's resident threads (1 KiB default x 2048 x 132 SMs =
+/// 264 MiB on an H200) and grows it by itself at a launch that needs more (cuCtxSetLimit), so a
+/// small limit costs nothing where kernels need little. vlac's kernels have at most a 40-byte
+/// frame (nvcc -Xptxas -v, sm_90); cuBLASLt's that need more make the driver grow it once, in the
+/// warm-up run before any capture. nullopt: VLAC_CUDA_STACK_BYTES=default (keep the driver's).
+/// A bad value is InvalidArgument naming the variable.
+inline constexpr uint64_t kDefaultStackBytes = 256;
+Result<std::optional<uint64_t>> parse_stack_limit();
+
+/// Gives this process's clean file pages of at least 1 MiB per mapping back to the page cache
+/// (mem/host_memory.h: release_clean_file_pages) unless VLAC_TRIM_CLEAN_PAGES=0; called at the
+/// end of the loading steps (context, each weight upload, each graph instantiation), never per
+/// chunk. Returns the bytes released by this call; the total is trimmed_clean_pages_total().
+uint64_t trim_clean_pages();
+uint64_t trimmed_clean_pages_total();
 
 class CudaContext {
  public:
@@ -30,8 +63,17 @@ class CudaContext {
   GemmRunner& gemm() { return *gemm_; }
   void* workspace() const { return workspace_; }
   int sms() const { return sms_; }
+  /// ensure() ran and succeeded.
+  bool started() const { return tried_ && status_.is_ok(); }
   /// True while the stream is being captured (RunSequence recording).
   bool capturing() const;
+  /// What ensure() measured (NVML deltas, device-wide, -1 where unknown) and set, by name, for
+  /// the memory breakdown: context_bytes (creating the context), stack limits (bytes per thread:
+  /// the driver's default and what was set) and stack_limit_saved_bytes, cublaslt_handle_bytes,
+  /// cublaslt_workspace_bytes; plus the graphs' bytes (add_graph_bytes).
+  std::vector<std::pair<std::string, int64_t>> breakdown() const;
+  /// Device bytes a CUDA-graph instantiation took (NVML delta; RunSequence adds each).
+  void add_graph_bytes(int64_t b) { graph_bytes_ += b; }
   ~CudaContext();
 
  private:
@@ -41,6 +83,8 @@ class CudaContext {
   std::optional<GemmRunner> gemm_;
   void* workspace_ = nullptr;
   int sms_ = 0;
+  int64_t context_bytes_ = -1, stack_saved_bytes_ = -1, handle_bytes_ = -1, graph_bytes_ = 0;
+  int64_t stack_default_ = -1, stack_set_ = -1, heap_limit_ = -1, printf_fifo_ = -1;
 };
 
 }  // namespace vlac::cuda

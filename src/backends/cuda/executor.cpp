@@ -72,13 +72,10 @@ void CUDART_CB gather_rows(void* p) {
 }  // namespace
 
 CudaExecutable::~CudaExecutable() {
-  for (void* p : {own_arena_, own_scratch_, const_storage_, iota_, memo_storage_})
-    if (p) (void)cudaFree(p);
-  for (void* p : own_blocks_) (void)cudaFree(p);
-  for (auto& in : inputs_)
-    if (in.own) (void)cudaFree(in.own);
-  for (auto& g : gathers_)
-    if (g->rows_host) (void)cudaFreeHost(g->rows_host);
+  for (void* p : {own_arena_, own_scratch_, const_storage_, iota_, memo_storage_}) device_free(p);
+  for (void* p : own_blocks_) device_free(p);
+  for (auto& in : inputs_) device_free(in.own);
+  for (auto& g : gathers_) host_free(g->rows_host);
 }
 
 std::string CudaExecutable::where(const Node& n) const {

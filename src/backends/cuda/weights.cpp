@@ -46,7 +46,7 @@ CudaWeights::CudaWeights(CudaWeights&& o) noexcept
 
 CudaWeights& CudaWeights::operator=(CudaWeights&& o) noexcept {
   if (this != &o) {
-    if (base_) (void)cudaFree(base_);
+    device_free(base_);
     entries_ = std::move(o.entries_);
     base_ = o.base_;
     device_bytes_ = o.device_bytes_;
@@ -56,9 +56,7 @@ CudaWeights& CudaWeights::operator=(CudaWeights&& o) noexcept {
   return *this;
 }
 
-CudaWeights::~CudaWeights() {
-  if (base_) (void)cudaFree(base_);
-}
+CudaWeights::~CudaWeights() { device_free(base_); }
 
 const CudaWeights::Entry* CudaWeights::find(const std::string& name) const {
   auto it = entries_.find(name);
@@ -149,8 +147,10 @@ Result<CudaWeights> CudaWeights::upload(CudaContext& ctx, const WeightBinding& b
       }
       uint8_t* buf = staging + uint64_t(h) * half_bytes;
       convert(f.data + r.offset + at * ss, r.dtype, buf, e.dtype, cnt);
-      // These source bytes are not read again: their pages leave this process (memory rule 1).
+      // These source bytes are not read again: their pages leave this process (memory rule 1),
+      // chunk by chunk, so an engine's upload holds at most a chunk of them, not the segment.
       if (f.map) f.map->drop(r.offset + at * ss, cnt * ss);
+      else if (f.release) f.release(r.offset + at * ss, cnt * ss);
       cudaError_t ce = cudaMemcpyAsync(dst + at * ds, buf, cnt * ds, cudaMemcpyHostToDevice, ctx.stream());
       if (ce == cudaSuccess) ce = cudaEventRecord(ev[h], ctx.stream());
       if (ce != cudaSuccess) {
@@ -165,8 +165,9 @@ Result<CudaWeights> CudaWeights::upload(CudaContext& ctx, const WeightBinding& b
   if (se != cudaSuccess && st.is_ok()) st = cuda_error("weight upload", se);
   for (auto& e : ev)
     if (e) (void)cudaEventDestroy(e);
-  (void)cudaFreeHost(staging);
+  host_free(staging);  // the staging buffer lives only for one engine's upload
   VLAC_RETURN_IF_ERROR(st);
+  trim_clean_pages();  // a loading step done (context.h)
   return w;
 }
 
