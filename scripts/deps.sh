@@ -6,8 +6,9 @@ want=(g++ cmake ninja-build pkg-config libgtest-dev libgmock-dev libbenchmark-de
 # libdnnl-dev only recommends ocl-icd-opencl-dev, yet its CMake config calls find_package(OpenCL).
 want+=(ocl-icd-opencl-dev)
 if [[ "${1:-build}" == test ]]; then
-  # clang + its runtime for the libFuzzer targets; chromium renders the snapshot HTML in a test.
-  want+=(clang libclang-rt-14-dev chromium g++-aarch64-linux-gnu qemu-user-static)
+  # clang + its runtime for the libFuzzer targets (libomp-14-dev: clang has no omp.h of its own; a
+  # fresh bookworm chroot failed the fuzz build without it); chromium renders the snapshot HTML.
+  want+=(clang libclang-rt-14-dev libomp-14-dev chromium g++-aarch64-linux-gnu qemu-user-static)
   # The Python tests (scripts/test_python.sh): a venv, Python's headers for the extension, and
   # ccache so that `pip install .` reuses the release build's objects.
   want+=(python3-venv python3-dev ccache)
