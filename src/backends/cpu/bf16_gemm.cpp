@@ -80,6 +80,22 @@ struct FromBf16 {
   float load1(int64_t at) const { return bf16_to_f32(x[at]); }
 };
 
+// c[j] = column j of the 8x8 matrix whose rows are r[0..7] (32-bit lanes).
+VLAC_AVX2 inline void transpose8(const __m256 r[8], __m256 c[8]) {
+  const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+  const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+  const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+  const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+  const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+  const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+  const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+  const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+  c[0] = _mm256_permute2f128_ps(u0, u4, 0x20), c[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+  c[2] = _mm256_permute2f128_ps(u2, u6, 0x20), c[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+  c[4] = _mm256_permute2f128_ps(u0, u4, 0x31), c[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+  c[6] = _mm256_permute2f128_ps(u2, u6, 0x31), c[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+
 // Tile t of x (rows r0..r0+mr) into the staged layout (bf16_gemm_x_bytes): per K block, the
 // tile's [kc][mr] values. 8 k at a time: the mr rows' 8 values, an 8x8 transpose, and each k's
 // mr values stored under a lane mask.
@@ -94,23 +110,10 @@ VLAC_AVX2 void stage_tile(Src src, float* xs, int64_t m, int64_t k, int64_t r0, 
     for (int64_t kk = 0; kk < kc8; kk += 8) {
       __m256 r[8];
       for (int i = 0; i < 8; ++i) r[i] = i < mr ? src.load8((r0 + i) * k + k0 + kk) : _mm256_setzero_ps();
-      const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
-      const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
-      const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
-      const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
-      const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
-      const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
-      const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
-      const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+      __m256 c[8];
+      transpose8(r, c);
       float* o = out + kk * mr;
-      _mm256_maskstore_ps(o + 0 * mr, mask, _mm256_permute2f128_ps(u0, u4, 0x20));
-      _mm256_maskstore_ps(o + 1 * mr, mask, _mm256_permute2f128_ps(u1, u5, 0x20));
-      _mm256_maskstore_ps(o + 2 * mr, mask, _mm256_permute2f128_ps(u2, u6, 0x20));
-      _mm256_maskstore_ps(o + 3 * mr, mask, _mm256_permute2f128_ps(u3, u7, 0x20));
-      _mm256_maskstore_ps(o + 4 * mr, mask, _mm256_permute2f128_ps(u0, u4, 0x31));
-      _mm256_maskstore_ps(o + 5 * mr, mask, _mm256_permute2f128_ps(u1, u5, 0x31));
-      _mm256_maskstore_ps(o + 6 * mr, mask, _mm256_permute2f128_ps(u2, u6, 0x31));
-      _mm256_maskstore_ps(o + 7 * mr, mask, _mm256_permute2f128_ps(u3, u7, 0x31));
+      for (int i = 0; i < 8; ++i) _mm256_maskstore_ps(o + i * mr, mask, c[i]);
     }
     for (int64_t kk = kc8; kk < kc; ++kk)
       for (int64_t i = 0; i < mr; ++i) out[kk * mr + i] = src.load1((r0 + i) * k + k0 + kk);
@@ -131,18 +134,8 @@ VLAC_AVX2 void pack_panel(const uint16_t* w, int64_t ldw, int64_t nr, int64_t kc
       for (int i = 0; i < 8; ++i)
         r[i] = h + i < nr ? _mm256_castsi256_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + (h + i) * ldw + kk)))
                            : _mm256_setzero_ps();
-      const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
-      const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
-      const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
-      const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
-      const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
-      const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
-      const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
-      const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
-      const __m256 c[8] = {_mm256_permute2f128_ps(u0, u4, 0x20), _mm256_permute2f128_ps(u1, u5, 0x20),
-                           _mm256_permute2f128_ps(u2, u6, 0x20), _mm256_permute2f128_ps(u3, u7, 0x20),
-                           _mm256_permute2f128_ps(u0, u4, 0x31), _mm256_permute2f128_ps(u1, u5, 0x31),
-                           _mm256_permute2f128_ps(u2, u6, 0x31), _mm256_permute2f128_ps(u3, u7, 0x31)};
+      __m256 c[8];
+      transpose8(r, c);
       for (int j = 0; j < 8; ++j) {  // c[j]: pair j (columns kk+2j, kk+2j+1) of the 8 rows
         const __m256i v = _mm256_castps_si256(c[j]);
         _mm256_store_ps(bp + (kk + 2 * j) * kNr + h, _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)));
