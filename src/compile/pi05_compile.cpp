@@ -1,4 +1,4 @@
-// pi0.5 compile driver (see pi05_compile.h): builds the four stage graphs (vision per camera,
+// pi0.5 compile driver (see pi05_compile.h): builds the four stage graphs (vision over all cameras,
 // text embedding, Gemma prefix, one denoising step), partitions each under the cap, has the
 // chosen backend build one engine file at a time and streams them into the package.
 #include "compile/pi05_compile.h"
@@ -60,7 +60,8 @@ Result<Pi05CompileSummary> compile_pi05(const std::string& policy_dir, const Pi0
 
   std::vector<StageGraph> stages;
   {
-    VLAC_ASSIGN_OR_RETURN(Pi05Graph g, model.build_vision());
+    // All configured cameras in one batched run (the runtime respecializes it to those present).
+    VLAC_ASSIGN_OR_RETURN(Pi05Graph g, model.build_vision(std::max<int64_t>(1, int64_t(cfg.cameras.size()))));
     stages.push_back({"vision", std::move(g)});
   }
   {

@@ -22,7 +22,7 @@ std::vector<ValueId> storage_roots(const ir::Graph& g, const std::vector<NodeId>
 }
 
 ArenaPlan plan_arena(const ir::Graph& g, const std::vector<NodeId>& order, const std::vector<ValueId>& root,
-                     const std::vector<uint8_t>& outside) {
+                     const std::vector<uint8_t>& outside, const std::vector<int64_t>& last_use_at_least) {
   const size_t nv = g.values().size();
   std::vector<ir::LiveRange> live = ir::liveness(g, order);
   std::vector<int64_t> first(nv, -1), lastu(nv, -1);
@@ -31,6 +31,7 @@ ArenaPlan plan_arena(const ir::Graph& g, const std::vector<NodeId>& order, const
     const size_t r = size_t(root[v]);
     if (first[r] < 0 || live[v].def < first[r]) first[r] = live[v].def;
     lastu[r] = std::max(lastu[r], live[v].last_use);
+    if (v < last_use_at_least.size()) lastu[r] = std::max(lastu[r], last_use_at_least[v]);
   }
   struct Block { ValueId v; uint64_t bytes; int64_t a, b; uint64_t off; };
   std::vector<Block> blocks;

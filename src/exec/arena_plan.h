@@ -32,8 +32,11 @@ struct ArenaPlan {
 /// range collides with no block placed so far. Deterministic; blocks in value-id order.
 /// Engines that run one after another may share one arena of the largest plan's size.
 /// Roots flagged in `outside` (by value id, may be empty) are left out: the backend keeps them in
-/// buffers of their own (e.g. values that must persist between runs).
+/// buffers of their own (e.g. values that must persist between runs). `last_use_at_least` (by
+/// value id, positions in `order`, may be empty; -1 = none) keeps a value's root alive at least
+/// that long: a backend that fuses later nodes into one kernel reading it there (CUDA's
+/// residual + norm) needs it not to share storage with what those nodes write.
 ArenaPlan plan_arena(const ir::Graph& g, const std::vector<ir::NodeId>& order, const std::vector<ir::ValueId>& root,
-                     const std::vector<uint8_t>& outside = {});
+                     const std::vector<uint8_t>& outside = {}, const std::vector<int64_t>& last_use_at_least = {});
 
 }  // namespace vlac::exec

@@ -157,17 +157,28 @@ Result<std::vector<ValueInfo>> infer_outputs(OpKind op, const std::vector<const 
       if (n == 4 && in[3]->shape != std::vector<int64_t>{q[0], k[0]})
         return bad(op, "mask " + shape_str(in[3]->shape) + " must be [" + std::to_string(q[0]) +
                            ", " + std::to_string(k[0]) + "]");
+      // kv_block B: block-diagonal attention over images batched along T (SigLIP of several
+      // cameras): query t sees keys [t/B·B, t/B·B + B) only. No mask then, and T = S.
+      if (const int64_t blk = attrs.get_int("kv_block", 0); blk != 0) {
+        if (blk < 0 || n == 4 || q[0] != k[0] || q[0] % blk != 0)
+          return bad(op, "kv_block " + std::to_string(blk) + " needs no mask and q " + shape_str(q) +
+                             ", k " + shape_str(k) + " with as many rows, a multiple of it");
+      }
       return std::vector<ValueInfo>{{x.dtype, {q[0], q[1], v[2]}}};
     }
     case OpKind::PatchEmbed: {
-      VLAC_RETURN_IF_ERROR(rank_is(0, 3, "image"));
+      // image [C,Y,X], or [N,C,Y,X]: N images, their patches one after another.
+      if (x.shape.size() != 4) VLAC_RETURN_IF_ERROR(rank_is(0, 3, "image"));
       VLAC_RETURN_IF_ERROR(rank_is(1, 4, "weight"));
-      const auto &img = x.shape, &w = in[1]->shape;
+      const int64_t images = x.shape.size() == 4 ? x.shape[0] : 1;
+      const std::vector<int64_t> img(x.shape.end() - 3, x.shape.end());
+      const auto& w = in[1]->shape;
+      if (images < 1) return bad(op, "no image in " + shape_str(x.shape));
       if (w[1] != img[0] || w[2] <= 0 || w[3] <= 0 || img[1] < w[2] || img[2] < w[3])
         return bad(op, "image " + shape_str(img) + " does not match weight " + shape_str(w));
       if (n == 3 && in[2]->shape != std::vector<int64_t>{w[0]})
         return bad(op, "bias must be [" + std::to_string(w[0]) + "]");
-      return std::vector<ValueInfo>{{x.dtype, {(img[1] / w[2]) * (img[2] / w[3]), w[0]}}};
+      return std::vector<ValueInfo>{{x.dtype, {images * (img[1] / w[2]) * (img[2] / w[3]), w[0]}}};
     }
     case OpKind::Embedding: {
       VLAC_RETURN_IF_ERROR(rank_is(0, 2, "table"));

@@ -28,8 +28,8 @@ namespace vlac::ir {
   X(SiLU,          "silu",            1,     1,     1)  /* elementwise                        */ \
   X(RoPE,          "rope",            2,     2,     1)  /* x[T,H,Dh] pos[T] int; base         */ \
   X(Softmax,       "softmax",         1,     1,     1)  /* over the last dim, f32             */ \
-  X(Attention,     "attention",       3,     4,     1)  /* q[T,H,D] k[S,Hk,D] v[S,Hk,Dv] m?[T,S] -> [T,H,Dv]; scale */ \
-  X(PatchEmbed,    "patch_embed",     2,     3,     1)  /* img[C,Y,X] W[O,C,kh,kw] b?[O] -> [Y/kh*X/kw, O] */ \
+  X(Attention,     "attention",       3,     4,     1)  /* q[T,H,D] k[S,Hk,D] v[S,Hk,Dv] m?[T,S] -> [T,H,Dv]; scale, kv_block */ \
+  X(PatchEmbed,    "patch_embed",     2,     3,     1)  /* img[N?,C,Y,X] W[O,C,kh,kw] b?[O] -> [N*Y/kh*X/kw, O] */ \
   X(Embedding,     "embedding",       2,     2,     1)  /* table[V,D] ids[T] int -> [T,D]; scale */ \
   X(Concat,        "concat",          1,     -1,    1)  /* along attr axis                    */ \
   X(Slice,         "slice",           1,     1,     1)  /* attr axis, start, end              */ \

@@ -282,9 +282,22 @@ Result<ValueId> Pi05Model::add_vision(ir::Graph& g, Binder& w, ValueId img, cons
   VLAC_ASSIGN_OR_RETURN(ValueId pw, w.get(vm("embeddings.patch_embedding.weight"), {V, d.channels, d.patch_size, d.patch_size}));
   VLAC_ASSIGN_OR_RETURN(ValueId pb, w.get(vm("embeddings.patch_embedding.bias"), {V}));
   VLAC_ASSIGN_OR_RETURN(ValueId pe, w.get(vm("embeddings.position_embedding.weight"), {n_img_, V}));
+  // A batched image input [N,C,R,R] (build_vision): the N images' tokens one after another,
+  // every op row-wise except attention, which stays within an image (kv_block). -1 in the
+  // reshapes lets ir::respecialize give it any N.
+  const bool batched = g.info(img).shape.size() == 4;
+  const int64_t rows = batched ? -1 : n_img_;
   VLAC_ASSIGN_OR_RETURN(ValueId h, b.op(OpKind::PatchEmbed, {img, pw, pb}, {}, tag + ".patch_embed"));
-  VLAC_ASSIGN_OR_RETURN(h, b.op(OpKind::Add, {h, pe}, {}, tag + ".pos_embed"));
+  if (batched) {
+    VLAC_ASSIGN_OR_RETURN(h, b.reshape(h, {-1, n_img_, V}, tag + ".patch_embed.images"));
+    VLAC_ASSIGN_OR_RETURN(h, b.op(OpKind::Add, {h, pe}, {}, tag + ".pos_embed"));
+    VLAC_ASSIGN_OR_RETURN(h, b.reshape(h, {-1, V}, tag + ".pos_embed.rows"));
+  } else {
+    VLAC_ASSIGN_OR_RETURN(h, b.op(OpKind::Add, {h, pe}, {}, tag + ".pos_embed"));
+  }
   const int64_t vh = d.vision_heads, vhd = V / vh;
+  Attrs att{{"scale", 1.0 / std::sqrt(double(vhd))}};
+  if (batched) att.set("kv_block", n_img_);
   for (int64_t l = 0; l < d.vision_depth; ++l) {
     const std::string p = "encoder.layers." + std::to_string(l) + ".";
     const std::string t = tag + "." + std::to_string(l) + ".";
@@ -297,11 +310,10 @@ Result<ValueId> Pi05Model::add_vision(ir::Graph& g, Binder& w, ValueId img, cons
       VLAC_ASSIGN_OR_RETURN(ValueId pw2, w.get(vm(p + "self_attn." + names[i] + ".weight"), {V, V}));
       VLAC_ASSIGN_OR_RETURN(ValueId pb2, w.get(vm(p + "self_attn." + names[i] + ".bias"), {V}));
       VLAC_ASSIGN_OR_RETURN(ValueId y, b.op(OpKind::Linear, {u, pw2, pb2}, {}, t + names[i]));
-      VLAC_ASSIGN_OR_RETURN(qkv[i], b.reshape(y, {n_img_, vh, vhd}, t + names[i] + ".heads"));
+      VLAC_ASSIGN_OR_RETURN(qkv[i], b.reshape(y, {rows, vh, vhd}, t + names[i] + ".heads"));
     }
-    VLAC_ASSIGN_OR_RETURN(ValueId a, b.op(OpKind::Attention, {qkv[0], qkv[1], qkv[2]},
-                                          Attrs{{"scale", 1.0 / std::sqrt(double(vhd))}}, t + "attention"));
-    VLAC_ASSIGN_OR_RETURN(a, b.reshape(a, {n_img_, V}, t + "attention.merge"));
+    VLAC_ASSIGN_OR_RETURN(ValueId a, b.op(OpKind::Attention, {qkv[0], qkv[1], qkv[2]}, att, t + "attention"));
+    VLAC_ASSIGN_OR_RETURN(a, b.reshape(a, {rows, V}, t + "attention.merge"));
     VLAC_ASSIGN_OR_RETURN(ValueId ow, w.get(vm(p + "self_attn.out_proj.weight"), {V, V}));
     VLAC_ASSIGN_OR_RETURN(ValueId ob, w.get(vm(p + "self_attn.out_proj.bias"), {V}));
     VLAC_ASSIGN_OR_RETURN(a, b.op(OpKind::Linear, {a, ow, ob}, {}, t + "out_proj"));
@@ -393,12 +405,13 @@ Status Pi05Model::add_lm(ir::Graph& g, Binder& w, ValueId h, ValueId pos,
   return Status::ok();
 }
 
-Result<Pi05Graph> Pi05Model::build_vision() const {
+Result<Pi05Graph> Pi05Model::build_vision(int64_t images) const {
+  if (images < 1) return invalid_argument("pi0.5 vision: at least one image");
   const Pi05Dims& d = dims_;
   Pi05Graph out;
   ir::Graph& g = out.graph;
   Binder w(*this, &g);
-  ValueId img = g.add_input(kPi05InImage, ValueInfo{DType::F32, {d.channels, d.image_size, d.image_size}});
+  ValueId img = g.add_input(kPi05InImage, ValueInfo{DType::F32, {images, d.channels, d.image_size, d.image_size}});
   VLAC_ASSIGN_OR_RETURN(ValueId tok, add_vision(g, w, img, "vision", "projector", nullptr, ""));
   out.outputs.emplace_back(kPi05OutImageTokens, tok);
   g.mark_output(tok);

@@ -54,7 +54,9 @@ class Pi05Model {
   /// Stage graphs: the same arithmetic as build_prefix, cut where the runtime assembles the
   /// prefix (images of the present cameras, then the valid tokens). build_lm's reshapes use -1,
   /// so ir::respecialize can give it any prefix length; build_text_embed likewise any count.
-  Result<Pi05Graph> build_vision() const;
+  /// Vision over `images` camera images at once: input image [N,C,R,R] (any N after
+  /// respecialize), output image_tokens [N·P, W], attention within each image.
+  Result<Pi05Graph> build_vision(int64_t images = 1) const;
   Result<Pi05Graph> build_text_embed(int64_t n_text) const;
   Result<Pi05Graph> build_lm(int64_t prefix_len) const;
 

@@ -130,6 +130,17 @@ Result<PackageEngines> PackageEngines::open(const Package& pkg, PackageRunOption
 
 std::string PackageEngines::device_description() const { return backend0_->device().description; }
 
+std::optional<ir::ValueInfo> PackageEngines::input_info(const std::string& stage, const std::string& name) const {
+  auto st = stage_engines_.find(stage);
+  if (st == stage_engines_.end()) return std::nullopt;
+  for (size_t id : st->second) {
+    const ir::Graph& g = engines_[id]->program;
+    for (ir::ValueId v : g.inputs())
+      if (ir::input_name(g, v) == name) return g.info(v);
+  }
+  return std::nullopt;
+}
+
 bool PackageEngines::has_stage(const std::string& stage) const {
   auto it = stage_engines_.find(stage);
   return it != stage_engines_.end() && !it->second.empty();

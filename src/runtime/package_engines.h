@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -68,6 +69,9 @@ class PackageEngines {
   /// Stage names in manifest order of their first engine.
   const std::vector<std::string>& stages() const { return stage_order_; }
   bool has_stage(const std::string& stage) const;
+  /// The type of input `name` as the stage's first engine that reads it was compiled (before any
+  /// respecialization); nullopt when none reads it. (pi0.5: a batched vision engine's image.)
+  std::optional<ir::ValueInfo> input_info(const std::string& stage, const std::string& name) const;
   /// Runs the engines of `stage` in order; each reads its inputs from `values` by name and adds
   /// its outputs there (pointing into buffers owned here, valid until the stage runs again).
   Status run_stage(const std::string& stage, std::map<std::string, PackageValue>* values);

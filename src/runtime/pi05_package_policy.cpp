@@ -105,6 +105,8 @@ Status Pi05PackagePolicy::load_manifest() {
   engines_ = std::make_unique<PackageEngines>(std::move(engines));
   for (const char* s : {"vision", "lm", "step"})
     if (!engines_->has_stage(s)) return invalid_format(where + ": no engine of stage '" + s + "'");
+  const auto image = engines_->input_info("vision", kPi05InImage);
+  vision_batched_ = image && image->shape.size() == 4;
   return Status::ok();
 }
 
@@ -131,11 +133,10 @@ double Pi05PackagePolicy::stage_done(std::chrono::steady_clock::time_point t0) {
 Status Pi05PackagePolicy::stage_observation(const Pi05Observation& obs) {
   if (obs.cameras.empty()) return invalid_argument("pi0.5: no camera present");
   const uint64_t image_elems = uint64_t(C_ * R_ * R_);
-  if (image_stage_.size() < obs.cameras.size()) image_stage_.resize(obs.cameras.size());
+  VLAC_RETURN_IF_ERROR(buffer(&images_, image_elems * 4 * obs.cameras.size(), MemoryKind::Host, "image staging"));
   for (size_t c = 0; c < obs.cameras.size(); ++c) {
     if (obs.images[c].size() != image_elems) return invalid_argument("pi0.5: image of the wrong size");
-    VLAC_RETURN_IF_ERROR(buffer(&image_stage_[c], image_elems * 4, MemoryKind::Host, "image staging"));
-    float* dst = static_cast<float*>(image_stage_[c]->data());
+    float* dst = static_cast<float*>(images_->data()) + c * image_elems;
     for (size_t i = 0; i < image_elems; ++i) dst[i] = obs.images[c][i] * 2.0f - 1.0f;  // SigLIP range
   }
   n_cams_ = int64_t(obs.cameras.size());
@@ -168,16 +169,24 @@ Status Pi05PackagePolicy::enqueue_prefix() {
   uint8_t* emb = static_cast<uint8_t*>(embeddings_->data());
   if (!recording_) stats_.vision_ms.clear();
   if (!recording_) stats_.text_ms = 0;
-  for (int64_t c = 0; c < n_cams_; ++c) {
+  // A batched vision engine (image [N,C,R,R]) takes every present camera in one run: N times the
+  // GEMM rows fill a GPU that one image's 256 rows leave mostly idle. Older packages: one per camera.
+  const int64_t per_run = vision_batched_ ? n_cams_ : 1;
+  for (int64_t c = 0; c < n_cams_; c += per_run) {
     std::map<std::string, Slot> v;
-    v[kPi05InImage] = Slot{image_stage_[size_t(c)]->data(), ir::ValueInfo{DType::F32, {C_, R_, R_}}, MemoryKind::Host};
+    std::vector<int64_t> shape{C_, R_, R_};
+    if (vision_batched_) shape.insert(shape.begin(), per_run);
+    v[kPi05InImage] = Slot{static_cast<const float*>(images_->data()) + c * C_ * R_ * R_,
+                           ir::ValueInfo{DType::F32, shape}, MemoryKind::Host};
     const auto tv = std::chrono::steady_clock::now();
     VLAC_RETURN_IF_ERROR(run_stage("vision", &v));
     auto it = v.find(kPi05OutImageTokens);
-    if (it == v.end() || it->second.info.shape != std::vector<int64_t>{n_img_, W_} || it->second.info.dtype != DType::F32)
-      return invalid_format(pkg_->path() + ": the vision engines do not produce image_tokens F32[" + std::to_string(n_img_) +
-                            ", " + std::to_string(W_) + "]");
-    VLAC_RETURN_IF_ERROR(rt.copy(emb + uint64_t(c * n_img_ * W_) * 4, it->second.data, uint64_t(n_img_ * W_) * 4));
+    if (it == v.end() || it->second.info.shape != std::vector<int64_t>{per_run * n_img_, W_} ||
+        it->second.info.dtype != DType::F32)
+      return invalid_format(pkg_->path() + ": the vision engines do not produce image_tokens F32[" +
+                            std::to_string(per_run * n_img_) + ", " + std::to_string(W_) + "]");
+    VLAC_RETURN_IF_ERROR(
+        rt.copy(emb + uint64_t(c * n_img_ * W_) * 4, it->second.data, uint64_t(per_run * n_img_ * W_) * 4));
     if (!recording_) stats_.vision_ms.push_back(stage_done(tv));
   }
   // The prefix stages run once per observation: their pages leave this process when done (the
@@ -260,15 +269,15 @@ Status Pi05PackagePolicy::denoise(const float* noise, float* action_normalized) 
 
 Status Pi05PackagePolicy::run_chunk(const Pi05Observation& obs, const float* noise, float* action_normalized) {
   // Buffers (re)allocated by staging change what a recording points at: a new shape, new recordings.
-  const void* before[3] = {embeddings_ ? embeddings_->data() : nullptr, x_ ? x_->data() : nullptr,
-                           tokens_ ? tokens_->data() : nullptr};
+  const void* before[4] = {embeddings_ ? embeddings_->data() : nullptr, x_ ? x_->data() : nullptr,
+                           tokens_ ? tokens_->data() : nullptr, images_ ? images_->data() : nullptr};
   VLAC_RETURN_IF_ERROR(stage_observation(obs));
   std::memcpy(noise_->data(), noise, size_t(H_ * A_) * 4);
   uint64_t key = std::hash<std::string>{}(std::to_string(obs.tokens.size()));
   for (const std::string& c : obs.cameras) key = key * 1000003u ^ std::hash<std::string>{}(c);
   if (!seq_) seq_ = engines_->runtime().make_sequence();
   if (before[0] != embeddings_->data() || before[1] != x_->data() || before[2] != (tokens_ ? tokens_->data() : nullptr) ||
-      key != seq_key_)
+      before[3] != images_->data() || key != seq_key_)
     seq_->clear();
   seq_key_ = key;
   recording_ = true;

@@ -115,7 +115,8 @@ class Pi05PackagePolicy {
   Pi05PackageStats stats_;
   // Buffers the runtime owns between stages, from the engines' backend: Host staging
   // (page-locked on a GPU) for what the host writes, the engines' memory for what they exchange.
-  std::vector<std::unique_ptr<BackendBuffer>> image_stage_;  // per present camera
+  std::unique_ptr<BackendBuffer> images_;  // the present cameras' images [N, C, R, R], one after another
+  bool vision_batched_ = false;            // the vision engine takes all N at once (image [N,C,R,R])
   std::unique_ptr<BackendBuffer> tokens_, prefix_pos_, suffix_pos_, times_, noise_;  // Host
   std::unique_ptr<BackendBuffer> embeddings_, x_;  // engines' memory
   int64_t n_cams_ = 0, n_text_ = 0;

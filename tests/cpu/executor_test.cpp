@@ -165,6 +165,61 @@ TEST(CpuExecutor, BindInputConcatAttentionAndBf16Weights) {
   for (size_t i = 0; i < ra.size(); ++i) EXPECT_NEAR(ex->data_f32(a)[i], ra[i], 2e-2f * amax) << i;
 }
 
+// Several camera images through one graph (pi0.5's batched vision): PatchEmbed over [N,C,Y,X]
+// gives each image's patch rows one after another, and Attention with kv_block keeps every block
+// of rows to its own keys: the same bits as one image at a time, and as a block-diagonal mask.
+TEST(CpuExecutor, BatchedImagesMatchOneImageAtATime) {
+  const int64_t N = 3, C = 3, R = 8, P = 4, O = 8, H = 2, Dh = O / H, T = N * (R / P) * (R / P);
+  FakeFile file;
+  auto pw = randv(size_t(O * C * P * P), 21), pb = randv(size_t(O), 22);
+  const ir::WeightRef wr = file.add("pw", {O, C, P, P}, pw), br = file.add("pb", {O}, pb);
+  auto build = [&](int64_t images, bool mask) {
+    ir::Graph g;
+    const std::vector<int64_t> ishape =
+        images > 0 ? std::vector<int64_t>{images, C, R, R} : std::vector<int64_t>{C, R, R};
+    ValueId img = g.add_input("image", ValueInfo{DType::F32, ishape});
+    ValueId h = V(g.add(OpKind::PatchEmbed, {img, g.weight(wr), g.weight(br)}));
+    ValueId q = V(g.add(OpKind::Reshape, {h}, Attrs{{"shape", std::vector<int64_t>{-1, H, Dh}}}));
+    Attrs at{{"scale", 0.5}};
+    std::vector<ValueId> in{q, q, q};
+    if (mask) in.push_back(g.add_input("mask", ValueInfo{DType::BOOL, {T, T}}));
+    else if (images > 0) at.set("kv_block", T / images);
+    g.mark_output(h);
+    g.mark_output(V(g.add(OpKind::Attention, in, at)));
+    return g;
+  };
+  auto weights = CpuWeights::load(file.refs, {DType::F32, DType::F32}, file.files());
+  ASSERT_TRUE(weights.is_ok()) << weights.status().message();
+  const auto imgs = randv(size_t(N * C * R * R), 23);
+  auto run = [&](const ir::Graph& g, const float* image, const uint8_t* mask) {
+    auto ex = Executor::create(g, *weights, {});
+    EXPECT_TRUE(ex.is_ok()) << ex.status().message();
+    std::memcpy(ex->input_data(ex->input_index("image")), image, g.info(g.inputs()[0]).bytes());
+    if (mask) std::memcpy(ex->input_data(ex->input_index("mask")), mask, size_t(T * T));
+    EXPECT_TRUE(ex->run().is_ok());
+    std::vector<std::vector<float>> out;
+    for (ValueId o : g.outputs()) out.emplace_back(ex->data_f32(o), ex->data_f32(o) + g.info(o).numel());
+    return out;
+  };
+  const auto batched = run(build(N, false), imgs.data(), nullptr);
+  ASSERT_EQ(batched[0].size(), size_t(T * O));
+  const int64_t per = T / N;
+  for (int64_t i = 0; i < N; ++i) {  // one image at a time: the same rows, bit for bit
+    const auto one = run(build(0, false), imgs.data() + i * C * R * R, nullptr);
+    for (size_t k = 0; k < 2; ++k)
+      for (size_t j = 0; j < size_t(per * O); ++j) ASSERT_EQ(batched[k][size_t(i * per * O) + j], one[k][j]) << k << " " << j;
+  }
+  std::vector<uint8_t> diag(size_t(T * T));
+  for (int64_t a = 0; a < T; ++a)
+    for (int64_t b = 0; b < T; ++b) diag[size_t(a * T + b)] = a / per == b / per;
+  const auto masked = run(build(N, true), imgs.data(), diag.data());
+  for (size_t j = 0; j < masked[1].size(); ++j) EXPECT_NEAR(batched[1][j], masked[1][j], 1e-6f) << j;
+  // kv_block needs no mask and a row count that is a multiple of it.
+  ir::Graph bad;
+  ValueId x = bad.add_input("x", ValueInfo{DType::F32, {10, 1, 4}});
+  EXPECT_FALSE(bad.add(OpKind::Attention, {x, x, x}, Attrs{{"kv_block", int64_t{4}}}).is_ok());
+}
+
 // ExecutorOptions::memo_inputs: a "time" input feeding a small MLP whose result modulates x (as
 // pi0.5's adaRMS). The time-only nodes are computed once per distinct time value, and results are
 // bit-identical to an executor without the memo, in any order of values, also after slots are reused.

@@ -217,8 +217,11 @@ TEST_F(CudaChain, PackagesRunOnCudaAndAgreeWithTheFolder) {
     st = pkg->denoise(noise->data(), a.data());
     ASSERT_TRUE(st.is_ok()) << name << ": " << st.message();
     ChainRun f = run_folder(dir, "cuda", bf16 ? Pi05Precision::Bf16 : Pi05Precision::Fp32);
+    // bf16: the package runs its cameras through one batched SigLIP, the folder one camera at a
+    // time, so the fp32 vision GEMMs have other shapes (cuBLASLt algorithms, summation orders);
+    // the 1e-7-level differences then meet bf16 roundings in the LM (measured up to 1.7e-3).
     const double d = max_abs_diff(a, f.eager);
-    EXPECT_LE(d, all ? 2e-2 : bf16 ? 1e-3 : 1e-5) << name;
+    EXPECT_LE(d, all ? 2e-2 : bf16 ? 5e-3 : 1e-5) << name;
     std::vector<float> c(noise->size());
     for (int i = 0; i < 3; ++i) {
       st = pkg->run_chunk(*obs, noise->data(), c.data());

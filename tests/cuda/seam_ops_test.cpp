@@ -81,7 +81,7 @@ struct OpCase {
 
 // Runs `c` on `backend`; returns every graph output as floats (BF16 outputs widened).
 Result<std::vector<std::vector<float>>> run_on(const std::string& backend, const OpCase& c, bool bf16_attention,
-                                               int runs = 1) {
+                                               int runs = 1, bool fast_vision = false) {
   VLAC_ASSIGN_OR_RETURN(Backend * b, backend_registry().get(backend, "seam op test"));
   BackendRuntime& rt = b->runtime();
   WeightBinding wb;
@@ -93,6 +93,7 @@ Result<std::vector<std::vector<float>>> run_on(const std::string& backend, const
   ExecOptions o;
   o.threads = 2;
   o.bf16_mqa_attention = bf16_attention;
+  o.fast_vision = fast_vision;
   o.label = "op case";
   VLAC_ASSIGN_OR_RETURN(auto ex, rt.plan(c.g, *w, o));
   // Host inputs through Host buffers of the backend (what the policies do).
@@ -144,10 +145,11 @@ class SeamOps : public ::testing::Test {
     if (!s.is_ok()) GTEST_SKIP() << s.message();
   }
   // Runs `c` on both backends and checks every output within `tol`.
-  void check(const std::string& what, const OpCase& c, double tol, bool bf16_attention = false, int runs = 1) {
+  void check(const std::string& what, const OpCase& c, double tol, bool bf16_attention = false, int runs = 1,
+             bool fast_vision = false) {
     auto cpu = run_on("cpu", c, bf16_attention, runs);
     ASSERT_TRUE(cpu.is_ok()) << what << ": cpu: " << cpu.status().message();
-    auto gpu = run_on("cuda", c, bf16_attention, runs);
+    auto gpu = run_on("cuda", c, bf16_attention, runs, fast_vision);
     ASSERT_TRUE(gpu.is_ok()) << what << ": cuda: " << gpu.status().message();
     ASSERT_EQ(cpu->size(), gpu->size());
     for (size_t i = 0; i < cpu->size(); ++i) {
@@ -190,9 +192,12 @@ TEST_F(SeamOps, LinearBf16Weights) {
 
 TEST_F(SeamOps, PatchEmbed) {
   struct S { int64_t c, y, x, o, p; const char* what; };
-  for (S s : {S{3, 224, 224, 1152, 14, "siglip 3x224x224 -> 256x1152"}, S{3, 40, 56, 24, 8, "odd 3x40x56 patch 8"}}) {
+  for (S s : {S{3, 224, 224, 1152, 14, "siglip 3x224x224 -> 256x1152"}, S{3, 40, 56, 24, 8, "odd 3x40x56 patch 8"},
+              S{-3, 224, 224, 1152, 14, "siglip 3 images 3x3x224x224 -> 768x1152"},
+              S{-2, 40, 56, 24, 8, "odd 2 images 2x3x40x56 patch 8"}}) {
     OpCase c;
-    const ValueId img = c.input_f32("image", {s.c, s.y, s.x});
+    const ValueId img = s.c > 0 ? c.input_f32("image", {s.c, s.y, s.x}) : c.input_f32("image", {-s.c, 3, s.y, s.x});
+    if (s.c < 0) s.c = 3;
     const ValueId w = c.weight("w", {s.o, s.c, s.p, s.p});
     const ValueId b = c.weight("b", {s.o});
     c.g.mark_output(c.op(OpKind::PatchEmbed, {img, w, b}));
@@ -315,6 +320,25 @@ TEST_F(SeamOps, Attention) {
     }
     c.g.mark_output(c.op(OpKind::Attention, in, ir::Attrs{{"scale", 1.0 / std::sqrt(double(s.d))}}));
     check(std::string("attention ") + s.what, c, s.tol, s.bf16);
+  }
+}
+
+// Attention within blocks of rows (kv_block: SigLIP over several cameras at once). fp32 takes one
+// launch per block; under fast_vision the bf16 kernel takes them all in one launch where no row
+// tile straddles two blocks (256 rows x 1 head group), else one launch per block (37 x 2).
+TEST_F(SeamOps, AttentionInBlocks) {
+  struct S { int64_t blocks, per, h, hk, d; bool fast; double tol; const char* what; };
+  for (S s : {S{3, 256, 16, 16, 72, false, 2e-5, "siglip 3 cams 768x16x72 in blocks of 256, fp32"},
+              S{3, 256, 16, 16, 72, true, 5e-3, "siglip 3 cams in blocks of 256, bf16 kernel"},
+              S{3, 37, 4, 2, 72, true, 5e-3, "odd 3 x 37 rows, kv2, bf16 per block"}}) {
+    OpCase c;
+    const int64_t t = s.blocks * s.per;
+    const ValueId q = c.input_f32("q", {t, s.h, s.d}, -2, 2);
+    const ValueId k = c.input_f32("k", {t, s.hk, s.d}, -2, 2);
+    const ValueId v = c.input_f32("v", {t, s.hk, s.d});
+    c.g.mark_output(c.op(OpKind::Attention, {q, k, v},
+                         ir::Attrs{{"scale", 1.0 / std::sqrt(double(s.d))}, {"kv_block", s.per}}));
+    check(std::string("attention ") + s.what, c, s.tol, false, 1, s.fast);
   }
 }
 

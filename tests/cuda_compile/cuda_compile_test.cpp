@@ -100,7 +100,7 @@ struct StageInputs {
     for (int64_t i = 0; i < L; ++i) tokens.push_back(int64_t(rng() % uint32_t(V)));
     for (int64_t i = 0; i < P; ++i) prefix_pos.push_back(i);
     for (int64_t i = 0; i < H; ++i) suffix_pos.push_back(P + i);
-    values[kPi05InImage] = {image.data(), {DType::F32, {C, R, R}}};
+    values[kPi05InImage] = {image.data(), {DType::F32, {1, C, R, R}}};  // a batched vision engine, one image
     values[kPi05InTokens] = {tokens.data(), {DType::I64, {L}}};
     values[kPi05InPrefixEmbeddings] = {embeddings.data(), {DType::F32, {P, W}}};
     values[kPi05InPrefixPos] = {prefix_pos.data(), {DType::I64, {P}}};

@@ -206,7 +206,8 @@ Status Executor::plan(const CpuWeights& weights) {
         break;
       }
       case OpKind::PatchEmbed: {
-        const auto& img = in(0).shape;
+        // [N,C,Y,X]: one image at a time through the same planned matmul (rows of one image).
+        const std::vector<int64_t> img(in(0).shape.end() - 3, in(0).shape.end());
         const auto& w = in(1).shape;
         // im2col into the scratch, then a planned matmul over the fp32 weight [O, C·kh·kw] in place
         // (dnnl_sgemm ran this shape at ~25 GFLOP/s, the planned primitive several times faster).
@@ -628,6 +629,17 @@ Status Executor::run_node(NodeId id) {
         else mask.allow = static_cast<const uint8_t*>(ptr(n.inputs[3]));
       }
       const double def_scale = 1.0 / std::sqrt(double(q[2]));
+      if (const int64_t blk = n.attrs.get_int("kv_block", 0); blk > 0) {
+        // Block-diagonal (images batched along T): each block attends to itself alone.
+        const float* qf = f(0);
+        const float* kf = f(1);
+        const float* vf = f(2);
+        for (int64_t t0 = 0; t0 < q[0]; t0 += blk)
+          attention(qf + t0 * q[1] * q[2], kf + t0 * k[1] * k[2], vf + t0 * v[1] * v[2], mask, out + t0 * q[1] * v[2], blk,
+                    q[1], k[1], blk, q[2], v[2], float(n.attrs.get_float("scale", def_scale)), scratch_ptr_,
+                    scratch_floats_);
+        return Status::ok();
+      }
       if (attention_[size_t(id)])
         return attention_[size_t(id)]->run(f(0), f(1), f(2), mask.allow, mask.add, out,
                                            float(n.attrs.get_float("scale", def_scale)), scratch_ptr_);
@@ -637,10 +649,18 @@ Status Executor::run_node(NodeId id) {
     }
     case OpKind::PatchEmbed: {
       const auto& w = info(n.inputs[1]).shape;
-      im2col_patches(f(0), scratch_ptr_, x.shape[0], x.shape[1], x.shape[2], w[2], w[3]);
-      const int64_t cols = patch_embed_scratch_floats(x.shape[0], x.shape[1], x.shape[2], w[2], w[3]);
-      return linear_[size_t(id)]->run(scratch_ptr_, f(1), n.inputs.size() == 3 ? f(2) : nullptr, out,
-                                      scratch_ptr_ + align_up(uint64_t(cols) * 4) / 4);
+      const size_t r = x.shape.size();
+      const int64_t c = x.shape[r - 3], y = x.shape[r - 2], xx = x.shape[r - 1];
+      const int64_t images = r == 4 ? x.shape[0] : 1;
+      const int64_t cols = patch_embed_scratch_floats(c, y, xx, w[2], w[3]);
+      const int64_t rows = (y / w[2]) * (xx / w[3]);
+      for (int64_t i = 0; i < images; ++i) {
+        im2col_patches(f(0) + i * c * y * xx, scratch_ptr_, c, y, xx, w[2], w[3]);
+        VLAC_RETURN_IF_ERROR(linear_[size_t(id)]->run(scratch_ptr_, f(1), n.inputs.size() == 3 ? f(2) : nullptr,
+                                                      out + i * rows * w[0],
+                                                      scratch_ptr_ + align_up(uint64_t(cols) * 4) / 4));
+      }
+      return Status::ok();
     }
     case OpKind::Embedding: {
       const ValueInfo& ids = info(n.inputs[1]);

@@ -12,6 +12,7 @@
 // (blockIdx.z) and a combine kernel merges the partial (o, max, sum) triples.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <string>
 
 #include "backends/cuda/common.cuh"
@@ -76,6 +77,7 @@ struct Params {
   int64_t t, h, hk, s, group, rows;  // rows = t · group
   int64_t qs, ks, vs, os;
   int64_t keys_per_split;
+  int64_t kv_block;  // > 0: the keys of a row tile are its block's (splits == 1, tiles inside one block)
   int splits;
   bool allow_pairs;  // allow rows 2-byte aligned: mask bytes of a key pair in one 16-bit load
   float scale;
@@ -117,6 +119,7 @@ __device__ __forceinline__ void load_q(uint16_t* sm, const Params& p, int64_t kv
 
 template <int D, typename To>
 __global__ void __launch_bounds__(kThreads) attn_bf16_kernel(Params p) {
+  pdl_wait();
   using G = Geom<D>;
   extern __shared__ __align__(16) uint16_t smem[];
   uint16_t* Qs = smem;
@@ -126,8 +129,9 @@ __global__ void __launch_bounds__(kThreads) attn_bf16_kernel(Params p) {
   const int g = lane >> 2, tq = lane & 3;
   const int64_t kvh = blockIdx.y;
   const int64_t row0 = int64_t(blockIdx.x) * kBM;
-  const int64_t k_begin = int64_t(blockIdx.z) * p.keys_per_split;
-  const int64_t k_end = min(p.s, k_begin + p.keys_per_split);
+  const int64_t k_begin =
+      p.kv_block > 0 ? row0 / p.group / p.kv_block * p.kv_block : int64_t(blockIdx.z) * p.keys_per_split;
+  const int64_t k_end = min(p.s, k_begin + (p.kv_block > 0 ? p.kv_block : p.keys_per_split));
 
   // Zero the padding columns [D, DK) of Q and K once (cp.async never writes them).
   if constexpr (G::DK > D) {
@@ -312,6 +316,7 @@ template <typename To>
 __global__ void __launch_bounds__(256) attn_combine_kernel(const float* part_o, const float* part_ml, To* out,
                                                             int64_t rows, int64_t hk, int64_t group, int64_t d,
                                                             int64_t os, int splits) {
+  pdl_wait();
   __shared__ float wgt[kMaxSplits];
   const int64_t r = blockIdx.x, kvh = blockIdx.y;
   if (threadIdx.x < 32) {
@@ -362,6 +367,7 @@ __global__ void __launch_bounds__(128) attn_f32_kernel(const float* q, const flo
                                                         const uint8_t* allow, const float* add, To* out, int64_t t,
                                                         int64_t h, int64_t hk, int64_t s, int64_t dh, int64_t dv,
                                                         int64_t qs, int64_t ks, int64_t vs, int64_t os, float scale) {
+  pdl_wait();
   const int lane = threadIdx.x % 32;
   const int64_t row = int64_t(blockIdx.x) * 4 + threadIdx.x / 32;
   if (row >= t * h) return;
@@ -437,10 +443,10 @@ Status launch_bf16(cudaStream_t stream, Params p) {
                                            " bytes: " + cudaGetErrorString(attr));
   }
   const dim3 grid(unsigned(cdiv(p.rows, kBM)), unsigned(p.hk), unsigned(p.splits));
-  attn_bf16_kernel<D, To><<<grid, kThreads, G::kSmem, stream>>>(p);
+  launch(attn_bf16_kernel<D, To>, grid, kThreads, G::kSmem, stream, p);
   VLAC_RETURN_IF_ERROR(launch_status("attention_bf16"));
   if (p.splits > 1) {
-    attn_combine_kernel<To><<<dim3(unsigned(p.rows), unsigned(p.hk)), 256, 0, stream>>>(
+    launch(attn_combine_kernel<To>, dim3(unsigned(p.rows), unsigned(p.hk)), 256, 0, stream,
         p.part_o, p.part_ml, static_cast<To*>(p.out), p.rows, p.hk, p.group, D, p.os, p.splits);
     VLAC_RETURN_IF_ERROR(launch_status("attention_combine"));
   }
@@ -450,14 +456,20 @@ Status launch_bf16(cudaStream_t stream, Params p) {
 }  // namespace
 
 int attention_splits(const AttentionShape& a, DType io, int num_sms) {
-  if (io != DType::BF16 || a.t <= 0 || a.hk <= 0 || a.s <= 0) return 1;
+  if (io != DType::BF16 || a.t <= 0 || a.hk <= 0 || a.s <= 0 || a.kv_block > 0) return 1;
   const int64_t blocks = cdiv(a.t * (a.h / a.hk), kBM) * a.hk;
   const int64_t sms = num_sms > 0 ? num_sms : 1;
   // Measured on the H200 (bench/results): the combine pass costs more than it buys unless the row
   // tiles leave most multiprocessors idle — the prefix (121 tiles) and SigLIP (64) run fastest
   // unsplit, the expert (7 tiles) 3.4x faster with 8-32 splits.
   if (blocks * 8 > sms) return 1;
-  const int64_t want = std::min<int64_t>({cdiv(sms, blocks), cdiv(a.s, kBN), kMaxSplits});
+  // VLAC_ATTN_MAX_SPLITS caps the splits (a tuning knob for the measurement).
+  static const int64_t cap = [] {
+    const char* e = std::getenv("VLAC_ATTN_MAX_SPLITS");
+    const int64_t v = e ? std::atoll(e) : 0;
+    return v > 0 ? std::min<int64_t>(v, kMaxSplits) : int64_t(kMaxSplits);
+  }();
+  const int64_t want = std::min<int64_t>({cdiv(sms, blocks), cdiv(a.s, kBN), cap});
   return int(cdiv(a.s, keys_per_split(a.s, int(want))));  // the splits that keys_per_split really makes
 }
 
@@ -478,15 +490,35 @@ Status attention(cudaStream_t stream, const AttentionShape& a, DType io, const v
                             std::to_string(a.dh) + ", " + std::to_string(a.dv) + ")");
   if (a.t == 0) return Status::ok();
   const Dense dn = strides(a);
+  if (a.kv_block > 0) {
+    if (mask.allow || mask.add || a.t != a.s || a.t % a.kv_block != 0)
+      return invalid_argument("attention: kv_block " + std::to_string(a.kv_block) + " needs no mask and t = s (" +
+                              std::to_string(a.t) + ", " + std::to_string(a.s) + ") a multiple of it");
+    // The bf16 kernel takes the blocks in one launch when no row tile straddles two of them;
+    // otherwise one launch per block over offset pointers.
+    if (io != DType::BF16 || (a.kv_block * (a.h / a.hk)) % kBM != 0) {
+      AttentionShape b = a;
+      b.t = b.s = a.kv_block;
+      b.kv_block = 0;
+      b.q_stride = dn.qs, b.k_stride = dn.ks, b.v_stride = dn.vs, b.o_stride = dn.os;
+      const size_t is = io == DType::BF16 ? 2 : 4, os = ot == DType::BF16 ? 2 : 4;
+      for (int64_t t0 = 0; t0 < a.t; t0 += a.kv_block)
+        VLAC_RETURN_IF_ERROR(attention(stream, b, io, static_cast<const uint8_t*>(q) + t0 * dn.qs * is,
+                                       static_cast<const uint8_t*>(k) + t0 * dn.ks * is,
+                                       static_cast<const uint8_t*>(v) + t0 * dn.vs * is, mask,
+                                       static_cast<uint8_t*>(out) + t0 * dn.os * os, ot, scale, 1, nullptr, 0));
+      return Status::ok();
+    }
+  }
   if (io == DType::F32) {
     if (a.dh > 256 || a.dv > 256) return unsupported("attention: f32 head dims above 256");
     const unsigned blocks = unsigned(cdiv(a.t * a.h, 4));
     if (ot == DType::F32)
-      attn_f32_kernel<float><<<blocks, 128, 0, stream>>>(
+      launch(attn_f32_kernel<float>, blocks, 128, 0, stream,
           static_cast<const float*>(q), static_cast<const float*>(k), static_cast<const float*>(v), mask.allow,
           mask.add, static_cast<float*>(out), a.t, a.h, a.hk, a.s, a.dh, a.dv, dn.qs, dn.ks, dn.vs, dn.os, scale);
     else
-      attn_f32_kernel<uint16_t><<<blocks, 128, 0, stream>>>(
+      launch(attn_f32_kernel<uint16_t>, blocks, 128, 0, stream,
           static_cast<const float*>(q), static_cast<const float*>(k), static_cast<const float*>(v), mask.allow,
           mask.add, static_cast<uint16_t*>(out), a.t, a.h, a.hk, a.s, a.dh, a.dv, dn.qs, dn.ks, dn.vs, dn.os, scale);
     return launch_status("attention_f32");
@@ -508,8 +540,9 @@ Status attention(cudaStream_t stream, const AttentionShape& a, DType io, const v
   p.t = a.t, p.h = a.h, p.hk = a.hk, p.s = a.s, p.group = a.h / a.hk, p.rows = a.t * (a.h / a.hk);
   p.qs = dn.qs, p.ks = dn.ks, p.vs = dn.vs, p.os = dn.os;
   p.scale = scale;
-  p.keys_per_split = keys_per_split(a.s, std::min(splits, kMaxSplits));
-  p.splits = int(cdiv(a.s, p.keys_per_split));
+  p.kv_block = a.kv_block;
+  p.keys_per_split = a.kv_block > 0 ? a.s : keys_per_split(a.s, std::min(splits, kMaxSplits));
+  p.splits = a.kv_block > 0 ? 1 : int(cdiv(a.s, p.keys_per_split));
   if (p.splits > 1) {
     const uint64_t need = attention_scratch_bytes(a, io, p.splits);
     if (scratch == nullptr || scratch_bytes < need || (reinterpret_cast<uintptr_t>(scratch) & 15u) != 0)

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "core/dtype.h"
 #include "core/status.h"
@@ -19,6 +20,35 @@ inline Status launch_status(const char* kernel) {
   const cudaError_t e = cudaGetLastError();
   if (e == cudaSuccess) return Status::ok();
   return Status(StatusCode::Backend, std::string(kernel) + ": " + cudaGetErrorString(e));
+}
+
+// Programmatic dependent launch (Hopper): every vlac kernel is launched allowed to start while
+// the kernel before it in the stream drains, and waits (pdl_wait, first thing) until that one is
+// complete and its writes visible. What overlaps is the launch and the block scheduling, so a
+// chain of small kernels (an expert step is ~300) loses most of its gaps; the arithmetic and
+// every memory access stay ordered exactly as before. VLAC_CUDA_PDL=0 turns it off; GPUs before
+// sm_90 launch as before.
+bool pdl_enabled();
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+template <typename... P, typename... A>
+inline void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, A&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  if (pdl_enabled()) {
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
+  (void)cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...);  // an error stays for launch_status
 }
 
 inline bool is_act(DType t) { return t == DType::F32 || t == DType::BF16; }

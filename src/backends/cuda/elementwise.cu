@@ -23,11 +23,13 @@ __device__ __forceinline__ float gelu_tanh_1(float v) {
 
 template <typename Tx, typename Ty>
 __global__ void cast_kernel(const Tx* x, Ty* y, int64_t n) {
+  pdl_wait();
   VLAC_GRID_LOOP(i, n) st(y, i, ld(x, i));
 }
 
 template <typename Tx, typename Ty>
 __global__ void cast_rows_kernel(const Tx* x, int64_t x_stride, Ty* y, int64_t y_stride, int64_t rows, int64_t cols) {
+  pdl_wait();
   VLAC_GRID_LOOP(i, rows * cols) {
     const int64_t r = i / cols, c = i % cols;
     st(y, r * y_stride + c, ld(x, r * x_stride + c));
@@ -36,11 +38,13 @@ __global__ void cast_rows_kernel(const Tx* x, int64_t x_stride, Ty* y, int64_t y
 
 template <typename Tx, typename Ty>
 __global__ void gelu_kernel(const Tx* x, Ty* y, int64_t n) {
+  pdl_wait();
   VLAC_GRID_LOOP(i, n) st(y, i, gelu_tanh_1(ld(x, i)));
 }
 
 template <typename Tx, typename Ty>
 __global__ void geglu_kernel(const Tx* gate, const Tx* up, int64_t in_stride, Ty* y, int64_t rows, int64_t f) {
+  pdl_wait();
   VLAC_GRID_LOOP(i, rows * f) {
     const int64_t r = i / f, c = i % f;
     const float g = as_stored<Tx>(gelu_tanh_1(ld(gate, r * in_stride + c)));
@@ -49,6 +53,7 @@ __global__ void geglu_kernel(const Tx* gate, const Tx* up, int64_t in_stride, Ty
 }
 
 __global__ void euler_kernel(const float* x, const float* v, float dt, float* y, int64_t n) {
+  pdl_wait();
   VLAC_GRID_LOOP(i, n) y[i] = x[i] + dt * v[i];
 }
 
@@ -57,6 +62,7 @@ __global__ void euler_kernel(const float* x, const float* v, float dt, float* y,
 template <typename Tx, typename Ty>
 __global__ void rope_kernel(const Tx* x, int64_t x_stride, Ty* y, int64_t y_stride, const int64_t* pos, int64_t t,
                             int64_t h, int64_t dh, float base) {
+  pdl_wait();
   const int64_t half = dh / 2;
   VLAC_GRID_LOOP(idx, t * h * half) {
     const int64_t i = idx % half, hi = (idx / half) % h, ti = idx / (half * h);
@@ -74,6 +80,7 @@ __global__ void rope_kernel(const Tx* x, int64_t x_stride, Ty* y, int64_t y_stri
 
 template <typename T>
 __global__ void im2col_kernel(const float* img, T* cols, int64_t c, int64_t y, int64_t x, int64_t kh, int64_t kw) {
+  pdl_wait();
   const int64_t nx = x / kw, patch = c * kh * kw, n = (y / kh) * nx * patch;
   VLAC_GRID_LOOP(idx, n) {
     const int64_t p = idx / patch, e = idx % patch;
@@ -86,6 +93,7 @@ __global__ void im2col_kernel(const float* img, T* cols, int64_t c, int64_t y, i
 template <typename Tt, typename To>
 __global__ void embedding_kernel(const Tt* table, int64_t v, int64_t d, const int64_t* ids, int64_t t, float scale,
                                  To* out, int* bad) {
+  pdl_wait();
   VLAC_GRID_LOOP(idx, t * d) {
     const int64_t ti = idx / d, j = idx % d;
     const int64_t id = ids[ti];
@@ -130,7 +138,7 @@ Status cast(cudaStream_t stream, const void* x, DType xt, void* y, DType yt, int
   VLAC_RETURN_IF_ERROR(check_n("cast", n));
   if (n == 0) return Status::ok();
   return dispatch2(xt, yt, [&]<typename Tx, typename Ty>() {
-    cast_kernel<<<grid_1d(n, kThreads), kThreads, 0, stream>>>(static_cast<const Tx*>(x), static_cast<Ty*>(y), n);
+    launch(cast_kernel<Tx, Ty>, grid_1d(n, kThreads), kThreads, 0, stream, static_cast<const Tx*>(x), static_cast<Ty*>(y), n);
     return launch_status("cast");
   });
 }
@@ -142,7 +150,7 @@ Status cast_rows(cudaStream_t stream, const void* x, DType xt, int64_t x_stride,
   VLAC_RETURN_IF_ERROR(check_n("cast_rows", rows * cols));
   if (rows * cols == 0) return Status::ok();
   return dispatch2(xt, yt, [&]<typename Tx, typename Ty>() {
-    cast_rows_kernel<<<grid_1d(rows * cols, kThreads), kThreads, 0, stream>>>(
+    launch(cast_rows_kernel<Tx, Ty>, grid_1d(rows * cols, kThreads), kThreads, 0, stream,
         static_cast<const Tx*>(x), x_stride, static_cast<Ty*>(y), y_stride, rows, cols);
     return launch_status("cast_rows");
   });
@@ -153,7 +161,7 @@ Status gelu_tanh(cudaStream_t stream, const void* x, DType xt, void* y, DType yt
   VLAC_RETURN_IF_ERROR(check_n("gelu_tanh", n));
   if (n == 0) return Status::ok();
   return dispatch2(xt, yt, [&]<typename Tx, typename Ty>() {
-    gelu_kernel<<<grid_1d(n, kThreads), kThreads, 0, stream>>>(static_cast<const Tx*>(x), static_cast<Ty*>(y), n);
+    launch(gelu_kernel<Tx, Ty>, grid_1d(n, kThreads), kThreads, 0, stream, static_cast<const Tx*>(x), static_cast<Ty*>(y), n);
     return launch_status("gelu_tanh");
   });
 }
@@ -164,7 +172,7 @@ Status geglu(cudaStream_t stream, const void* gate, const void* up, DType it, in
   if (rows < 0 || f < 0 || in_stride < f) return invalid_argument("geglu: bad shape or stride");
   if (rows * f == 0) return Status::ok();
   return dispatch2(it, yt, [&]<typename Tx, typename Ty>() {
-    geglu_kernel<<<grid_1d(rows * f, kThreads), kThreads, 0, stream>>>(
+    launch(geglu_kernel<Tx, Ty>, grid_1d(rows * f, kThreads), kThreads, 0, stream,
         static_cast<const Tx*>(gate), static_cast<const Tx*>(up), in_stride, static_cast<Ty*>(y), rows, f);
     return launch_status("geglu");
   });
@@ -177,7 +185,7 @@ Status euler_step(cudaStream_t stream, float* x, const float* v, float dt, int64
 Status euler_step_to(cudaStream_t stream, const float* x, const float* v, float dt, float* y, int64_t n) {
   VLAC_RETURN_IF_ERROR(check_n("euler_step", n));
   if (n == 0) return Status::ok();
-  euler_kernel<<<grid_1d(n, kThreads), kThreads, 0, stream>>>(x, v, dt, y, n);
+  launch(euler_kernel, grid_1d(n, kThreads), kThreads, 0, stream, x, v, dt, y, n);
   return launch_status("euler_step");
 }
 
@@ -195,7 +203,7 @@ Status rope_to(cudaStream_t stream, const void* x, DType xt, int64_t x_stride, v
   if (t == 0) return Status::ok();
   const int64_t n = t * h * (dh / 2);
   return dispatch2(xt, yt, [&]<typename Tx, typename Ty>() {
-    rope_kernel<<<grid_1d(n, kThreads), kThreads, 0, stream>>>(static_cast<const Tx*>(x), x_stride, static_cast<Ty*>(y),
+    launch(rope_kernel<Tx, Ty>, grid_1d(n, kThreads), kThreads, 0, stream, static_cast<const Tx*>(x), x_stride, static_cast<Ty*>(y),
                                                                y_stride, pos, t, h, dh, base);
     return launch_status("rope");
   });
@@ -207,9 +215,9 @@ Status im2col_patches(cudaStream_t stream, const float* img, void* cols, DType c
   if (c <= 0 || kh <= 0 || kw <= 0 || y < kh || x < kw) return invalid_argument("im2col_patches: bad shape");
   const int64_t n = (y / kh) * (x / kw) * c * kh * kw;
   if (ct == DType::F32)
-    im2col_kernel<<<grid_1d(n, kThreads), kThreads, 0, stream>>>(img, static_cast<float*>(cols), c, y, x, kh, kw);
+    launch(im2col_kernel<float>, grid_1d(n, kThreads), kThreads, 0, stream, img, static_cast<float*>(cols), c, y, x, kh, kw);
   else
-    im2col_kernel<<<grid_1d(n, kThreads), kThreads, 0, stream>>>(img, static_cast<uint16_t*>(cols), c, y, x, kh, kw);
+    launch(im2col_kernel<uint16_t>, grid_1d(n, kThreads), kThreads, 0, stream, img, static_cast<uint16_t*>(cols), c, y, x, kh, kw);
   return launch_status("im2col_patches");
 }
 
@@ -219,7 +227,7 @@ Status embedding(cudaStream_t stream, const void* table, DType tt, int64_t v, in
   if (v <= 0 || d <= 0 || t < 0) return invalid_argument("embedding: bad shape");
   if (t == 0) return Status::ok();
   return dispatch2(tt, ot, [&]<typename Tt, typename To>() {
-    embedding_kernel<<<grid_1d(t * d, kThreads), kThreads, 0, stream>>>(static_cast<const Tt*>(table), v, d, ids, t,
+    launch(embedding_kernel<Tt, To>, grid_1d(t * d, kThreads), kThreads, 0, stream, static_cast<const Tt*>(table), v, d, ids, t,
                                                                        scale, static_cast<To*>(out), bad);
     return launch_status("embedding");
   });

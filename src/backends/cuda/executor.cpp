@@ -178,13 +178,17 @@ Status CudaExecutable::plan(const CudaWeights& weights) {
         break;
       }
       case OpKind::PatchEmbed: {
-        const auto& img = in_info(n, 0).shape;
+        const auto& shape = in_info(n, 0).shape;
         const auto& w = in_info(n, 1).shape;
         VLAC_RETURN_IF_ERROR(need_f32(n, 0));
-        if (img.size() != 3 || w.size() != 4) return unsupported(where(n) + ": image [C,Y,X], weight [O,C,kh,kw]");
+        if ((shape.size() != 3 && shape.size() != 4) || w.size() != 4)
+          return unsupported(where(n) + ": image [N?,C,Y,X], weight [O,C,kh,kw]");
+        // [N,C,Y,X]: the N images' im2col rows one after another, then one GEMM over all of them.
+        const std::vector<int64_t> img(shape.end() - 3, shape.end());
+        const int64_t images = shape.size() == 4 ? shape[0] : 1;
         const DType wd = is_weight(n, 1) ? weight_dtype(n.inputs[1]) : DType::F32;
         p.weight_dtype = wd;
-        p.gemm.m = (img[1] / w[2]) * (img[2] / w[3]);
+        p.gemm.m = images * (img[1] / w[2]) * (img[2] / w[3]);
         p.gemm.k = w[1] * w[2] * w[3];
         p.gemm.n = w[0];
         p.gemm.in = wd;
@@ -208,6 +212,7 @@ Status CudaExecutable::plan(const CudaWeights& weights) {
         }
         AttentionShape s;
         s.t = q[0], s.h = q[1], s.dh = q[2], s.s = k[0], s.hk = k[1], s.dv = v[2];
+        s.kv_block = n.attrs.get_int("kv_block", 0);
         p.att = s;
         p.bf16 = options_.bf16_mqa_attention && s.hk == 1 && s.h > 1 && s.dh == s.dv && (s.dh == 72 || s.dh == 256);
         // fast_vision: SigLIP's fp32 attention (16 heads of 72) in the bf16 tensor-core kernel too.
@@ -402,7 +407,7 @@ Status CudaExecutable::plan(const CudaWeights& weights) {
   }
 
   // Activations: one arena from liveness (exec/arena_plan), the CPU executor's plan.
-  exec::ArenaPlan arena = exec::plan_arena(g, order_, root_, outside);
+  exec::ArenaPlan arena = exec::plan_arena(g, order_, root_, outside, residual_norm_lifetimes());
   arena_bytes_ = arena.bytes;
   arena_blocks_ = std::move(arena.blocks);
   if (!options_.shared_memory) {
@@ -561,6 +566,29 @@ int64_t CudaExecutable::row_stride(ValueId v) const {
 // between the first folded node and the norm writes no block that a folded input lives in, and
 // neither output (h', y) overlaps a folded input. Inputs outside the arena must be weights or
 // constants. Same bits as the unfused nodes (see residual_norm_kernel).
+// What plan_residual_norms may fold into a norm (h + gate·branch, then the norm of the sum) is
+// read by the one fused kernel at the norm's place: those values stay alive until there, so the
+// arena never gives their storage to the sum or the norm's output (the planner would otherwise
+// reuse the branch's block, dead after the Mul, for the sum, and the fusion would not apply).
+// Structural only (before the arena and the memo exist): a candidate that plan_residual_norms
+// then rejects only costs its values a few nodes of extra life.
+std::vector<int64_t> CudaExecutable::residual_norm_lifetimes() const {
+  const ir::Graph& g = graph_;
+  std::vector<int64_t> at(g.values().size(), -1);
+  for (size_t i = 0; i < order_.size(); ++i) {
+    const Node& nn = g.node(order_[i]);
+    if (nn.op != OpKind::RMSNorm && nn.op != OpKind::AdaRMSNorm && nn.op != OpKind::LayerNorm) continue;
+    const Node& an = g.node(g.value(root_[size_t(nn.inputs[0])]).producer);
+    if (an.op != OpKind::Add) continue;
+    std::vector<ValueId> ins = {an.inputs[0], an.inputs[1]};
+    const Node& mn = g.node(g.value(root_[size_t(an.inputs[1])]).producer);
+    if (mn.op == OpKind::Mul) ins.insert(ins.end(), mn.inputs.begin(), mn.inputs.end());
+    for (size_t k = 1; k < nn.inputs.size(); ++k) ins.push_back(nn.inputs[k]);
+    for (ValueId v : ins) at[size_t(root_[size_t(v)])] = std::max(at[size_t(root_[size_t(v)])], int64_t(i));
+  }
+  return at;
+}
+
 void CudaExecutable::plan_residual_norms() {
   const ir::Graph& g = graph_;
   const size_t nv = g.values().size();
@@ -652,8 +680,8 @@ void CudaExecutable::plan_residual_norms() {
       const NodeId other = order_[size_t(i)];
       if (other == aid || other == mid) continue;
       for (ValueId o : g.node(other).outputs)
-        for (ValueId v : ins)
-          if (overlaps(o, v)) ok = false;
+        for (ValueId v : ins)  // (a node in between that produces one of them, e.g. adaRMS's modulation, is fine)
+          if (root_[size_t(o)] != root_[size_t(v)] && overlaps(o, v)) ok = false;
     }
     if (!ok) continue;
     plans_[size_t(aid)].skip = true;
@@ -960,8 +988,13 @@ Status CudaExecutable::run_node(NodeId id) {
     }
     case OpKind::PatchEmbed: {
       const auto& w = info(n.inputs[1]).shape;
-      VLAC_RETURN_IF_ERROR(
-          im2col_patches(s, f(0), scratch_at(0), p.weight_dtype, x.shape[0], x.shape[1], x.shape[2], w[2], w[3]));
+      const size_t r = x.shape.size();
+      const int64_t c = x.shape[r - 3], y = x.shape[r - 2], xx = x.shape[r - 1];
+      const int64_t images = r == 4 ? x.shape[0] : 1;
+      const uint64_t per_image = uint64_t((y / w[2]) * (xx / w[3]) * p.gemm.k) * dtype_size(p.weight_dtype);
+      for (int64_t i = 0; i < images; ++i)
+        VLAC_RETURN_IF_ERROR(im2col_patches(s, f(0) + i * c * y * xx, static_cast<uint8_t*>(scratch_at(0)) + i * per_image,
+                                            p.weight_dtype, c, y, xx, w[2], w[3]));
       return ctx_->gemm().run(s, p.gemm, scratch_at(0), ptr(n.inputs[1]),
                               n.inputs.size() == 3 ? ptr(n.inputs[2]) : nullptr, out, ctx_->workspace());
     }

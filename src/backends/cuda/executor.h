@@ -63,6 +63,7 @@ class CudaExecutable final : public Executable {
   bool bf16_stored(ir::ValueId v) const { return bf16_store_[size_t(root_[size_t(v)])] != 0; }
   void plan_bf16_stores();
   void plan_slice_views();
+  std::vector<int64_t> residual_norm_lifetimes() const;
   void plan_residual_norms();
   uint8_t* scratch_at(uint64_t off) const { return static_cast<uint8_t*>(scratch_) + off; }
 

@@ -5,6 +5,7 @@
 
 #include <cublasLt.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <string>
@@ -54,7 +55,16 @@ struct Plan {
 // once, on its first run outside a capture, on the run's own operands (the result is rewritten
 // by the chosen one), and the fastest is kept if it beats the first by 5%. VLAC_GEMM_TUNE=0 keeps
 // the first answer (the choice is then the same on every run of every process).
-constexpr int kCandidates = 8;
+// VLAC_GEMM_CANDIDATES (1..64) asks the heuristic for more (or fewer) answers to time.
+constexpr int kMaxCandidates = 64;
+static int candidate_count() {
+  static const int n = [] {
+    const char* e = std::getenv("VLAC_GEMM_CANDIDATES");
+    const int v = e ? std::atoi(e) : 8;
+    return v < 1 ? 8 : std::min(v, kMaxCandidates);
+  }();
+  return n;
+}
 static bool tuning_enabled() {
   static const bool on = [] {
     const char* e = std::getenv("VLAC_GEMM_TUNE");
@@ -145,10 +155,10 @@ Status GemmRunner::Impl::make(const GemmDesc& d, Plan& p) {
   for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
                     CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
     if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align));
-  cublasLtMatmulHeuristicResult_t res[kCandidates]{};
+  cublasLtMatmulHeuristicResult_t res[kMaxCandidates]{};
   int found = 0;
   if (st == CUBLAS_STATUS_SUCCESS)
-    st = cublasLtMatmulAlgoGetHeuristic(handle, p.op, p.a, p.b, p.c, p.c, pref, kCandidates, res, &found);
+    st = cublasLtMatmulAlgoGetHeuristic(handle, p.op, p.a, p.b, p.c, p.c, pref, candidate_count(), res, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   if (st != CUBLAS_STATUS_SUCCESS) return lt_error("heuristic " + name, st);
   if (found == 0) return unsupported("gemm " + name + ": cuBLASLt has no algorithm for this shape");

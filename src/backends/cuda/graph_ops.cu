@@ -1,10 +1,28 @@
 // The few IR ops the pi0.5 graphs use that the kernel layer did not have: broadcast add/sub/mul,
 // scale, SiLU and the sin-cos time embedding. fp32, grid-stride loops, the CPU kernels' formulas
 // (backends/cpu/elementwise.cpp) so the op-by-op harness compares them tightly.
+#include <cstdlib>
+#include <string>
+
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/kernels.h"
 
 namespace vlac::cuda {
+
+bool pdl_enabled() {
+  static const bool on = [] {
+    const char* env = std::getenv("VLAC_CUDA_PDL");
+    if (env && std::string(env) == "0") return false;
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    return major >= 9;
+  }();
+  return on;
+}
+
 namespace {
 
 constexpr int kThreads = 256;
@@ -14,6 +32,7 @@ constexpr int kThreads = 256;
 
 template <int Op>
 __global__ void binary_kernel(const float* a, int64_t na, const float* b, int64_t nb, float* y, int64_t n) {
+  pdl_wait();
   VLAC_GRID_LOOP(i, n) {
     const float u = a[na == n ? i : i % na], v = b[nb == n ? i : i % nb];
     // No contraction across the op (one rounding per element, as on the CPU).
@@ -24,14 +43,17 @@ __global__ void binary_kernel(const float* a, int64_t na, const float* b, int64_
 }
 
 __global__ void scale_kernel(const float* x, float s, float* y, int64_t n) {
+  pdl_wait();
   VLAC_GRID_LOOP(i, n) y[i] = __fmul_rn(x[i], s);
 }
 
 __global__ void silu_kernel(const float* x, float* y, int64_t n) {
+  pdl_wait();
   VLAC_GRID_LOOP(i, n) y[i] = x[i] / (1.0f + expf(-x[i]));
 }
 
 __global__ void time_embedding_kernel(const float* t, float* out, int64_t half, double min_period, double max_period) {
+  pdl_wait();
   constexpr double kTwoPi = 6.283185307179586476925286766559;
   VLAC_GRID_LOOP(i, half) {
     const double frac = half == 1 ? 0.0 : double(i) / double(half - 1);
@@ -58,9 +80,9 @@ Status binary_op(cudaStream_t stream, BinaryKind op, const float* a, int64_t na,
                             " do not divide " + std::to_string(n));
   const unsigned g = grid_1d(n, kThreads);
   switch (op) {
-    case BinaryKind::Add: binary_kernel<0><<<g, kThreads, 0, stream>>>(a, na, b, nb, y, n); break;
-    case BinaryKind::Sub: binary_kernel<1><<<g, kThreads, 0, stream>>>(a, na, b, nb, y, n); break;
-    case BinaryKind::Mul: binary_kernel<2><<<g, kThreads, 0, stream>>>(a, na, b, nb, y, n); break;
+    case BinaryKind::Add: launch(binary_kernel<0>, g, kThreads, 0, stream, a, na, b, nb, y, n); break;
+    case BinaryKind::Sub: launch(binary_kernel<1>, g, kThreads, 0, stream, a, na, b, nb, y, n); break;
+    case BinaryKind::Mul: launch(binary_kernel<2>, g, kThreads, 0, stream, a, na, b, nb, y, n); break;
   }
   return launch_status("binary_op");
 }
@@ -68,21 +90,21 @@ Status binary_op(cudaStream_t stream, BinaryKind op, const float* a, int64_t na,
 Status scale(cudaStream_t stream, const float* x, float s, float* y, int64_t n) {
   VLAC_RETURN_IF_ERROR(check("scale", n));
   if (n == 0) return Status::ok();
-  scale_kernel<<<grid_1d(n, kThreads), kThreads, 0, stream>>>(x, s, y, n);
+  launch(scale_kernel, grid_1d(n, kThreads), kThreads, 0, stream, x, s, y, n);
   return launch_status("scale");
 }
 
 Status silu(cudaStream_t stream, const float* x, float* y, int64_t n) {
   VLAC_RETURN_IF_ERROR(check("silu", n));
   if (n == 0) return Status::ok();
-  silu_kernel<<<grid_1d(n, kThreads), kThreads, 0, stream>>>(x, y, n);
+  launch(silu_kernel, grid_1d(n, kThreads), kThreads, 0, stream, x, y, n);
   return launch_status("silu");
 }
 
 Status time_embedding(cudaStream_t stream, const float* t, float* out, int64_t dim, double min_period,
                       double max_period) {
   if (dim < 2 || dim % 2 != 0) return invalid_argument("time_embedding: dim must be even and >= 2");
-  time_embedding_kernel<<<grid_1d(dim / 2, kThreads), kThreads, 0, stream>>>(t, out, dim / 2, min_period, max_period);
+  launch(time_embedding_kernel, grid_1d(dim / 2, kThreads), kThreads, 0, stream, t, out, dim / 2, min_period, max_period);
   return launch_status("time_embedding");
 }
 

@@ -143,6 +143,9 @@ Status check_token_ids(const int64_t* ids, int64_t t, int64_t v);
 struct AttentionShape {
   int64_t t = 0, h = 0, hk = 1, s = 0, dh = 0, dv = 0;
   int64_t q_stride = 0, k_stride = 0, v_stride = 0, o_stride = 0;
+  /// > 0: block-diagonal (images batched along T = S, no mask): query t sees keys of its block
+  /// [t/kv_block·kv_block, +kv_block) only.
+  int64_t kv_block = 0;
 };
 /// Mask as the CPU's AttentionMask: a boolean [T,S] (1 = may attend; 0 adds kMaskValue) or an
 /// additive fp32 [T,S], device pointers; `allow` wins when both are given, as on the CPU. A fully

@@ -54,6 +54,7 @@ __device__ void norm_row(const Tx* xr, Ty* yr, int64_t d, NormKind kind, const f
 template <typename Tx, typename Ty>
 __global__ void __launch_bounds__(kThreads) norm_kernel(const Tx* x, Ty* y, int64_t d, NormKind kind, const float* w,
                                                          const float* b, const float* mod, float eps) {
+  pdl_wait();
   __shared__ float red[kThreads / 32];
   const int64_t r = blockIdx.x;
   norm_row(x + r * d, y + r * d, d, kind, w, b, mod, eps, red);
@@ -67,6 +68,7 @@ __global__ void __launch_bounds__(kThreads) residual_norm_kernel(const Th* h_in,
                                                                   const float* gate, Ty* y, int64_t d, NormKind kind,
                                                                   const float* w, const float* b, const float* mod,
                                                                   float eps) {
+  pdl_wait();
   __shared__ float red[kThreads / 32];
   const int64_t r = blockIdx.x;
   const Th* hi = h_in + r * d;
@@ -93,7 +95,7 @@ Status launch_norm(const char* name, cudaStream_t stream, const void* x, DType x
   VLAC_RETURN_IF_ERROR(check_rows(name, rows, d));
   if (rows == 0) return Status::ok();
   return dispatch2(xt, yt, [&]<typename Tx, typename Ty>() {
-    norm_kernel<Tx, Ty><<<unsigned(rows), kThreads, 0, stream>>>(static_cast<const Tx*>(x), static_cast<Ty*>(y), d,
+    launch(norm_kernel<Tx, Ty>, unsigned(rows), kThreads, 0, stream, static_cast<const Tx*>(x), static_cast<Ty*>(y), d,
                                                                   kind, w, b, mod, eps);
     return launch_status(name);
   });
@@ -128,16 +130,16 @@ Status residual_norm_to(cudaStream_t stream, const void* h_in, void* h, DType ht
   VLAC_RETURN_IF_ERROR(check_rows(name, rows, d));
   if (rows == 0) return Status::ok();
   if (norm.kind == NormKind::None) yt = ht;  // unused output type
-  auto launch = [&]<typename Th, typename Tb, typename Ty>() {
-    residual_norm_kernel<Th, Tb, Ty><<<unsigned(rows), kThreads, 0, stream>>>(
-        static_cast<const Th*>(h_in), static_cast<Th*>(h), static_cast<const Tb*>(branch), gate, static_cast<Ty*>(y), d, norm.kind, norm.w,
-        norm.b, norm.mod, norm.eps);
+  auto go = [&]<typename Th, typename Tb, typename Ty>() {
+    launch(residual_norm_kernel<Th, Tb, Ty>, unsigned(rows), kThreads, 0, stream, static_cast<const Th*>(h_in),
+           static_cast<Th*>(h), static_cast<const Tb*>(branch), gate, static_cast<Ty*>(y), d, norm.kind, norm.w, norm.b,
+           norm.mod, norm.eps);
     return launch_status(name);
   };
   if (ht == DType::F32) {
-    return dispatch2(bt, yt, [&]<typename Tb, typename Ty>() { return launch.template operator()<float, Tb, Ty>(); });
+    return dispatch2(bt, yt, [&]<typename Tb, typename Ty>() { return go.template operator()<float, Tb, Ty>(); });
   }
-  return dispatch2(bt, yt, [&]<typename Tb, typename Ty>() { return launch.template operator()<uint16_t, Tb, Ty>(); });
+  return dispatch2(bt, yt, [&]<typename Tb, typename Ty>() { return go.template operator()<uint16_t, Tb, Ty>(); });
 }
 
 }  // namespace vlac::cuda
