@@ -19,7 +19,6 @@ Result<DevicePath> device_path(const std::string& device, const std::string& fal
     meter.add_extra("device", "\"cpu\"");
     return out;
   }
-  Backend* b = backend_registry().find(c.backend);
   const DeviceInfo& d = c.device;
   out.gpu = true;
   out.line = "device: " + d.description;
