@@ -201,6 +201,33 @@ TEST_F(CudaKernels, RopeMatchesCpuInsideAFusedQkvRow) {
   }
 }
 
+// rope_pair_to: q (h heads) and k (1 head) of a fused q|k|v row, into separate outputs (q dense
+// bf16, k into the rows of a longer buffer), in one launch: the bits of two rope_to calls.
+TEST_F(CudaKernels, RopePairEqualsTwoRopes) {
+  for (auto [t, h, dh] : {std::tuple<int64_t, int64_t, int64_t>{50, 8, 256}, {13, 3, 72}}) {
+    const int64_t stride = (h + 2) * dh;
+    std::vector<int64_t> pos(static_cast<size_t>(t));
+    for (int64_t i = 0; i < t; ++i) pos[size_t(i)] = 900 + i;
+    auto dx = to_device(randn(size_t(t * stride), uint32_t(t + h)));
+    auto dpos = to_device(pos);
+    const float* x = dx->as<float>();
+    for (DType yt : {DType::F32, DType::BF16}) {
+      const size_t es = yt == DType::F32 ? 4 : 2;
+      const size_t nq = size_t(t * h * dh), nk = size_t(t * dh);
+      DevBuf q1(nq * es), k1(nk * es), q2(nq * es), k2(nk * es);
+      q2.poison();
+      k2.poison();
+      VLAC_CUDA_OK(rope_to(stream_, x, DType::F32, stride, q1.get(), yt, h * dh, dpos->as<int64_t>(), t, h, dh, 1e4f));
+      VLAC_CUDA_OK(rope_to(stream_, x + h * dh, DType::F32, stride, k1.get(), yt, dh, dpos->as<int64_t>(), t, 1, dh, 1e4f));
+      const RopeJob a{x, stride, q2.get(), h * dh, h}, b{x + h * dh, stride, k2.get(), dh, 1};
+      VLAC_CUDA_OK(rope_pair_to(stream_, a, b, DType::F32, yt, dpos->as<int64_t>(), t, dh, 1e4f));
+      sync();
+      EXPECT_EQ(download<uint8_t>(q1, nq * es), download<uint8_t>(q2, nq * es)) << "q " << dtype_name(yt);
+      EXPECT_EQ(download<uint8_t>(k1, nk * es), download<uint8_t>(k2, nk * es)) << "k " << dtype_name(yt);
+    }
+  }
+}
+
 TEST_F(CudaKernels, Im2colMatchesCpuExactly) {
   for (auto [c, y, x, k] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{3, 224, 224, 14}, {2, 31, 45, 7}}) {
     const auto img = randn(size_t(c * y * x), uint32_t(y + x));

@@ -78,6 +78,34 @@ __global__ void rope_kernel(const Tx* x, int64_t x_stride, Ty* y, int64_t y_stri
   }
 }
 
+// rope_kernel over two jobs: heads [0, a.h) are job a's, [a.h, a.h + b.h) job b's.
+struct RopeJobs {
+  const void* xa;
+  const void* xb;
+  void* ya;
+  void* yb;
+  int64_t xsa, xsb, ysa, ysb, ha, hb;
+};
+template <typename Tx, typename Ty>
+__global__ void rope_pair_kernel(RopeJobs j, const int64_t* pos, int64_t t, int64_t dh, float base) {
+  pdl_wait();
+  const int64_t half = dh / 2, h = j.ha + j.hb;
+  VLAC_GRID_LOOP(idx, t * h * half) {
+    const int64_t i = idx % half, hh = (idx / half) % h, ti = idx / (half * h);
+    const bool a = hh < j.ha;
+    const int64_t hi = a ? hh : hh - j.ha;
+    const float inv_freq = 1.0f / float(pow(double(base), double(float(2 * i) / float(dh))));
+    const float ang = float(pos[ti]) * inv_freq;
+    float s, c;
+    sincosf(ang, &s, &c);
+    const Tx* xr = static_cast<const Tx*>(a ? j.xa : j.xb) + ti * (a ? j.xsa : j.xsb) + hi * dh;
+    Ty* yr = static_cast<Ty*>(a ? j.ya : j.yb) + ti * (a ? j.ysa : j.ysb) + hi * dh;
+    const float x0 = ld(xr, i), x1 = ld(xr, i + half);
+    st(yr, i, x0 * c - x1 * s);
+    st(yr, i + half, x1 * c + x0 * s);
+  }
+}
+
 template <typename T>
 __global__ void im2col_kernel(const float* img, T* cols, int64_t c, int64_t y, int64_t x, int64_t kh, int64_t kw) {
   pdl_wait();
@@ -206,6 +234,22 @@ Status rope_to(cudaStream_t stream, const void* x, DType xt, int64_t x_stride, v
     launch(rope_kernel<Tx, Ty>, grid_1d(n, kThreads), kThreads, 0, stream, static_cast<const Tx*>(x), x_stride, static_cast<Ty*>(y),
                                                                y_stride, pos, t, h, dh, base);
     return launch_status("rope");
+  });
+}
+
+Status rope_pair_to(cudaStream_t stream, const RopeJob& a, const RopeJob& b, DType xt, DType yt, const int64_t* pos,
+                    int64_t t, int64_t dh, float base) {
+  if (!is_act(xt) || !is_act(yt)) return bad_dtype("rope_pair");
+  for (const RopeJob* r : {&a, &b})
+    if (r->h <= 0 || r->x_stride < r->h * dh || r->y_stride < r->h * dh || r->x == r->y)
+      return invalid_argument("rope_pair: bad job (heads > 0, row strides >= h·dh, out of place)");
+  if (t < 0 || dh <= 0 || dh % 2 != 0) return invalid_argument("rope_pair: bad shape (dh must be even)");
+  if (t == 0) return Status::ok();
+  const RopeJobs j{a.x, b.x, a.y, b.y, a.x_stride, b.x_stride, a.y_stride, b.y_stride, a.h, b.h};
+  const int64_t n = t * (a.h + b.h) * (dh / 2);
+  return dispatch2(xt, yt, [&]<typename Tx, typename Ty>() {
+    launch(rope_pair_kernel<Tx, Ty>, grid_1d(n, kThreads), kThreads, 0, stream, j, pos, t, dh, base);
+    return launch_status("rope_pair");
   });
 }
 

@@ -436,6 +436,7 @@ Status CudaExecutable::plan(const CudaWeights& weights) {
       return internal_error(where(g.node(id)) + ": a slice view cannot be a memo result");
   plan_bf16_stores();
   plan_residual_norms();
+  plan_rope_pairs();
   for (NodeId id : order_) {
     const Node& n = g.node(id);
     if (!plans_[size_t(id)].stable_pieces) continue;
@@ -566,6 +567,42 @@ int64_t CudaExecutable::row_stride(ValueId v) const {
 // between the first folded node and the norm writes no block that a folded input lives in, and
 // neither output (h', y) overlaps a folded input. Inputs outside the arena must be weights or
 // constants. Same bits as the unfused nodes (see residual_norm_kernel).
+// RoPE pairs: the expert's q and k RoPEs read the same fused q|k|v output at the same positions
+// and follow each other with only views and reshapes between them (no kernel): the first runs
+// both in one rope_pair_to launch, the second is skipped. The second's output is written earlier
+// than its place, which is safe here: the nodes in between run nothing, and what the first reads
+// (the fused output, alive until the second reads it, and the positions, an input) cannot share
+// the second's storage. The bits are the two launches'.
+void CudaExecutable::plan_rope_pairs() {
+  const ir::Graph& g = graph_;
+  for (size_t i = 0; i < order_.size(); ++i) {
+    const NodeId a = order_[i];
+    const Node& na = g.node(a);
+    if (na.op != OpKind::RoPE || memo_.node[size_t(a)] || plans_[size_t(a)].skip) continue;
+    size_t j = i + 1;
+    while (j < order_.size()) {
+      const Node& m = g.node(order_[j]);
+      if (m.op == OpKind::Reshape || (m.op == OpKind::Slice && plans_[size_t(order_[j])].view)) ++j;
+      else break;
+    }
+    if (j >= order_.size()) continue;
+    const NodeId b = order_[j];
+    const Node& nb = g.node(b);
+    if (nb.op != OpKind::RoPE || memo_.node[size_t(b)] || plans_[size_t(b)].skip) continue;
+    const ValueInfo& xa = g.info(na.inputs[0]);
+    const ValueInfo& xb = g.info(nb.inputs[0]);
+    if (root_[size_t(na.inputs[1])] != root_[size_t(nb.inputs[1])] || xa.shape[0] != xb.shape[0] ||
+        xa.shape[2] != xb.shape[2] || na.attrs.get_float("base", 10000.0) != nb.attrs.get_float("base", 10000.0) ||
+        bf16_stored(na.outputs[0]) != bf16_stored(nb.outputs[0]))
+      continue;
+    // Only the fused output (through views) and the positions are read at a's place.
+    if (root_[size_t(na.inputs[0])] != root_[size_t(nb.inputs[0])]) continue;
+    plans_[size_t(a)].rope_pair = int64_t(b);
+    plans_[size_t(b)].skip = true;
+    ++i;  // b is taken
+  }
+}
+
 // What plan_residual_norms may fold into a norm (h + gate·branch, then the norm of the sum) is
 // read by the one fused kernel at the norm's place: those values stay alive until there, so the
 // arena never gives their storage to the sum or the norm's output (the planner would otherwise
@@ -1033,6 +1070,16 @@ Status CudaExecutable::run_node(NodeId id) {
     case OpKind::RoPE: {
       const int64_t row = x.shape[1] * x.shape[2];  // out of place: no copy of x first
       const int64_t xs = view_stride_[size_t(n.inputs[0])] ? view_stride_[size_t(n.inputs[0])] : row;
+      if (p.rope_pair >= 0) {  // plan_rope_pairs: the next RoPE too
+        const Node& nb = g.node(NodeId(p.rope_pair));
+        const ValueInfo& xb = info(nb.inputs[0]);
+        const int64_t rowb = xb.shape[1] * xb.shape[2];
+        const int64_t xsb = view_stride_[size_t(nb.inputs[0])] ? view_stride_[size_t(nb.inputs[0])] : rowb;
+        const RopeJob ja{f(0), xs, out, row, x.shape[1]};
+        const RopeJob jb{ptr(nb.inputs[0]), xsb, ptr(nb.outputs[0]), rowb, xb.shape[1]};
+        return rope_pair_to(s, ja, jb, DType::F32, od, static_cast<const int64_t*>(ptr(n.inputs[1])), x.shape[0],
+                            x.shape[2], float(n.attrs.get_float("base", 10000.0)));
+      }
       return rope_to(s, f(0), DType::F32, xs, out, od, row, static_cast<const int64_t*>(ptr(n.inputs[1])), x.shape[0],
                      x.shape[1], x.shape[2], float(n.attrs.get_float("base", 10000.0)));
     }

@@ -65,6 +65,7 @@ class CudaExecutable final : public Executable {
   void plan_slice_views();
   std::vector<int64_t> residual_norm_lifetimes() const;
   void plan_residual_norms();
+  void plan_rope_pairs();
   uint8_t* scratch_at(uint64_t off) const { return static_cast<uint8_t*>(scratch_) + off; }
 
   CudaContext* ctx_ = nullptr;
@@ -120,6 +121,8 @@ class CudaExecutable final : public Executable {
     // ... and the pieces whose producer (a RoPE, a column Slice) writes straight into it.
     uint32_t inplace_pieces = 0;
     bool into_concat = false;    // a Slice written as rows into a concatenation (cast_rows)
+    // plan_rope_pairs: this RoPE also runs the next one (its node id), in one launch.
+    int64_t rope_pair = -1;
   };
   std::vector<NodePlan> plans_;
   std::vector<std::unique_ptr<struct HostGather>> gathers_;

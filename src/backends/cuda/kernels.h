@@ -116,6 +116,19 @@ Status rope(cudaStream_t stream, void* x, DType xt, int64_t row_stride, const in
 Status rope_to(cudaStream_t stream, const void* x, DType xt, int64_t x_stride, void* y, DType yt, int64_t y_stride,
                const int64_t* pos, int64_t t, int64_t h, int64_t dh, float base);
 
+/// One rotation of rope_pair_to: rows of x `x_stride` apart, h heads, into y rows `y_stride` apart.
+struct RopeJob {
+  const void* x = nullptr;
+  int64_t x_stride = 0;
+  void* y = nullptr;
+  int64_t y_stride = 0;
+  int64_t h = 0;
+};
+/// Two rope_to calls with the same positions, token count, head dim and dtypes in one launch (the
+/// expert's q and k, both read from the fused q|k|v output): the same bits as the two calls.
+Status rope_pair_to(cudaStream_t stream, const RopeJob& a, const RopeJob& b, DType xt, DType yt, const int64_t* pos,
+                    int64_t t, int64_t dh, float base);
+
 // ---------------------------------------------------------------------------------------------
 // Embeddings
 
