@@ -1,4 +1,4 @@
-// pi0.5 compile driver (see pi05_compile.h): builds the four stage graphs (vision over all cameras,
+// pi0.5 compile driver (see pi05_compile.h): builds the four stage graphs (vision per camera or batched,
 // text embedding, Gemma prefix, one denoising step), partitions each under the cap, has the
 // chosen backend build one engine file at a time and streams them into the package.
 #include "compile/pi05_compile.h"
@@ -60,8 +60,10 @@ Result<Pi05CompileSummary> compile_pi05(const std::string& policy_dir, const Pi0
 
   std::vector<StageGraph> stages;
   {
-    // All configured cameras in one batched run (the runtime respecializes it to those present).
-    VLAC_ASSIGN_OR_RETURN(Pi05Graph g, model.build_vision(std::max<int64_t>(1, int64_t(cfg.cameras.size()))));
+    // A backend that prefers it (a GPU) gets all configured cameras in one batched run (the
+    // runtime respecializes it to those present); others one image per run.
+    const int64_t images = compiler->prefers_batched_images() ? std::max<int64_t>(1, int64_t(cfg.cameras.size())) : 0;
+    VLAC_ASSIGN_OR_RETURN(Pi05Graph g, model.build_vision(images));
     stages.push_back({"vision", std::move(g)});
   }
   {

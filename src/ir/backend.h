@@ -168,6 +168,11 @@ class BackendCompiler {
     (void)g;
     return std::optional<LoweredGraph>();
   }
+  /// True when this backend runs several same-shape inputs (pi0.5's camera images) faster as one
+  /// batched graph than one at a time (a GPU filling its multiprocessors). The default, one
+  /// image per run, also keeps a package's actions bit for bit the folder's (which runs one
+  /// camera at a time) on every CPU path: oneDNN's fp32 GEMMs sum in another order at other M.
+  virtual bool prefers_batched_images() const { return false; }
   /// True when this backend can run `node` with its current attributes/dtypes.
   virtual bool supports(const ir::Graph& g, ir::NodeId node) const = 0;
   /// Bytes the subgraph will cost (without reading any weight bytes).

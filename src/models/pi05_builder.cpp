@@ -406,12 +406,14 @@ Status Pi05Model::add_lm(ir::Graph& g, Binder& w, ValueId h, ValueId pos,
 }
 
 Result<Pi05Graph> Pi05Model::build_vision(int64_t images) const {
-  if (images < 1) return invalid_argument("pi0.5 vision: at least one image");
+  if (images < 0) return invalid_argument("pi0.5 vision: a negative image count");
   const Pi05Dims& d = dims_;
   Pi05Graph out;
   ir::Graph& g = out.graph;
   Binder w(*this, &g);
-  ValueId img = g.add_input(kPi05InImage, ValueInfo{DType::F32, {images, d.channels, d.image_size, d.image_size}});
+  std::vector<int64_t> shape{d.channels, d.image_size, d.image_size};
+  if (images > 0) shape.insert(shape.begin(), images);
+  ValueId img = g.add_input(kPi05InImage, ValueInfo{DType::F32, shape});
   VLAC_ASSIGN_OR_RETURN(ValueId tok, add_vision(g, w, img, "vision", "projector", nullptr, ""));
   out.outputs.emplace_back(kPi05OutImageTokens, tok);
   g.mark_output(tok);

@@ -54,9 +54,10 @@ class Pi05Model {
   /// Stage graphs: the same arithmetic as build_prefix, cut where the runtime assembles the
   /// prefix (images of the present cameras, then the valid tokens). build_lm's reshapes use -1,
   /// so ir::respecialize can give it any prefix length; build_text_embed likewise any count.
-  /// Vision over `images` camera images at once: input image [N,C,R,R] (any N after
-  /// respecialize), output image_tokens [N·P, W], attention within each image.
-  Result<Pi05Graph> build_vision(int64_t images = 1) const;
+  /// Vision of one image [C,R,R] -> image_tokens [P, W] (images = 0), or of `images` camera
+  /// images at once: input [N,C,R,R] (any N after respecialize), output [N·P, W], attention
+  /// within each image (BackendCompiler::prefers_batched_images).
+  Result<Pi05Graph> build_vision(int64_t images = 0) const;
   Result<Pi05Graph> build_text_embed(int64_t n_text) const;
   Result<Pi05Graph> build_lm(int64_t prefix_len) const;
 

@@ -183,6 +183,9 @@ constexpr uint64_t kChunkBytes = 4ull << 20;
 class CudaCompiler final : public BackendCompiler {
  public:
   std::string_view name() const override { return "cuda"; }
+  // SigLIP over all cameras at once: 768 GEMM rows fill the H200 where 256 leave it mostly idle
+  // (vision 7.0 -> 3.0 ms for 3 cameras).
+  bool prefers_batched_images() const override { return true; }
 
   Result<std::optional<LoweredGraph>> lower(const ir::Graph& g) const override {
     VLAC_ASSIGN_OR_RETURN(LoweredGraph lg, ir::fuse_linears(g));
