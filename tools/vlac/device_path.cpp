@@ -1,7 +1,6 @@
 // `vlac run --device`: which registry backend runs (cpu, cuda, auto), its line for the summary
 // and the report's device fields, and the meter's GPU probe (runtime/memory_report: used memory
 // through the backend's DeviceInfo; mem/ includes nothing of CUDA).
-#include "backends/registry.h"
 #include "command.h"
 #include "core/bytes.h"
 #include "runtime/device_choice.h"
