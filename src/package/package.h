@@ -96,6 +96,8 @@ class Package {
   void release(const PackageSegment& s) const;
   /// Same for [offset, offset + length) of the segment only (clamped to it).
   void release(const PackageSegment& s, uint64_t offset, uint64_t length) const;
+  /// Small pages only for the segment's mapping (MappedFile::advise_small_pages).
+  void advise_small_pages(const PackageSegment& s) const;
 
   /// Checks every segment checksum and zero gaps, reading through the map in bounded chunks
   /// and dropping each chunk's pages after; memory stays bounded whatever the package size.

@@ -17,6 +17,7 @@ struct PackageEngines::Engine {
   std::string name, stage;
   ir::Graph program;                       // as packaged (compile-time shapes)
   std::vector<std::string> output_names;   // manifest names of program outputs, in order
+  std::vector<std::string> store_keys;     // by output: its buffer in store_ (assign_store_keys)
   std::vector<ir::WeightRef> refs;         // file_id = index into `segments`, offset within it
   std::vector<DType> run;                  // = stored dtype
   std::vector<bool> gather_only;           // by ref: only gathered from (an embedding table)
@@ -117,6 +118,7 @@ Result<PackageEngines> PackageEngines::open(const Package& pkg, PackageRunOption
     pe_out.stage_engines_[e->stage].push_back(pe_out.engines_.size());
     pe_out.engines_.push_back(std::move(e));
   }
+  pe_out.assign_store_keys(pkg.manifest().engines);
   if (pe_out.engines_.empty()) {
     VLAC_ASSIGN_OR_RETURN(pe_out.backend0_,
                           reg.get(pe_out.options_.backend.empty() ? std::string(kDefaultBackend) : pe_out.options_.backend,
@@ -126,6 +128,56 @@ Result<PackageEngines> PackageEngines::open(const Package& pkg, PackageRunOption
   }
   pe_out.rt_ = &pe_out.backend0_->runtime();
   return pe_out;
+}
+
+// Outputs of an engine cross into buffers owned here, which stay put (recorded chunks point at
+// them). An internal value ('%' names: no caller reads it) whose readers all come later in its own
+// stage lives from its producer's run to its last reader's; two such values of one stage, dtype
+// and shape whose lives do not overlap share one buffer. A reader's kernels are done with an input
+// before the outputs of its run are copied (stream order), so a value may take the buffer of one
+// its producer reads last. The LM chain's 16 hidden states of [P, 2048] fp32 (127 MB at 968
+// tokens) take 2 buffers; stages run their engines in this order on every pass, so the lives
+// repeat the same way when a stage runs again (the 10 steps).
+void PackageEngines::assign_store_keys(const std::vector<PackageEngine>& manifest) {
+  struct Slot {
+    std::string cls;
+    size_t free_from = 0;  // engine index from which it may take a new value
+  };
+  std::vector<Slot> slots;
+  for (size_t i = 0; i < engines_.size(); ++i) {
+    Engine& e = *engines_[i];
+    e.store_keys.clear();
+    for (size_t o = 0; o < e.output_names.size(); ++o) {
+      const std::string& name = e.output_names[o];
+      std::string key = e.stage + "/" + name;
+      size_t last = 0;
+      bool shareable = !name.empty() && name[0] == '%';
+      for (size_t j = 0; j < engines_.size() && shareable; ++j) {
+        bool reads = false;
+        for (const PackageTensor& t : manifest[j].inputs) reads = reads || t.name == name;
+        if (!reads) continue;
+        if (j <= i || engines_[j]->stage != e.stage) shareable = false;
+        last = std::max(last, j);
+      }
+      if (shareable && last > i) {
+        const PackageTensor& t = manifest[i].outputs[o];
+        std::string cls = e.stage + "/" + dtype_name(t.dtype);
+        for (int64_t d : t.shape) {
+          cls += ",";
+          cls += std::to_string(d);
+        }
+        size_t s = 0;
+        while (s < slots.size() && (slots[s].cls != cls || slots[s].free_from > i)) ++s;
+        if (s == slots.size()) slots.push_back(Slot{cls, 0});
+        slots[s].free_from = last;
+        key = "shared/";  // appends: GCC 12 warns falsely (-Wrestrict) on "lit" + std::string&&
+        key += std::to_string(s);
+        key += "/";
+        key += cls;
+      }
+      e.store_keys.push_back(std::move(key));
+    }
+  }
 }
 
 std::string PackageEngines::device_description() const { return backend0_->device().description; }
@@ -179,7 +231,15 @@ Status PackageEngines::prepare(Engine& e, const std::map<std::string, PackageVal
   if (e.exec && shapes == e.planned) return Status::ok();
   if (!e.weights) {
     // First use: check the bytes of every segment it reads, then bind the weights in place.
-    for (const PackageSegment* s : e.segments) VLAC_RETURN_IF_ERROR(pkg_->verify(*s));
+    // A backend that copies the weights (a GPU) reads each page once: small pages for it, so each
+    // page read and given back is 4 KiB, not a 2 MiB folio, and a gathered embedding row keeps
+    // 4 KiB resident (not 2 MiB: 325 MB for 200 prompt tokens on the H200 machine's kernel, the
+    // package mapping's RSS after recorded chunks).
+    const bool copies = e.backend->runtime().memory_kind() != MemoryKind::Host;
+    for (const PackageSegment* s : e.segments) {
+      if (copies) pkg_->advise_small_pages(*s);
+      VLAC_RETURN_IF_ERROR(pkg_->verify(*s));
+    }
     WeightBinding wb;
     wb.refs = e.refs;
     wb.run_dtypes = e.run;
@@ -190,8 +250,7 @@ Status PackageEngines::prepare(Engine& e, const std::map<std::string, PackageVal
       // A backend that copies the weights (a GPU) gives each chunk's pages back as it goes, so
       // an engine's upload never holds its whole segment (the release after the bind is for
       // everything else it touched, e.g. the checksum's reads).
-      if (e.backend->runtime().memory_kind() != MemoryKind::Host)
-        v.release = [pkg = pkg_, s](uint64_t off, uint64_t n) { pkg->release(*s, off, n); };
+      if (copies) v.release = [pkg = pkg_, s](uint64_t off, uint64_t n) { pkg->release(*s, off, n); };
       wb.files.push_back(std::move(v));
     }
     VLAC_ASSIGN_OR_RETURN(e.weights, e.backend->runtime().bind_weights(wb));
@@ -279,7 +338,7 @@ Status PackageEngines::run_stage(const std::string& stage, std::map<std::string,
     const auto& outs = e.exec->graph().outputs();
     for (size_t i = 0; i < outs.size(); ++i) {
       const ir::ValueInfo& info = e.exec->graph().info(outs[i]);
-      std::unique_ptr<BackendBuffer>& buf = store_[e.stage + "/" + e.output_names[i]];
+      std::unique_ptr<BackendBuffer>& buf = store_[e.store_keys[i]];
       if (!buf || buf->bytes() != info.bytes() || buf->kind() != kind) {
         buf.reset();
         VLAC_ASSIGN_OR_RETURN(buf, rt.allocate(info.bytes(), kind, pkg_->path() + ": output '" + e.output_names[i] +

@@ -95,6 +95,7 @@ class PackageEngines {
   PackageEngines();
   Status prepare(Engine& e, const std::map<std::string, PackageValue>& values);
   void make_room(const Engine& next);
+  void assign_store_keys(const std::vector<PackageEngine>& manifest);
 
   const Package* pkg_ = nullptr;
   PackageRunOptions options_;
@@ -106,7 +107,8 @@ class PackageEngines {
   PackageRunStats stats_;
   BackendRuntime* rt_ = nullptr;
   Backend* backend0_ = nullptr;
-  // Engine outputs, "<stage>/<name>", in the producing backend's memory.
+  // Engine outputs, "<stage>/<name>" (or a buffer shared by internal values: assign_store_keys),
+  // in the producing backend's memory.
   std::map<std::string, std::unique_ptr<BackendBuffer>> store_;
   // The activation arena and kernel scratch shared by all engines of one backend runtime.
   struct Shared {

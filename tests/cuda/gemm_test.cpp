@@ -5,8 +5,11 @@
 //   fp32 in (TF32 off): 2e-5 — fp32 FMA throughout; TF32 would show as ~1e-3.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "backends/cpu/kernels.h"
 #include "backends/cuda/gemm.h"
+#include "backends/cuda/skinny_gemm.h"
 #include "cuda_test_util.h"
 
 namespace vlac::cuda::testing {
@@ -89,6 +92,78 @@ TEST_F(CudaGemm, PlanIsCachedAndArgumentsAreChecked) {
   GemmDesc bad = d;
   bad.in = DType::F32;  // F32 inputs with a BF16 output
   EXPECT_EQ(runner->plan(bad).code(), StatusCode::Unsupported);
+}
+
+// The weight-streaming kernel for M <= 64 (skinny_gemm.h), at the expert's four GEMM shapes, the
+// time MLP's single row and odd sizes, at every split count it would be timed with: against the
+// CPU like cuBLASLt above, the same bits on a second run, and its tile counters left at zero.
+TEST_F(CudaGemm, SkinnyKernelMatchesCpu) {
+  struct S { int64_t m, k, n; const char* what; };
+  const S cases[] = {{50, 1024, 2560, "expert fused qkv"}, {50, 2048, 1024, "expert o"},
+                     {50, 1024, 8192, "expert gate+up"},  {50, 4096, 1024, "expert down"},
+                     {1, 1024, 3072, "one row"},          {64, 256, 64, "M = 64"},
+                     {9, 192, 96, "odd M"},               {33, 64, 32, "one K step"}};
+  DevBuf counters(kSkinnyCounters * sizeof(unsigned));
+  VLAC_CUDART_OK(cudaMemset(counters.get(), 0, kSkinnyCounters * sizeof(unsigned)));
+  uint32_t seed = 7;
+  for (const auto& c : cases) {
+    ASSERT_TRUE(skinny_gemm_fits(c.m, c.n, c.k)) << c.what;
+    const size_t xn = size_t(c.m * c.k), wn = size_t(c.n * c.k), yn = size_t(c.m * c.n);
+    auto x = bf16_values(randn(xn, ++seed)), w = bf16_values(randn(wn, ++seed, 1.0f / std::sqrt(float(c.k))));
+    auto dx = to_device(to_bf16(x)), dw = to_device(to_bf16(w));
+    for (int splits : skinny_gemm_splits(c.n, c.k, device_sm_count()))
+      for (DType out : {DType::F32, DType::BF16})
+        for (bool bias : {false, true}) {
+          auto b = randn(size_t(c.n), ++seed);
+          if (out == DType::BF16) b = bf16_values(b);
+          auto db = out == DType::BF16 ? to_device(to_bf16(b)) : to_device(b);
+          const SkinnyGemm g{c.m, c.n, c.k, out, bias, splits};
+          DevBuf ws(std::max<uint64_t>(skinny_gemm_workspace_bytes(g), 16));
+          DevBuf dy(yn * dtype_size(out)), dy2(yn * dtype_size(out));
+          VLAC_CUDART_OK(cudaMemset(dy.get(), 0xff, yn * dtype_size(out)));  // NaN: unwritten shows
+          const void* bp = bias ? db->get() : nullptr;
+          auto* cnt = static_cast<unsigned*>(counters.get());
+          VLAC_CUDA_OK(skinny_gemm(stream_, g, dx->get(), dw->get(), bp, dy.get(), ws.get(), cnt));
+          VLAC_CUDA_OK(skinny_gemm(stream_, g, dx->get(), dw->get(), bp, dy2.get(), ws.get(), cnt));
+          sync();
+          std::vector<float> ref(yn);
+          ref_gemm(x, w, bias ? b.data() : nullptr, false, nullptr, ref, c.m, c.k, c.n);
+          std::vector<float> y;
+          if (out == DType::F32) {
+            y = download<float>(dy, yn);
+            EXPECT_EQ(y, download<float>(dy2, yn)) << c.what << ": a second run differs";
+          } else {
+            const auto raw = download<uint16_t>(dy, yn);
+            EXPECT_EQ(raw, download<uint16_t>(dy2, yn)) << c.what << ": a second run differs";
+            y = from_bf16(raw);
+          }
+          EXPECT_LT(rel_err(y, ref), out == DType::F32 ? 1e-4 : 8e-3)
+              << c.what << " " << c.m << "x" << c.k << "x" << c.n << " splits " << splits << " -> " << dtype_name(out)
+              << " bias " << bias;
+        }
+  }
+  const auto left = download<unsigned>(counters, size_t(kSkinnyCounters));
+  EXPECT_EQ(std::count(left.begin(), left.end(), 0u), kSkinnyCounters) << "tile counters not reset";
+}
+
+TEST_F(CudaGemm, SkinnyKernelRejectsWhatItCannotRun) {
+  DevBuf b(1 << 16);
+  auto* cnt = static_cast<unsigned*>(b.get());
+  EXPECT_FALSE(skinny_gemm_fits(65, 64, 64));
+  EXPECT_FALSE(skinny_gemm_fits(50, 48, 64));
+  EXPECT_FALSE(skinny_gemm_fits(50, 64, 96));
+  EXPECT_EQ(skinny_gemm(stream_, SkinnyGemm{50, 48, 64, DType::BF16, false, 1}, b.get(), b.get(), nullptr, b.get(),
+                        b.get(), cnt)
+                .code(),
+            StatusCode::InvalidArgument);
+  EXPECT_EQ(skinny_gemm(stream_, SkinnyGemm{8, 64, 1024, DType::BF16, false, 4}, b.get(), b.get(), nullptr, b.get(),
+                        nullptr, cnt)
+                .code(),
+            StatusCode::InvalidArgument);  // split K without a workspace
+  EXPECT_EQ(skinny_gemm(stream_, SkinnyGemm{8, 64, 64, DType::BF16, false, 1}, static_cast<uint8_t*>(b.get()) + 2,
+                        b.get(), nullptr, b.get(), nullptr, cnt)
+                .code(),
+            StatusCode::InvalidArgument);  // misaligned
 }
 
 }  // namespace

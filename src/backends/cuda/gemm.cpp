@@ -5,6 +5,10 @@
 
 #include <cublasLt.h>
 
+#include "backends/cuda/context.h"
+#include "backends/cuda/kernels.h"
+#include "backends/cuda/skinny_gemm.h"
+
 #include <algorithm>
 #include <cstdlib>
 #include <map>
@@ -38,6 +42,8 @@ struct Plan {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algo{};
   std::vector<cublasLtMatmulAlgo_t> candidates;  // the heuristic's top few, best guess first
+  std::vector<int> skinny_splits;                 // the skinny kernel's choices where it fits
+  int skinny = 0;                                 // > 0: run the skinny kernel with this many splits
   bool tuned = false;
   void destroy() {
     if (op) cublasLtMatmulDescDestroy(op);
@@ -73,20 +79,44 @@ static bool tuning_enabled() {
   return on;
 }
 
+// The skinny kernel (skinny_gemm.h) for M <= 64 with bf16 weights: VLAC_SKINNY_GEMM=0 never,
+// =1 always where it fits (its default split), unset: one more candidate of the timing above
+// (so it runs only where it measured faster; with VLAC_GEMM_TUNE=0, never).
+enum class SkinnyMode { Off, Auto, Force };
+static SkinnyMode skinny_mode() {
+  static const SkinnyMode m = [] {
+    const char* e = std::getenv("VLAC_SKINNY_GEMM");
+    if (e && std::string(e) == "0") return SkinnyMode::Off;
+    if (e && std::string(e) == "1") return SkinnyMode::Force;
+    return SkinnyMode::Auto;
+  }();
+  return m;
+}
+
 struct GemmRunner::Impl {
   cublasLtHandle_t handle = nullptr;
   uint64_t workspace = 0;
-  uint64_t tuned = 0, switched = 0;
+  uint64_t tuned = 0, switched = 0, skinny_shapes = 0;
+  unsigned* counters = nullptr;  // the skinny kernel's tile counters (zero between GEMMs)
+  int sms = 0;
   std::map<decltype(GemmDesc{}.key()), Plan> plans;
   ~Impl() {
     for (auto& [k, p] : plans) p.destroy();
     if (handle) cublasLtDestroy(handle);
+    device_free(counters);
   }
   Status make(const GemmDesc& d, Plan& p);
-  void tune(cudaStream_t stream, Plan& p, const void* x, const void* w, void* y, void* ws);
+  Status run_skinny(cudaStream_t stream, const GemmDesc& d, int splits, const void* x, const void* w, const void* bias,
+                    void* y, void* ws) const {
+    const SkinnyGemm g{d.m, d.n, d.k, d.out, bias != nullptr, splits};
+    return skinny_gemm(stream, g, x, w, bias, y, ws, counters);
+  }
+  void tune(cudaStream_t stream, const GemmDesc& d, Plan& p, const void* x, const void* w, const void* bias, void* y,
+            void* ws);
 };
 
-void GemmRunner::Impl::tune(cudaStream_t stream, Plan& p, const void* x, const void* w, void* y, void* ws) {
+void GemmRunner::Impl::tune(cudaStream_t stream, const GemmDesc& d, Plan& p, const void* x, const void* w,
+                            const void* bias, void* y, void* ws) {
   cudaEvent_t e0 = nullptr, e1 = nullptr;
   if (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess) {
     (void)cudaGetLastError();
@@ -114,12 +144,36 @@ void GemmRunner::Impl::tune(cudaStream_t stream, Plan& p, const void* x, const v
     if (i == 0) first = ms;
     if (best < 0 || ms < best) best = ms, best_i = i;
   }
+  // The skinny kernel's splits, timed the same way; it is kept if it beats the best cuBLASLt answer.
+  float skinny_best = -1;
+  int skinny_at = 0;
+  for (int splits : p.skinny_splits) {
+    auto go = [&] { return run_skinny(stream, d, splits, x, w, bias, y, ws).is_ok(); };
+    if (!go()) {
+      (void)cudaGetLastError();
+      continue;
+    }
+    cudaEventRecord(e0, stream);
+    bool ok = true;
+    for (int r = 0; r < 3 && ok; ++r) ok = go();
+    cudaEventRecord(e1, stream);
+    float ms = 0;
+    if (!ok || cudaEventSynchronize(e1) != cudaSuccess || cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess) {
+      (void)cudaGetLastError();
+      continue;
+    }
+    if (skinny_best < 0 || ms < skinny_best) skinny_best = ms, skinny_at = splits;
+  }
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
   ++tuned;
   if (best_i != 0 && (first < 0 || best < 0.95f * first)) {
     p.algo = p.candidates[best_i];
     ++switched;
+  }
+  if (skinny_at > 0 && (best < 0 || skinny_best < best)) {
+    p.skinny = skinny_at;
+    ++skinny_shapes;
   }
 }
 
@@ -165,6 +219,16 @@ Status GemmRunner::Impl::make(const GemmDesc& d, Plan& p) {
   p.algo = res[0].algo;
   for (int i = 0; i < found; ++i)
     if (res[i].state == CUBLAS_STATUS_SUCCESS) p.candidates.push_back(res[i].algo);
+  if (skinny_mode() != SkinnyMode::Off && counters && d.in == DType::BF16 && !d.accumulate &&
+      (d.epilogue == Epilogue::None || d.epilogue == Epilogue::Bias) && skinny_gemm_fits(d.m, d.n, d.k)) {
+    for (int splits : skinny_gemm_splits(d.n, d.k, sms))
+      if (skinny_gemm_workspace_bytes(SkinnyGemm{d.m, d.n, d.k, d.out, false, splits}) <= workspace)
+        p.skinny_splits.push_back(splits);
+    if (skinny_mode() == SkinnyMode::Force && !p.skinny_splits.empty()) {
+      p.skinny = p.skinny_splits.front();
+      ++skinny_shapes;
+    }
+  }
   return Status::ok();
 }
 
@@ -177,6 +241,14 @@ Result<GemmRunner> GemmRunner::create(uint64_t workspace_bytes) {
   auto impl = std::make_unique<Impl>();
   VLAC_LT(cublasLtCreate(&impl->handle), "create");
   impl->workspace = workspace_bytes;
+  impl->sms = device_sm_count();
+  if (skinny_mode() != SkinnyMode::Off) {
+    VLAC_ASSIGN_OR_RETURN(void* c, device_alloc(kSkinnyCounters * sizeof(unsigned), "the skinny GEMM's tile counters"));
+    impl->counters = static_cast<unsigned*>(c);
+    const cudaError_t e = cudaMemset(impl->counters, 0, kSkinnyCounters * sizeof(unsigned));
+    if (e != cudaSuccess) return Status(StatusCode::Backend, std::string("the skinny GEMM's tile counters: ") +
+                                                                 cudaGetErrorString(e));
+  }
   return GemmRunner(std::move(impl));
 }
 
@@ -209,9 +281,12 @@ Status GemmRunner::run(cudaStream_t stream, const GemmDesc& d, const void* x, co
     if (cudaStreamIsCapturing(stream, &cs) != cudaSuccess) (void)cudaGetLastError();
     if (cs == cudaStreamCaptureStatusNone) {
       p.tuned = true;  // also when not timed: the choice is fixed from here on
-      if (tuning_enabled() && p.candidates.size() > 1 && !d.accumulate) impl_->tune(stream, p, x, w, y, workspace);
+      if (tuning_enabled() && (p.candidates.size() > 1 || !p.skinny_splits.empty()) && !d.accumulate &&
+          p.skinny == 0)
+        impl_->tune(stream, d, p, x, w, bias, y, workspace);
     }
   }
+  if (p.skinny > 0) return impl_->run_skinny(stream, d, p.skinny, x, w, bias, y, workspace);
   const float alpha = 1.0f, beta = d.accumulate ? 1.0f : 0.0f;
   VLAC_LT(cublasLtMatmul(impl_->handle, p.op, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &p.algo, workspace,
                          impl_->workspace, stream),
@@ -222,6 +297,7 @@ Status GemmRunner::run(cudaStream_t stream, const GemmDesc& d, const void* x, co
 uint64_t GemmRunner::workspace_bytes() const { return impl_->workspace; }
 uint64_t GemmRunner::tuned_shapes() const { return impl_->tuned; }
 uint64_t GemmRunner::switched_shapes() const { return impl_->switched; }
+uint64_t GemmRunner::skinny_shapes() const { return impl_->skinny_shapes; }
 size_t GemmRunner::plans() const { return impl_->plans.size(); }
 
 }  // namespace vlac::cuda

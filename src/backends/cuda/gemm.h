@@ -55,6 +55,8 @@ class GemmRunner {
   /// candidate than the heuristic's first won (VLAC_GEMM_TUNE=0: none).
   uint64_t tuned_shapes() const;
   uint64_t switched_shapes() const;
+  /// Shapes that run the skinny kernel (skinny_gemm.h) instead of cuBLASLt.
+  uint64_t skinny_shapes() const;
   /// Number of cached plans (shapes seen).
   size_t plans() const;
 

@@ -1,0 +1,259 @@
+// The weight-streaming GEMM for few rows (skinny_gemm.h).
+//
+// Fragment layout (PTX mma.m16n8k16, bf16): in each 16-wide K step a thread with lane = 4g + t
+// holds, for A, rows g and g+8 at k ∈ {2t, 2t+1, 2t+8, 2t+9}, and for B the same k's at column g.
+// Which physical column each logical k is does not matter to the sum as long as A and B agree, so
+// a thread loads 16 contiguous bytes twice per 64-column step — columns 8t..8t+7 and 32+8t..+7 of
+// its rows of W, and the same columns of its tokens of x — and feeds them to four MMAs. Each load
+// instruction of a warp then reads whole 32-byte sectors (64 contiguous bytes of 8 rows).
+#include "backends/cuda/skinny_gemm.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "backends/cuda/common.cuh"
+
+namespace vlac::cuda {
+
+namespace {
+
+constexpr int kWarps = 4;       // per block, splitting the block's K steps
+constexpr int kRows = 32;       // rows of W per block: two m16 tiles per warp
+constexpr int kStep = 64;       // K columns per step
+constexpr int kMaxSplits = 16;
+
+__device__ __forceinline__ uint4 ld_stream(const uint16_t* p) {
+  // Weights are read once: do not keep them in L1.
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+__device__ __forceinline__ uint4 ld_x(const uint16_t* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
+
+__device__ __forceinline__ uint32_t word(const uint4 (&v)[2], int p) {
+  const uint4& c = v[p >> 2];
+  switch (p & 3) {
+    case 0: return c.x;
+    case 1: return c.y;
+    case 2: return c.z;
+    default: return c.w;
+  }
+}
+
+__device__ __forceinline__ void mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                    uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#else
+  (void)c, (void)a0, (void)a1, (void)a2, (void)a3, (void)b0, (void)b1;
+#endif
+}
+
+// One block: rows [32·blockIdx.x, +32) of W, K steps [blockIdx.y·steps_per_split, +steps_per_split).
+// NT: token tiles of 8 (M ≤ 8·NT). Ty: the output's (and bias's) element type.
+template <int NT, typename Ty>
+__global__ void __launch_bounds__(kWarps * 32) skinny_gemm_kernel(const uint16_t* __restrict__ x,
+                                                                  const uint16_t* __restrict__ w,
+                                                                  const Ty* __restrict__ bias, Ty* __restrict__ y,
+                                                                  float* __restrict__ part,
+                                                                  unsigned* __restrict__ counters, int M, int N, int K,
+                                                                  int steps_per_split) {
+  __shared__ float red[kWarps][kRows][NT * 8 + 1];
+  __shared__ bool last;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int row0 = blockIdx.x * kRows;
+  const int ksteps = K / kStep;
+  const int s_end = min(ksteps, int(blockIdx.y + 1) * steps_per_split);
+  int s = int(blockIdx.y) * steps_per_split + warp;
+
+  // This thread's rows of W (m tile mt, half h: rows g and g+8) and tokens of x (tile j: token 8j+g,
+  // the last token repeated past M: computed, never stored).
+  const uint16_t* wp[2][2];
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) wp[mt][h] = w + int64_t(row0 + mt * 16 + h * 8 + g) * K + 8 * t;
+  const uint16_t* xp[NT];
+#pragma unroll
+  for (int j = 0; j < NT; ++j) xp[j] = x + int64_t(min(8 * j + g, M - 1)) * K + 8 * t;
+
+  float acc[2][NT][4];
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[mt][j][i] = 0.f;
+
+  uint4 cur[2][2][2];
+  auto load_w = [&](uint4 (&r)[2][2][2], int step) {
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        r[mt][h][0] = ld_stream(wp[mt][h] + step * kStep);
+        r[mt][h][1] = ld_stream(wp[mt][h] + step * kStep + 32);
+      }
+  };
+  if (s < s_end) load_w(cur, s);  // weights: before the wait (no kernel writes them)
+  pdl_wait();
+  for (; s < s_end; s += kWarps) {
+    uint4 nxt[2][2][2];
+    const bool more = s + kWarps < s_end;
+    if (more) load_w(nxt, s + kWarps);
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      uint4 xv[2];
+      xv[0] = ld_x(xp[j] + s * kStep);
+      xv[1] = ld_x(xp[j] + s * kStep + 32);
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+          mma(acc[mt][j], word(cur[mt][0], 2 * q), word(cur[mt][1], 2 * q), word(cur[mt][0], 2 * q + 1),
+              word(cur[mt][1], 2 * q + 1), word(xv, 2 * q), word(xv, 2 * q + 1));
+    }
+    if (more) {
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) cur[mt][h][0] = nxt[mt][h][0], cur[mt][h][1] = nxt[mt][h][1];
+    }
+  }
+
+  // The warps' sums, added in warp order.
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const int r = mt * 16 + g, c = 8 * j + 2 * t;
+      red[warp][r][c] = acc[mt][j][0];
+      red[warp][r][c + 1] = acc[mt][j][1];
+      red[warp][r + 8][c] = acc[mt][j][2];
+      red[warp][r + 8][c + 1] = acc[mt][j][3];
+    }
+  __syncthreads();
+  const int splits = gridDim.y;
+  const int elems = kRows * M;  // element e: row e % 32, token e / 32 (a store of 32 consecutive n)
+  if (splits > 1) {
+    float* mine = part + int64_t(blockIdx.y) * M * N;
+    for (int e = threadIdx.x; e < elems; e += blockDim.x) {
+      const int r = e % kRows, c = e / kRows;
+      float v = red[0][r][c];
+#pragma unroll
+      for (int wi = 1; wi < kWarps; ++wi) v += red[wi][r][c];
+      __stcg(mine + int64_t(c) * N + row0 + r, v);
+    }
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      const unsigned done = atomicAdd(&counters[blockIdx.x], 1u);
+      last = done == unsigned(splits - 1);
+      if (last) counters[blockIdx.x] = 0;  // ready for the next GEMM (stream order)
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int e = threadIdx.x; e < elems; e += blockDim.x) {
+      const int r = e % kRows, c = e / kRows;
+      const int64_t at = int64_t(c) * N + row0 + r;
+      float v = __ldcg(part + at);
+      for (int sp = 1; sp < splits; ++sp) v += __ldcg(part + int64_t(sp) * M * N + at);
+      if (bias) v += ld<Ty>(bias, row0 + r);
+      st<Ty>(y, at, v);
+    }
+    return;
+  }
+  for (int e = threadIdx.x; e < elems; e += blockDim.x) {
+    const int r = e % kRows, c = e / kRows;
+    float v = red[0][r][c];
+#pragma unroll
+    for (int wi = 1; wi < kWarps; ++wi) v += red[wi][r][c];
+    if (bias) v += ld<Ty>(bias, row0 + r);
+    st<Ty>(y, int64_t(c) * N + row0 + r, v);
+  }
+}
+
+int steps_per_split(int64_t k, int splits) {
+  const int64_t ks = k / kStep;
+  return int((ks + splits - 1) / splits);
+}
+int blocks_per_tile(int64_t k, int splits) {
+  const int64_t ks = k / kStep;
+  const int sps = steps_per_split(k, splits);
+  return int((ks + sps - 1) / sps);
+}
+
+template <int NT>
+Status launch_nt(cudaStream_t stream, const SkinnyGemm& g, const void* x, const void* w, const void* bias, void* y,
+                 void* workspace, unsigned* counters) {
+  const dim3 grid(unsigned(g.n / kRows), unsigned(blocks_per_tile(g.k, g.splits)));
+  const int sps = steps_per_split(g.k, g.splits);
+  const auto* xs = static_cast<const uint16_t*>(x);
+  const auto* ws = static_cast<const uint16_t*>(w);
+  auto* part = static_cast<float*>(workspace);
+  if (g.out == DType::F32)
+    launch(skinny_gemm_kernel<NT, float>, grid, dim3(kWarps * 32), 0, stream, xs, ws, static_cast<const float*>(bias),
+           static_cast<float*>(y), part, counters, int(g.m), int(g.n), int(g.k), sps);
+  else
+    launch(skinny_gemm_kernel<NT, uint16_t>, grid, dim3(kWarps * 32), 0, stream, xs, ws,
+           static_cast<const uint16_t*>(bias), static_cast<uint16_t*>(y), part, counters, int(g.m), int(g.n), int(g.k),
+           sps);
+  return launch_status("skinny_gemm");
+}
+
+}  // namespace
+
+bool skinny_gemm_fits(int64_t m, int64_t n, int64_t k) {
+  return m >= 1 && m <= 64 && n >= kRows && n % kRows == 0 && n / kRows <= kSkinnyCounters && k >= kStep &&
+         k % kStep == 0 && k <= (int64_t(1) << 24) && n * k < (int64_t(1) << 40);
+}
+
+std::vector<int> skinny_gemm_splits(int64_t n, int64_t k, int sms) {
+  const int64_t tiles = n / kRows, ks = k / kStep;
+  // At least two steps per warp (a load in flight while the MMAs of the last run).
+  const int most = int(std::clamp<int64_t>(ks / (2 * kWarps), 1, kMaxSplits));
+  const int want = int(std::clamp<int64_t>(std::llround(2.0 * std::max(sms, 1) / double(tiles)), 1, most));
+  std::vector<int> out{want};
+  for (int s = 1; s <= most; s *= 2)
+    if (blocks_per_tile(k, s) != blocks_per_tile(k, want)) out.push_back(s);
+  return out;
+}
+
+uint64_t skinny_gemm_workspace_bytes(const SkinnyGemm& g) {
+  const int b = g.k >= kStep ? blocks_per_tile(g.k, std::max(g.splits, 1)) : 1;
+  return b > 1 ? uint64_t(b) * uint64_t(g.m) * uint64_t(g.n) * 4 : 0;
+}
+
+Status skinny_gemm(cudaStream_t stream, const SkinnyGemm& g, const void* x, const void* w, const void* bias, void* y,
+                   void* workspace, unsigned* counters) {
+  if (!skinny_gemm_fits(g.m, g.n, g.k))
+    return invalid_argument("skinny_gemm: " + std::to_string(g.m) + "x" + std::to_string(g.k) + "x" +
+                            std::to_string(g.n) + " needs 1 <= M <= 64, N % 32 == 0 and K % 64 == 0");
+  if (g.out != DType::F32 && g.out != DType::BF16) return bad_dtype("skinny_gemm");
+  if (g.splits < 1 || g.splits > kMaxSplits) return invalid_argument("skinny_gemm: splits must be 1..16");
+  if (g.bias != (bias != nullptr)) return invalid_argument("skinny_gemm: a bias is given iff g.bias");
+  if (blocks_per_tile(g.k, g.splits) > 1 && (workspace == nullptr || counters == nullptr))
+    return invalid_argument("skinny_gemm: split K needs a workspace and tile counters");
+  for (const void* p : {x, w, static_cast<const void*>(y), bias})
+    if ((reinterpret_cast<uintptr_t>(p) & 15u) != 0) return invalid_argument("skinny_gemm: pointers must be 16-byte aligned");
+  switch ((g.m + 7) / 8) {
+    case 1: return launch_nt<1>(stream, g, x, w, bias, y, workspace, counters);
+    case 2: return launch_nt<2>(stream, g, x, w, bias, y, workspace, counters);
+    case 3: return launch_nt<3>(stream, g, x, w, bias, y, workspace, counters);
+    case 4: return launch_nt<4>(stream, g, x, w, bias, y, workspace, counters);
+    case 5: return launch_nt<5>(stream, g, x, w, bias, y, workspace, counters);
+    case 6: return launch_nt<6>(stream, g, x, w, bias, y, workspace, counters);
+    case 7: return launch_nt<7>(stream, g, x, w, bias, y, workspace, counters);
+    default: return launch_nt<8>(stream, g, x, w, bias, y, workspace, counters);
+  }
+}
+
+}  // namespace vlac::cuda
