@@ -99,6 +99,10 @@ struct WeightFileView {
   /// Optional, where there is no `map` (a package's segment): gives back the pages of
   /// [offset, offset + bytes) of this view, read for the last time.
   std::function<void(uint64_t offset, uint64_t bytes)> release = nullptr;
+  /// Optional: an open file holding the view's bytes at `file_offset`, for reads that map nothing
+  /// (pread: a gathered embedding row costs no resident pages; see CudaWeights).
+  int fd = -1;
+  uint64_t file_offset = 0;
 };
 
 /// A WeightSource over mapped files: map() checks the bounds, release drops the pages (when the

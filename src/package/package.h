@@ -96,6 +96,8 @@ class Package {
   void release(const PackageSegment& s) const;
   /// Same for [offset, offset + length) of the segment only (clamped to it).
   void release(const PackageSegment& s, uint64_t offset, uint64_t length) const;
+  /// The package's open file (segment s lies at s.offset in it).
+  int fd() const { return map_.fd(); }
   /// Small pages only for the segment's mapping (MappedFile::advise_small_pages).
   void advise_small_pages(const PackageSegment& s) const;
 

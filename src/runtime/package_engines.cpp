@@ -250,7 +250,11 @@ Status PackageEngines::prepare(Engine& e, const std::map<std::string, PackageVal
       // A backend that copies the weights (a GPU) gives each chunk's pages back as it goes, so
       // an engine's upload never holds its whole segment (the release after the bind is for
       // everything else it touched, e.g. the checksum's reads).
-      if (copies) v.release = [pkg = pkg_, s](uint64_t off, uint64_t n) { pkg->release(*s, off, n); };
+      if (copies) {
+        v.release = [pkg = pkg_, s](uint64_t off, uint64_t n) { pkg->release(*s, off, n); };
+        v.fd = pkg_->fd();
+        v.file_offset = s->offset;
+      }
       wb.files.push_back(std::move(v));
     }
     VLAC_ASSIGN_OR_RETURN(e.weights, e.backend->runtime().bind_weights(wb));

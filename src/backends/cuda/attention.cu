@@ -164,11 +164,16 @@ __device__ __forceinline__ void cluster_combine(const Params& p, uint16_t* smem,
     float den = 0.0f + e * ls;
     for (int x = 16; x > 0; x >>= 1) den += __shfl_xor_sync(0xffffffffu, den, x);
     const float w = e / den;
+    float wv[kMaxClusterSplits];  // every lane takes part in the shuffles (not all have columns)
+#pragma unroll
+    for (int sp = 0; sp < kMaxClusterSplits; ++sp) wv[sp] = __shfl_sync(0xffffffffu, w, sp);
     To* dst = static_cast<To*>(p.out) + (r / p.group) * p.os + (kvh * p.group + r % p.group) * D;
     for (int c0 = lane * 4; c0 < D; c0 += 128) {  // 4 columns per lane per pass
       float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      for (int sp = 0; sp < splits; ++sp) {
-        const float wsp = __shfl_sync(0xffffffffu, w, sp);
+#pragma unroll
+      for (int sp = 0; sp < kMaxClusterSplits; ++sp) {
+        if (sp >= splits) break;
+        const float wsp = wv[sp];
         const float4 v = *reinterpret_cast<const float4*>(cluster.map_shared_rank(so, sp) + lr * D + c0);
         acc[0] += wsp * v.x, acc[1] += wsp * v.y, acc[2] += wsp * v.z, acc[3] += wsp * v.w;
       }

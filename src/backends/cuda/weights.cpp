@@ -98,6 +98,8 @@ Result<CudaWeights> CudaWeights::upload(CudaContext& ctx, const WeightBinding& b
       e.dtype = r.dtype;
       e.host_table = true;
       e.rounds_to_bf16 = want != r.dtype;
+      if (f.fd >= 0) e.fd = f.fd, e.file_offset = f.file_offset + r.offset;
+      else if (f.map != nullptr && f.map->fd() >= 0) e.fd = f.map->fd(), e.file_offset = uint64_t(src - f.map->data());
       w.mapped_bytes_ += r.bytes;
     } else {
       e.dtype = want;

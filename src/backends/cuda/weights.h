@@ -26,6 +26,8 @@ class CudaWeights final : public BoundWeights {
     std::vector<int64_t> shape;
     bool host_table = false;     // gathered on the host from the mapped file
     bool rounds_to_bf16 = false; // a host F32 table run as BF16: rows rounded when gathered
+    int fd = -1;                 // a host table's file (rows read with pread: nothing mapped), or -1
+    uint64_t file_offset = 0;    // where the table starts in it
   };
   static Result<CudaWeights> upload(CudaContext& ctx, const WeightBinding& b);
   CudaWeights() = default;
