@@ -175,6 +175,10 @@ void GemmRunner::Impl::tune(cudaStream_t stream, const GemmDesc& d, Plan& p, con
     p.skinny = skinny_at;
     ++skinny_shapes;
   }
+  // Timing loaded each candidate's kernels from cuBLASLt's 540 MB library file: give those clean
+  // pages back now (a loading step, context.h), not only when the chunk is done, so the first
+  // chunk's host peak does not hold the code of every candidate of every shape at once.
+  trim_clean_pages();
 }
 
 Status GemmRunner::Impl::make(const GemmDesc& d, Plan& p) {
