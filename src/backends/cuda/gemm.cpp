@@ -79,16 +79,19 @@ static bool tuning_enabled() {
   return on;
 }
 
-// The skinny kernel (skinny_gemm.h) for M <= 64 with bf16 weights: VLAC_SKINNY_GEMM=0 never,
-// =1 always where it fits (its default split), unset: one more candidate of the timing above
-// (so it runs only where it measured faster; with VLAC_GEMM_TUNE=0, never).
+// The skinny kernel (skinny_gemm.h) for M <= 64 with bf16 weights. Off by default: on the H200
+// it timed faster than cuBLASLt for some expert shapes in isolation (back to back, its weight
+// loads overlapping the previous run's tail), yet whole recorded chunks ran 2.4 ms slower with it
+// chosen that way and 5.3 ms slower with it forced (24.9 / 27.3 / 29.8 ms, session 9): its split-K
+// tail (partials, fence, counter, reduce) is a chain of memory latencies. VLAC_SKINNY_GEMM=auto
+// makes it one more candidate of the timing above, =1 runs it wherever it fits (its default split).
 enum class SkinnyMode { Off, Auto, Force };
 static SkinnyMode skinny_mode() {
   static const SkinnyMode m = [] {
     const char* e = std::getenv("VLAC_SKINNY_GEMM");
-    if (e && std::string(e) == "0") return SkinnyMode::Off;
+    if (e && std::string(e) == "auto") return SkinnyMode::Auto;
     if (e && std::string(e) == "1") return SkinnyMode::Force;
-    return SkinnyMode::Auto;
+    return SkinnyMode::Off;
   }();
   return m;
 }
