@@ -149,7 +149,7 @@ TEST_F(CudaAttention, MatchesCpuOnPi05ShapesAndOddOnes) {
           }
       }
       const int auto_splits = attention_splits(a, io, sms);
-      for (int splits : {1, auto_splits, 3, 16})  // 16: more than a cluster, so the combine kernel
+      for (int splits : {1, auto_splits, 3, 16})
         for (DType ot : {DType::F32, DType::BF16}) {
           const uint64_t sb = attention_scratch_bytes(a, io, splits);
           DevBuf scratch(sb), dout(size_t(c.t * a.o_stride) * 4);

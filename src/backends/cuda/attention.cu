@@ -9,9 +9,9 @@
 // the accumulator layout of Q·Kᵀ is the A-operand layout of P·V, so P is rounded to bf16 and fed to
 // the second mma without a trip through shared memory. V's B operand comes from ldmatrix.trans.
 // For few rows (the expert: 50 tokens × 8 heads = 7 tiles) the keys are split across blocks
-// (blockIdx.z) and the partial (o, max, sum) triples are merged: on sm_90 inside the kernel, the
-// splits of a row tile being one thread-block cluster (≤ 8) that reads its members' partials from
-// their shared memory (DSMEM), elsewhere by a combine kernel over partials in global scratch.
+// (blockIdx.z) and the partial (o, max, sum) triples are merged by a combine kernel over partials
+// in global scratch, or (opt-in, sm_90) inside the kernel, the splits of a row tile being one
+// thread-block cluster (≤ 8) that reads its members' partials from their shared memory (DSMEM).
 #include <cooperative_groups.h>
 
 #include <algorithm>
@@ -506,12 +506,14 @@ int64_t keys_per_split(int64_t s, int splits) {
   return cdiv(cdiv(s, kBN), std::max(1, splits)) * kBN;
 }
 
-// sm_90 merges the splits inside the kernel (cluster_combine); VLAC_ATTN_CLUSTER=0 keeps the
-// combine kernel there too.
+// sm_90 can merge the splits inside the kernel (cluster_combine), opt-in with VLAC_ATTN_CLUSTER=1:
+// on the H200 it is correct (test_cuda) but whole recorded chunks ran 0.6 ms slower with it (24.26 /
+// 24.42 ms against 23.71 / 23.79 ms with 16 splits and the combine kernel, alternated in one
+// session-9 run): 8 splits leave half the multiprocessors idle and each block walks two key tiles.
 bool cluster_combine_available() {
   static const bool on = [] {
     const char* e = std::getenv("VLAC_ATTN_CLUSTER");
-    if (e && std::string(e) == "0") return false;
+    if (!e || std::string(e) != "1") return false;
     int dev = 0, major = 0;
     if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) !=
                                                   cudaSuccess) {
@@ -584,8 +586,8 @@ int attention_splits(const AttentionShape& a, DType io, int num_sms) {
     const int64_t v = e ? std::atoll(e) : 0;
     return v > 0 ? std::min<int64_t>(v, kMaxSplits) : int64_t(kMaxSplits);
   }();
-  // Merged inside the kernel (sm_90), the splits of a tile are one cluster: at most 8. Measured in
-  // session 8 with the combine kernel, 8 splits ran as fast as 16 (24.15 / 24.06 ms per chunk).
+  // Merged inside the kernel (VLAC_ATTN_CLUSTER=1 on sm_90), the splits of a tile are one cluster:
+  // at most 8.
   const int64_t lim = cluster_combine_available() ? std::min<int64_t>(cap, kMaxClusterSplits) : cap;
   const int64_t want = std::min<int64_t>({cdiv(sms, blocks), cdiv(a.s, kBN), lim});
   return int(cdiv(a.s, keys_per_split(a.s, int(want))));  // the splits that keys_per_split really makes
