@@ -84,14 +84,6 @@ void MappedFile::release(uint64_t offset, uint64_t length) const {
   madvise(const_cast<uint8_t*>(data_) + begin, offset + length - begin, MADV_DONTNEED);
 }
 
-void MappedFile::advise_small_pages(uint64_t offset, uint64_t length) const {
-  if (data_ == nullptr || length == 0 || offset >= size_) return;
-  if (length > size_ - offset) length = size_ - offset;
-  const uint64_t p = page_size();
-  const uint64_t begin = offset / p * p;
-  (void)madvise(const_cast<uint8_t*>(data_) + begin, offset + length - begin, MADV_NOHUGEPAGE);  // a hint
-}
-
 void MappedFile::advise_sequential(uint64_t offset, uint64_t length) const {
   if (data_ == nullptr || length == 0 || offset >= size_) return;
   if (length > size_ - offset) length = size_ - offset;

@@ -33,10 +33,6 @@ class MappedFile {
   /// Unmaps the pages of [offset, offset+length) from this process only (MADV_DONTNEED): RSS
   /// falls, the page cache keeps them, so the next touch is a minor fault, not a disk read.
   void release(uint64_t offset, uint64_t length) const;
-  /// Maps [offset, offset+length) with small pages only (MADV_NOHUGEPAGE): a kernel that keeps
-  /// file data in 2 MiB folios otherwise maps a whole folio at the first touch, so reading a few
-  /// rows of a big table (the embedding gather) makes megabytes resident per row.
-  void advise_small_pages(uint64_t offset, uint64_t length) const;
   /// Hints sequential reading of [offset, offset+length) (MADV_SEQUENTIAL + WILLNEED).
   void advise_sequential(uint64_t offset, uint64_t length) const;
   /// Unmaps and closes; idempotent.

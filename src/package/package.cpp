@@ -275,10 +275,6 @@ void Package::release(const PackageSegment& s) const {
   if (in_map(s)) map_.release(s.offset, s.size);
 }
 
-void Package::advise_small_pages(const PackageSegment& s) const {
-  if (in_map(s)) map_.advise_small_pages(s.offset, s.size);
-}
-
 void Package::release(const PackageSegment& s, uint64_t offset, uint64_t length) const {
   if (!in_map(s) || offset >= s.size) return;
   map_.release(s.offset + offset, std::min(length, s.size - offset));

@@ -98,8 +98,6 @@ class Package {
   void release(const PackageSegment& s, uint64_t offset, uint64_t length) const;
   /// The package's open file (segment s lies at s.offset in it).
   int fd() const { return map_.fd(); }
-  /// Small pages only for the segment's mapping (MappedFile::advise_small_pages).
-  void advise_small_pages(const PackageSegment& s) const;
 
   /// Checks every segment checksum and zero gaps, reading through the map in bounded chunks
   /// and dropping each chunk's pages after; memory stays bounded whatever the package size.

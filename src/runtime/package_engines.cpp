@@ -231,15 +231,8 @@ Status PackageEngines::prepare(Engine& e, const std::map<std::string, PackageVal
   if (e.exec && shapes == e.planned) return Status::ok();
   if (!e.weights) {
     // First use: check the bytes of every segment it reads, then bind the weights in place.
-    // A backend that copies the weights (a GPU) reads each page once: small pages for it, so each
-    // page read and given back is 4 KiB, not a 2 MiB folio, and a gathered embedding row keeps
-    // 4 KiB resident (not 2 MiB: 325 MB for 200 prompt tokens on the H200 machine's kernel, the
-    // package mapping's RSS after recorded chunks).
+    for (const PackageSegment* s : e.segments) VLAC_RETURN_IF_ERROR(pkg_->verify(*s));
     const bool copies = e.backend->runtime().memory_kind() != MemoryKind::Host;
-    for (const PackageSegment* s : e.segments) {
-      if (copies) pkg_->advise_small_pages(*s);
-      VLAC_RETURN_IF_ERROR(pkg_->verify(*s));
-    }
     WeightBinding wb;
     wb.refs = e.refs;
     wb.run_dtypes = e.run;
@@ -249,7 +242,8 @@ Status PackageEngines::prepare(Engine& e, const std::map<std::string, PackageVal
       WeightFileView v{span.data(), span.size(), pkg_->path() + ": segment '" + s->name + "'", nullptr};
       // A backend that copies the weights (a GPU) gives each chunk's pages back as it goes, so
       // an engine's upload never holds its whole segment (the release after the bind is for
-      // everything else it touched, e.g. the checksum's reads).
+      // everything else it touched, e.g. the checksum's reads), and reads gathered rows of a
+      // table it keeps on the host from the file (fd), mapping nothing.
       if (copies) {
         v.release = [pkg = pkg_, s](uint64_t off, uint64_t n) { pkg->release(*s, off, n); };
         v.fd = pkg_->fd();

@@ -126,35 +126,11 @@ void GemmRunner::Impl::tune(cudaStream_t stream, const GemmDesc& d, Plan& p, con
     if (e0) cudaEventDestroy(e0);
     return;
   }
-  const float alpha = 1.0f, beta = 0.0f;
-  float first = -1, best = -1;
-  size_t best_i = 0;
-  for (size_t i = 0; i < p.candidates.size(); ++i) {
-    auto go = [&] {
-      return cublasLtMatmul(handle, p.op, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &p.candidates[i], ws, workspace,
-                            stream);
-    };
-    if (go() != CUBLAS_STATUS_SUCCESS) continue;  // warm-up; a candidate that fails is dropped
-    cudaEventRecord(e0, stream);
-    bool ok = true;
-    for (int r = 0; r < 3 && ok; ++r) ok = go() == CUBLAS_STATUS_SUCCESS;
-    cudaEventRecord(e1, stream);
-    float ms = 0;
-    if (!ok || cudaEventSynchronize(e1) != cudaSuccess || cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess) {
-      (void)cudaGetLastError();
-      continue;
-    }
-    if (i == 0) first = ms;
-    if (best < 0 || ms < best) best = ms, best_i = i;
-  }
-  // The skinny kernel's splits, timed the same way; it is kept if it beats the best cuBLASLt answer.
-  float skinny_best = -1;
-  int skinny_at = 0;
-  for (int splits : p.skinny_splits) {
-    auto go = [&] { return run_skinny(stream, d, splits, x, w, bias, y, ws).is_ok(); };
+  // Milliseconds of 3 runs after a warm-up, or < 0 when a run or the timing fails (dropped).
+  auto time_ms = [&](auto&& go) -> float {
     if (!go()) {
       (void)cudaGetLastError();
-      continue;
+      return -1;
     }
     cudaEventRecord(e0, stream);
     bool ok = true;
@@ -163,9 +139,28 @@ void GemmRunner::Impl::tune(cudaStream_t stream, const GemmDesc& d, Plan& p, con
     float ms = 0;
     if (!ok || cudaEventSynchronize(e1) != cudaSuccess || cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess) {
       (void)cudaGetLastError();
-      continue;
+      return -1;
     }
-    if (skinny_best < 0 || ms < skinny_best) skinny_best = ms, skinny_at = splits;
+    return ms;
+  };
+  const float alpha = 1.0f, beta = 0.0f;
+  float first = -1, best = -1;
+  size_t best_i = 0;
+  for (size_t i = 0; i < p.candidates.size(); ++i) {
+    const float ms = time_ms([&] {
+      return cublasLtMatmul(handle, p.op, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &p.candidates[i], ws, workspace,
+                            stream) == CUBLAS_STATUS_SUCCESS;
+    });
+    if (ms < 0) continue;
+    if (i == 0) first = ms;
+    if (best < 0 || ms < best) best = ms, best_i = i;
+  }
+  // The skinny kernel's splits, timed the same way; it is kept if it beats the best cuBLASLt answer.
+  float skinny_best = -1;
+  int skinny_at = 0;
+  for (int splits : p.skinny_splits) {
+    const float ms = time_ms([&] { return run_skinny(stream, d, splits, x, w, bias, y, ws).is_ok(); });
+    if (ms >= 0 && (skinny_best < 0 || ms < skinny_best)) skinny_best = ms, skinny_at = splits;
   }
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
