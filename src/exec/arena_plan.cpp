@@ -22,7 +22,8 @@ std::vector<ValueId> storage_roots(const ir::Graph& g, const std::vector<NodeId>
 }
 
 ArenaPlan plan_arena(const ir::Graph& g, const std::vector<NodeId>& order, const std::vector<ValueId>& root,
-                     const std::vector<uint8_t>& outside, const std::vector<int64_t>& last_use_at_least) {
+                     const std::vector<uint8_t>& outside, const std::vector<int64_t>& last_use_at_least,
+                     const std::vector<uint64_t>& stored_bytes) {
   const size_t nv = g.values().size();
   std::vector<ir::LiveRange> live = ir::liveness(g, order);
   std::vector<int64_t> first(nv, -1), lastu(nv, -1);
@@ -40,7 +41,8 @@ ArenaPlan plan_arena(const ir::Graph& g, const std::vector<NodeId>& order, const
     if (v < outside.size() && outside[v]) continue;
     const OpKind op = g.node(g.value(ValueId(v)).producer).op;
     if (op == OpKind::Weight || op == OpKind::Input || op == OpKind::Constant) continue;
-    blocks.push_back({ValueId(v), align_up(std::max<uint64_t>(g.info(ValueId(v)).bytes(), 1)), first[v], lastu[v], 0});
+    const uint64_t bytes = v < stored_bytes.size() && stored_bytes[v] ? stored_bytes[v] : g.info(ValueId(v)).bytes();
+    blocks.push_back({ValueId(v), align_up(std::max<uint64_t>(bytes, 1)), first[v], lastu[v], 0});
   }
   std::vector<size_t> by_size(blocks.size());
   for (size_t i = 0; i < by_size.size(); ++i) by_size[i] = i;

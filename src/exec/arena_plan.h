@@ -35,8 +35,11 @@ struct ArenaPlan {
 /// buffers of their own (e.g. values that must persist between runs). `last_use_at_least` (by
 /// value id, positions in `order`, may be empty; -1 = none) keeps a value's root alive at least
 /// that long: a backend that fuses later nodes into one kernel reading it there (CUDA's
-/// residual + norm) needs it not to share storage with what those nodes write.
+/// residual + norm) needs it not to share storage with what those nodes write. `stored_bytes`
+/// (by value id, may be empty; 0 = the value's own size) gives a root's block size where the
+/// backend stores it narrower than its graph dtype (CUDA's bf16 copies of f32 values).
 ArenaPlan plan_arena(const ir::Graph& g, const std::vector<ir::NodeId>& order, const std::vector<ir::ValueId>& root,
-                     const std::vector<uint8_t>& outside = {}, const std::vector<int64_t>& last_use_at_least = {});
+                     const std::vector<uint8_t>& outside = {}, const std::vector<int64_t>& last_use_at_least = {},
+                     const std::vector<uint64_t>& stored_bytes = {});
 
 }  // namespace vlac::exec

@@ -134,7 +134,7 @@ TEST_F(CudaKernels, ResidualNormMatchesCpu) {
 }
 
 TEST_F(CudaKernels, GeluAndGegluMatchCpu) {
-  for (auto [rows, f] : {std::pair<int64_t, int64_t>{968, 16384}, {50, 4096}, {256, 4304}, {3, 77}}) {
+  for (auto [rows, f] : {std::pair<int64_t, int64_t>{968, 16384}, {50, 4096}, {256, 4304}, {3, 77}, {70000, 8}}) {
     const size_t n = size_t(rows * f);
     auto gu = randn(2 * n, uint32_t(rows + f), 2.0f);  // fused [rows, 2F]: gate | up per row
     for (DType it : {DType::F32, DType::BF16})
@@ -224,6 +224,19 @@ TEST_F(CudaKernels, RopePairEqualsTwoRopes) {
       sync();
       EXPECT_EQ(download<uint8_t>(q1, nq * es), download<uint8_t>(q2, nq * es)) << "q " << dtype_name(yt);
       EXPECT_EQ(download<uint8_t>(k1, nk * es), download<uint8_t>(k2, nk * es)) << "k " << dtype_name(yt);
+      // With v (the last dh columns) copied in the same launch into rows 2·dh apart: cast_rows' bits,
+      // and the rotations unchanged.
+      DevBuf v1(nk * 2 * es), v2(nk * 2 * es), q3(nq * es), k3(nk * es);
+      v1.poison();
+      v2.poison();
+      VLAC_CUDA_OK(cast_rows(stream_, x + (h + 1) * dh, DType::F32, stride, v1.get(), yt, 2 * dh, t, dh));
+      const RopeJob a3{x, stride, q3.get(), h * dh, h}, b3{x + h * dh, stride, k3.get(), dh, 1};
+      const RowCopyJob cv{x + (h + 1) * dh, stride, v2.get(), 2 * dh, dh};
+      VLAC_CUDA_OK(rope_pair_to(stream_, a3, b3, DType::F32, yt, dpos->as<int64_t>(), t, dh, 1e4f, &cv));
+      sync();
+      EXPECT_EQ(download<uint8_t>(q1, nq * es), download<uint8_t>(q3, nq * es)) << "q with copy " << dtype_name(yt);
+      EXPECT_EQ(download<uint8_t>(k1, nk * es), download<uint8_t>(k3, nk * es)) << "k with copy " << dtype_name(yt);
+      EXPECT_EQ(download<uint8_t>(v1, nk * 2 * es), download<uint8_t>(v2, nk * 2 * es)) << "v copy " << dtype_name(yt);
     }
   }
 }

@@ -121,7 +121,10 @@ __device__ __forceinline__ void load_q(uint16_t* sm, const Params& p, int64_t kv
   }
 }
 
-constexpr int kMaxClusterSplits = 8;  // a portable cluster size
+// Hopper allows clusters of 16 blocks where the kernel opts in (non-portable size); launch_bf16
+// checks that a 16-block cluster of this kernel can be resident and uses 8 (portable) otherwise.
+constexpr int kMaxClusterSplits = 16;
+constexpr int kPortableClusterSplits = 8;
 
 // The splits of one row tile as a cluster: each member leaves its unnormalised o and (max, sum)
 // in its shared memory, then merges rows [rank·64/splits, ...) of the tile over all members with
@@ -525,16 +528,43 @@ bool cluster_combine_available() {
   return on;
 }
 
+// The largest cluster of the expert's kernel (D = 256, bf16 out) that can be resident, capped at
+// kMaxClusterSplits; kPortableClusterSplits where the query fails.
+int max_cluster_splits() {
+  static const int n = [] {
+    using G = Geom<256>;
+    auto* k = attn_bf16_kernel<256, uint16_t, true>;
+    if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(G::kSmem)) != cudaSuccess ||
+        cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return kPortableClusterSplits;
+    }
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(1, 1, unsigned(kMaxClusterSplits));
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = G::kSmem;
+    int size = 0;
+    if (cudaOccupancyMaxPotentialClusterSize(&size, k, &cfg) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return kPortableClusterSplits;
+    }
+    return std::max(2, std::min(size, kMaxClusterSplits));
+  }();
+  return n;
+}
+
 template <int D, typename To>
 Status launch_bf16(cudaStream_t stream, Params p) {
   using G = Geom<D>;
-  const bool cluster = p.splits > 1 && p.splits <= kMaxClusterSplits && cluster_combine_available();
+  const bool cluster = p.splits > 1 && cluster_combine_available() && p.splits <= max_cluster_splits();
   static const cudaError_t attr = [] {
     cudaError_t e = cudaFuncSetAttribute(attn_bf16_kernel<D, To, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          int(G::kSmem));
     if (e == cudaSuccess)
       e = cudaFuncSetAttribute(attn_bf16_kernel<D, To, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                int(G::kSmem));
+    if (e == cudaSuccess && cluster_combine_available())
+      e = cudaFuncSetAttribute(attn_bf16_kernel<D, To, true>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
     return e;
   }();
   if (attr != cudaSuccess) {
@@ -579,7 +609,14 @@ int attention_splits(const AttentionShape& a, DType io, int num_sms) {
   // Measured on the H200 (bench/results): the combine pass costs more than it buys unless the row
   // tiles leave most multiprocessors idle — the prefix (121 tiles) and SigLIP (64) run fastest
   // unsplit, the expert (7 tiles) 3.4x faster with 8-32 splits.
-  if (blocks * 8 > sms) return 1;
+  // VLAC_ATTN_FORCE_SPLITS=N splits those too (a measurement knob: more blocks per SM against the
+  // partials' traffic and the combine).
+  static const int64_t force = [] {
+    const char* e = std::getenv("VLAC_ATTN_FORCE_SPLITS");
+    const int64_t v = e ? std::atoll(e) : 0;
+    return v > 1 ? std::min<int64_t>(v, kMaxSplits) : int64_t(0);
+  }();
+  if (blocks * 8 > sms) return force ? int(cdiv(a.s, keys_per_split(a.s, int(force)))) : 1;
   // VLAC_ATTN_MAX_SPLITS caps the splits (a tuning knob for the measurement).
   static const int64_t cap = [] {
     const char* e = std::getenv("VLAC_ATTN_MAX_SPLITS");
@@ -588,7 +625,7 @@ int attention_splits(const AttentionShape& a, DType io, int num_sms) {
   }();
   // Merged inside the kernel (VLAC_ATTN_CLUSTER=1 on sm_90), the splits of a tile are one cluster:
   // at most 8.
-  const int64_t lim = cluster_combine_available() ? std::min<int64_t>(cap, kMaxClusterSplits) : cap;
+  const int64_t lim = cluster_combine_available() ? std::min<int64_t>(cap, max_cluster_splits()) : cap;
   const int64_t want = std::min<int64_t>({cdiv(sms, blocks), cdiv(a.s, kBN), lim});
   return int(cdiv(a.s, keys_per_split(a.s, int(want))));  // the splits that keys_per_split really makes
 }

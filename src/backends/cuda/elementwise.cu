@@ -1,6 +1,8 @@
 // Casts, GELU-tanh, GeGLU, the Euler step, RoPE, im2col and the embedding gather: grid-stride
 // loops, fp32 math, one rounding at the store (plus the intermediate roundings torch's bf16 mode
 // makes, where a function's comment in kernels.h says so).
+#include <algorithm>
+#include <cstdint>
 #include <string>
 
 #include "backends/cuda/common.cuh"
@@ -52,6 +54,44 @@ __global__ void geglu_kernel(const Tx* gate, const Tx* up, int64_t in_stride, Ty
   }
 }
 
+// 8 consecutive elements per thread with 16-byte loads and stores, one row per blockIdx.y (no
+// 64-bit division per element): the LM's [968, 16384] GeGLU is bandwidth-bound. Same arithmetic
+// as geglu_kernel, element by element.
+template <typename T> __device__ __forceinline__ void ld8(const T* p, float* v);
+template <> __device__ __forceinline__ void ld8<float>(const float* p, float* v) {
+  const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+template <> __device__ __forceinline__ void ld8<uint16_t>(const uint16_t* p, float* v) {
+  const uint4 a = *reinterpret_cast<const uint4*>(p);
+  const uint32_t w[4] = {a.x, a.y, a.z, a.w};
+  for (int k = 0; k < 4; ++k) v[2 * k] = __uint_as_float(w[k] << 16), v[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
+}
+template <typename T> __device__ __forceinline__ void st8(T* p, const float* v);
+template <> __device__ __forceinline__ void st8<float>(float* p, const float* v) {
+  reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
+  reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+}
+template <> __device__ __forceinline__ void st8<uint16_t>(uint16_t* p, const float* v) {
+  uint32_t w[4];
+  for (int k = 0; k < 4; ++k) w[k] = uint32_t(f2bf(v[2 * k])) | (uint32_t(f2bf(v[2 * k + 1])) << 16);
+  *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+template <typename Tx, typename Ty>
+__global__ void geglu8_kernel(const Tx* gate, const Tx* up, int64_t in_stride, Ty* y, int64_t rows, int64_t f) {
+  pdl_wait();
+  const int64_t c = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * 8;
+  if (c >= f) return;
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    float g[8], u[8];
+    ld8(gate + r * in_stride + c, g);
+    ld8(up + r * in_stride + c, u);
+    for (int k = 0; k < 8; ++k) g[k] = as_stored<Tx>(gelu_tanh_1(g[k])) * u[k];
+    st8(y + r * f + c, g);
+  }
+}
+
 __global__ void euler_kernel(const float* x, const float* v, float dt, float* y, int64_t n) {
   pdl_wait();
   VLAC_GRID_LOOP(i, n) y[i] = x[i] + dt * v[i];
@@ -85,12 +125,21 @@ struct RopeJobs {
   void* ya;
   void* yb;
   int64_t xsa, xsb, ysa, ysb, ha, hb;
+  // An optional copy of t rows of `cc` columns after the rotations (cc = 0: none), rounded to Ty.
+  const void* cx;
+  void* cy;
+  int64_t cxs, cys, cc;
 };
 template <typename Tx, typename Ty>
 __global__ void rope_pair_kernel(RopeJobs j, const int64_t* pos, int64_t t, int64_t dh, float base) {
   pdl_wait();
-  const int64_t half = dh / 2, h = j.ha + j.hb;
-  VLAC_GRID_LOOP(idx, t * h * half) {
+  const int64_t half = dh / 2, h = j.ha + j.hb, nr = t * h * half;
+  VLAC_GRID_LOOP(idx, nr + t * j.cc) {
+    if (idx >= nr) {  // the copy, after the rotations' elements
+      const int64_t e = idx - nr, r = e / j.cc, c = e % j.cc;
+      st(static_cast<Ty*>(j.cy), r * j.cys + c, ld(static_cast<const Tx*>(j.cx), r * j.cxs + c));
+      continue;
+    }
     const int64_t i = idx % half, hh = (idx / half) % h, ti = idx / (half * h);
     const bool a = hh < j.ha;
     const int64_t hi = a ? hh : hh - j.ha;
@@ -199,9 +248,18 @@ Status geglu(cudaStream_t stream, const void* gate, const void* up, DType it, in
   if (!is_act(it) || !is_act(yt)) return bad_dtype("geglu");
   if (rows < 0 || f < 0 || in_stride < f) return invalid_argument("geglu: bad shape or stride");
   if (rows * f == 0) return Status::ok();
+  const bool aligned = ((reinterpret_cast<uintptr_t>(gate) | reinterpret_cast<uintptr_t>(up) |
+                         reinterpret_cast<uintptr_t>(y)) & 15u) == 0;
+  const bool wide = aligned && f % 8 == 0 && in_stride % 8 == 0;
   return dispatch2(it, yt, [&]<typename Tx, typename Ty>() {
-    launch(geglu_kernel<Tx, Ty>, grid_1d(rows * f, kThreads), kThreads, 0, stream,
-        static_cast<const Tx*>(gate), static_cast<const Tx*>(up), in_stride, static_cast<Ty*>(y), rows, f);
+    if (wide) {
+      const dim3 grid(unsigned((f / 8 + kThreads - 1) / kThreads), unsigned(std::min<int64_t>(rows, 65535)));
+      launch(geglu8_kernel<Tx, Ty>, grid, kThreads, 0, stream, static_cast<const Tx*>(gate),
+             static_cast<const Tx*>(up), in_stride, static_cast<Ty*>(y), rows, f);
+    } else {
+      launch(geglu_kernel<Tx, Ty>, grid_1d(rows * f, kThreads), kThreads, 0, stream,
+          static_cast<const Tx*>(gate), static_cast<const Tx*>(up), in_stride, static_cast<Ty*>(y), rows, f);
+    }
     return launch_status("geglu");
   });
 }
@@ -238,15 +296,19 @@ Status rope_to(cudaStream_t stream, const void* x, DType xt, int64_t x_stride, v
 }
 
 Status rope_pair_to(cudaStream_t stream, const RopeJob& a, const RopeJob& b, DType xt, DType yt, const int64_t* pos,
-                    int64_t t, int64_t dh, float base) {
+                    int64_t t, int64_t dh, float base, const RowCopyJob* copy) {
   if (!is_act(xt) || !is_act(yt)) return bad_dtype("rope_pair");
   for (const RopeJob* r : {&a, &b})
     if (r->h <= 0 || r->x_stride < r->h * dh || r->y_stride < r->h * dh || r->x == r->y)
       return invalid_argument("rope_pair: bad job (heads > 0, row strides >= h·dh, out of place)");
   if (t < 0 || dh <= 0 || dh % 2 != 0) return invalid_argument("rope_pair: bad shape (dh must be even)");
   if (t == 0) return Status::ok();
-  const RopeJobs j{a.x, b.x, a.y, b.y, a.x_stride, b.x_stride, a.y_stride, b.y_stride, a.h, b.h};
-  const int64_t n = t * (a.h + b.h) * (dh / 2);
+  if (copy && (copy->cols <= 0 || copy->x_stride < copy->cols || copy->y_stride < copy->cols || !copy->x || !copy->y))
+    return invalid_argument("rope_pair: bad copy job (cols > 0, row strides >= cols)");
+  const RopeJobs j{a.x, b.x, a.y, b.y, a.x_stride, b.x_stride, a.y_stride, b.y_stride, a.h, b.h,
+                   copy ? copy->x : nullptr, copy ? copy->y : nullptr, copy ? copy->x_stride : 0,
+                   copy ? copy->y_stride : 0, copy ? copy->cols : 0};
+  const int64_t n = t * (a.h + b.h) * (dh / 2) + t * j.cc;
   return dispatch2(xt, yt, [&]<typename Tx, typename Ty>() {
     launch(rope_pair_kernel<Tx, Ty>, grid_1d(n, kThreads), kThreads, 0, stream, j, pos, t, dh, base);
     return launch_status("rope_pair");

@@ -448,8 +448,23 @@ Status CudaExecutable::plan(const CudaWeights& weights) {
     }
   }
 
-  // Activations: one arena from liveness (exec/arena_plan), the CPU executor's plan.
-  exec::ArenaPlan arena = exec::plan_arena(g, order_, root_, outside, residual_norm_lifetimes());
+  // Memo of the nodes that depend on the memo inputs alone (exec/memo_plan): planned before the
+  // arena, since what is stored in bf16 (below) depends on it and sizes the arena's blocks.
+  if (options_.memo_slots > 0) memo_ = exec::plan_memo(g, order_, root_, options_.memo_inputs);
+  if (!memo_.enabled()) {
+    memo_ = {};
+    memo_.node.assign(g.nodes().size(), 0);
+    memo_.results.assign(g.nodes().size(), {});
+  }
+  VLAC_RETURN_IF_ERROR(plan_bf16_gemm_outputs());
+  plan_bf16_stores();
+
+  // Activations: one arena from liveness (exec/arena_plan), the CPU executor's plan, each block
+  // sized for what is stored there (bf16 values take half their f32 size).
+  std::vector<uint64_t> stored(nv, 0);
+  for (size_t v = 0; v < nv; ++v)
+    if (bf16_store_[v]) stored[v] = uint64_t(g.info(ValueId(v)).numel()) * 2;
+  exec::ArenaPlan arena = exec::plan_arena(g, order_, root_, outside, residual_norm_lifetimes(), stored);
   arena_bytes_ = arena.bytes;
   arena_blocks_ = std::move(arena.blocks);
   if (!options_.shared_memory) {
@@ -458,25 +473,19 @@ Status CudaExecutable::plan(const CudaWeights& weights) {
     bind_memory(own_arena_, own_scratch_);
   }
 
-  // Memo of the nodes that depend on the memo inputs alone (exec/memo_plan), slots on the device.
-  if (options_.memo_slots > 0) memo_ = exec::plan_memo(g, order_, root_, options_.memo_inputs);
+  // Memo slots on the device.
   if (memo_.enabled()) {
     VLAC_ASSIGN_OR_RETURN(memo_storage_, device_alloc(memo_.slot_bytes * uint64_t(options_.memo_slots),
                                                       "engine '" + label + "': memo slots"));
     memo_keys_.assign(size_t(options_.memo_slots), std::vector<uint8_t>(memo_.key_bytes));
     memo_valid_.assign(size_t(options_.memo_slots), 0);
     for (int i : memo_.key_inputs) inputs_[size_t(i)].keep_shadow = true;
-  } else {
-    memo_ = {};
-    memo_.node.assign(g.nodes().size(), 0);
-    memo_.results.assign(g.nodes().size(), {});
   }
   for (size_t i = 0; i < inputs_.size(); ++i)
     if (inputs_[i].keep_shadow) inputs_[i].shadow.resize(g.info(g.inputs()[i]).bytes());
   for (NodeId id : order_)
     if (plans_[size_t(id)].view && memo_.node[size_t(id)])
       return internal_error(where(g.node(id)) + ": a slice view cannot be a memo result");
-  plan_bf16_stores();
   plan_residual_norms();
   plan_rope_pairs();
   for (NodeId id : order_) {
@@ -621,12 +630,15 @@ void CudaExecutable::plan_rope_pairs() {
     const NodeId a = order_[i];
     const Node& na = g.node(a);
     if (na.op != OpKind::RoPE || memo_.node[size_t(a)] || plans_[size_t(a)].skip) continue;
+    // Nodes that run nothing: views, reshapes and the graph's leaves (the depth-first schedule
+    // puts the next layer's prefix K input between the expert's two RoPEs).
+    auto runs_nothing = [&](NodeId m) {
+      const OpKind op = g.node(m).op;
+      return op == OpKind::Reshape || op == OpKind::Input || op == OpKind::Weight || op == OpKind::Constant ||
+             (op == OpKind::Slice && plans_[size_t(m)].view);
+    };
     size_t j = i + 1;
-    while (j < order_.size()) {
-      const Node& m = g.node(order_[j]);
-      if (m.op == OpKind::Reshape || (m.op == OpKind::Slice && plans_[size_t(order_[j])].view)) ++j;
-      else break;
-    }
+    while (j < order_.size() && runs_nothing(order_[j])) ++j;
     if (j >= order_.size()) continue;
     const NodeId b = order_[j];
     const Node& nb = g.node(b);
@@ -641,6 +653,34 @@ void CudaExecutable::plan_rope_pairs() {
     if (root_[size_t(na.inputs[0])] != root_[size_t(nb.inputs[0])]) continue;
     plans_[size_t(a)].rope_pair = int64_t(b);
     plans_[size_t(b)].skip = true;
+    // The v of the same fused output, a column Slice written as rows into its K/V buffer
+    // (into_concat), joins the launch when only nodes that run nothing or stable Concats into
+    // other buffers come between: it reads the fused output (written before a) and writes rows
+    // of its own buffer (outside the arena), which nothing in between reads or writes.
+    std::vector<ValueId> between;
+    for (size_t k = j + 1; k < order_.size() && k <= j + 8; ++k) {
+      const NodeId c = order_[k];
+      const Node& nc = g.node(c);
+      if (runs_nothing(c)) continue;
+      if (nc.op == OpKind::Concat && plans_[size_t(c)].stable_pieces) {
+        between.push_back(root_[size_t(nc.outputs[0])]);
+        continue;
+      }
+      const NodePlan& pc = plans_[size_t(c)];
+      if (nc.op != OpKind::Slice || !pc.into_concat || pc.view || pc.skip || memo_.node[size_t(c)]) break;
+      const ValueInfo& ci = g.info(nc.inputs[0]);
+      int64_t ax = nc.attrs.get_int("axis", 0);
+      if (ax < 0) ax += int64_t(ci.shape.size());
+      if (root_[size_t(nc.inputs[0])] != root_[size_t(na.inputs[0])] || ci.shape.size() != 2 || ax != 1 ||
+          ci.shape[0] != xa.shape[0] || ci.dtype != DType::F32 || bf16_stored(nc.inputs[0]) ||
+          bf16_stored(nc.outputs[0]) != bf16_stored(na.outputs[0]))
+        break;
+      const ValueId cr = root_[size_t(nc.outputs[0])];
+      if (std::find(between.begin(), between.end(), cr) != between.end()) break;
+      plans_[size_t(a)].rope_copy = int64_t(c);
+      plans_[size_t(c)].skip = true;
+      break;
+    }
     ++i;  // b is taken
   }
 }
@@ -688,7 +728,7 @@ void CudaExecutable::plan_residual_norms() {
     const size_t r = size_t(root_[size_t(v)]);
     if (off[r] < 0) return false;
     *a = off[r];
-    *b = off[r] + int64_t(exec::align_up(std::max<uint64_t>(g.info(ValueId(r)).bytes(), 1)));
+    *b = off[r] + int64_t(exec::align_up(std::max<uint64_t>(stored_bytes(ValueId(r)), 1)));
     return true;
   };
   auto overlaps = [&](ValueId u, ValueId v) {
@@ -775,6 +815,65 @@ void CudaExecutable::plan_residual_norms() {
   }
 }
 
+// GEMM outputs read only by GeGLU (the fused gate|up, through its two slice views) are written
+// in bf16 by the GEMM itself: a bf16 Linear (bf16 weight, fp32 accumulation) with no bias or
+// accumulation rounds its fp32 sum once at the store, as torch's bf16 mode rounds gate_proj and
+// up_proj. This is a rounding point the f32 graph does not have (lerobot's bf16 mode has it; the
+// CPU backend keeps f32 there), so it is limited to bf16 Linears and can be turned off
+// (VLAC_GEMM_BF16_OUT=0). It halves the largest activation of the LM (the [968, 32768] gate|up
+// output: 127 -> 63 MB of arena) and the traffic of GeGLU, its reader. Graph outputs and memo
+// nodes keep f32.
+static bool gemm_bf16_out_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("VLAC_GEMM_BF16_OUT");
+    return !(e && std::string(e) == "0");
+  }();
+  return on;
+}
+
+Status CudaExecutable::plan_bf16_gemm_outputs() {
+  const ir::Graph& g = graph_;
+  const size_t nv = g.values().size();
+  bf16_gemm_out_.assign(nv, 0);
+  if (!gemm_bf16_out_enabled()) return Status::ok();
+  std::vector<uint8_t> is_out(nv, 0);
+  for (ValueId o : g.outputs()) is_out[size_t(root_[size_t(o)])] = 1;
+  std::vector<std::vector<std::pair<NodeId, size_t>>> readers(nv);
+  for (NodeId id : order_) {
+    const Node& n = g.node(id);
+    if (n.op == OpKind::Reshape) continue;
+    for (size_t i = 0; i < n.inputs.size(); ++i) readers[size_t(root_[size_t(n.inputs[i])])].push_back({id, i});
+  }
+  for (NodeId id : order_) {
+    const Node& n = g.node(id);
+    NodePlan& p = plans_[size_t(id)];
+    if (n.op != OpKind::Linear || memo_.node[size_t(id)] || p.gemm.m <= 0 || p.gemm.in != DType::BF16 ||
+        p.gemm.out != DType::F32 || p.gemm.epilogue != Epilogue::None || p.gemm.accumulate)
+      continue;
+    const ValueId o = n.outputs[0];
+    if (root_[size_t(o)] != o || is_out[size_t(o)]) continue;
+    bool ok = false;
+    for (const auto& [r, i] : readers[size_t(o)]) {
+      const Node& rn = g.node(r);
+      if (rn.op == OpKind::Slice && plans_[size_t(r)].view) continue;  // runs nothing: its readers read o
+      if (rn.op == OpKind::GeGLU && i < 2 && !memo_.node[size_t(r)]) {
+        ok = true;
+        continue;
+      }
+      ok = false;
+      break;
+    }
+    if (!ok) continue;
+    p.gemm.out = DType::BF16;
+    Status st = ctx_->gemm().plan(p.gemm);
+    if (!st.is_ok()) return Status(st.code(), where(n) + ": " + st.message());
+    bf16_gemm_out_[size_t(o)] = 1;
+    for (size_t v = 0; v < nv; ++v)  // the slice views' offsets were counted in f32 elements
+      if (root_[v] == o) view_off_[v] /= 2;
+  }
+  return Status::ok();
+}
+
 // An F32 activation whose every reader rounds it to bf16 on the way in (a Linear with a bf16
 // weight, the bf16 attention's q/k/v) is written in bf16 by its producer, when that producer can
 // round at its store (norms, GeGLU/GELU, RoPE, attention, an axis-0 concat, a column slice of
@@ -840,7 +939,12 @@ void CudaExecutable::plan_bf16_stores() {
       if (!rounds) ok[r] = 0;
     }
   }
-  for (size_t v = 0; v < nv; ++v) bf16_store_[v] = ok[v] && seen[v];
+  for (size_t v = 0; v < nv; ++v) bf16_store_[v] = (ok[v] && seen[v]) || bf16_gemm_out_[v];
+}
+
+uint64_t CudaExecutable::stored_bytes(ValueId r) const {
+  const ValueInfo& i = graph_.info(r);
+  return bf16_store_[size_t(r)] ? uint64_t(i.numel()) * 2 : i.bytes();
 }
 
 MemoryPlan CudaExecutable::memory() const {
@@ -1107,9 +1211,10 @@ Status CudaExecutable::run_node(NodeId id) {
       return gelu_tanh(s, f(0), DType::F32, out, od, x.numel());
     case OpKind::SiLU:
       return silu(s, f(0), outf, x.numel());
-    case OpKind::GeGLU: {
+    case OpKind::GeGLU: {  // gate and up: bf16 when their GEMM rounds at its store (plan_bf16_gemm_outputs)
       const int64_t d = last_dim(x);
-      return geglu(s, f(0), f(1), DType::F32, row_stride(n.inputs[0]), out, od, x.numel() / d, d);
+      const DType it = bf16_stored(n.inputs[0]) ? DType::BF16 : DType::F32;
+      return geglu(s, ptr(n.inputs[0]), ptr(n.inputs[1]), it, row_stride(n.inputs[0]), out, od, x.numel() / d, d);
     }
     case OpKind::RoPE: {
       const int64_t row = x.shape[1] * x.shape[2];  // out of place: no copy of x first
@@ -1121,8 +1226,15 @@ Status CudaExecutable::run_node(NodeId id) {
         const int64_t xsb = view_stride_[size_t(nb.inputs[0])] ? view_stride_[size_t(nb.inputs[0])] : rowb;
         const RopeJob ja{f(0), xs, out, row, x.shape[1]};
         const RopeJob jb{ptr(nb.inputs[0]), xsb, ptr(nb.outputs[0]), rowb, xb.shape[1]};
+        RowCopyJob cv;
+        if (p.rope_copy >= 0) {  // ... and the v slice's rows (plan_rope_pairs)
+          const Node& nc = g.node(NodeId(p.rope_copy));
+          const ValueInfo& ci = info(nc.inputs[0]);
+          const int64_t dim = ci.shape[1], start = nc.attrs.get_int("start", 0), end = nc.attrs.get_int("end", dim);
+          cv = {static_cast<const float*>(ptr(nc.inputs[0])) + start, dim, ptr(nc.outputs[0]), end - start, end - start};
+        }
         return rope_pair_to(s, ja, jb, DType::F32, od, static_cast<const int64_t*>(ptr(n.inputs[1])), x.shape[0],
-                            x.shape[2], float(n.attrs.get_float("base", 10000.0)));
+                            x.shape[2], float(n.attrs.get_float("base", 10000.0)), p.rope_copy >= 0 ? &cv : nullptr);
       }
       return rope_to(s, f(0), DType::F32, xs, out, od, row, static_cast<const int64_t*>(ptr(n.inputs[1])), x.shape[0],
                      x.shape[1], x.shape[2], float(n.attrs.get_float("base", 10000.0)));

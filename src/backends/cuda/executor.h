@@ -62,6 +62,9 @@ class CudaExecutable final : public Executable {
   /// Values an F32 graph keeps in bf16 on the device (plan_bf16_stores).
   bool bf16_stored(ir::ValueId v) const { return bf16_store_[size_t(root_[size_t(v)])] != 0; }
   void plan_bf16_stores();
+  Status plan_bf16_gemm_outputs();
+  /// Bytes a root's block holds: half its f32 size when stored in bf16.
+  uint64_t stored_bytes(ir::ValueId r) const;
   void plan_slice_views();
   std::vector<int64_t> residual_norm_lifetimes() const;
   void plan_residual_norms();
@@ -79,6 +82,7 @@ class CudaExecutable final : public Executable {
   std::vector<uint64_t> view_off_;
   std::vector<int64_t> view_stride_;
   std::vector<uint8_t> bf16_store_;  // by root value id
+  std::vector<uint8_t> bf16_gemm_out_;  // by root value id: GEMM outputs written in bf16 (plan_bf16_gemm_outputs)
   std::vector<std::pair<ir::ValueId, uint64_t>> arena_blocks_;
   uint64_t arena_bytes_ = 0, scratch_bytes_ = 0;
   void* own_arena_ = nullptr;
@@ -123,6 +127,8 @@ class CudaExecutable final : public Executable {
     bool into_concat = false;    // a Slice written as rows into a concatenation (cast_rows)
     // plan_rope_pairs: this RoPE also runs the next one (its node id), in one launch.
     int64_t rope_pair = -1;
+    // ... and a column Slice written into a concatenation (its node id; the v of q|k|v).
+    int64_t rope_copy = -1;
   };
   std::vector<NodePlan> plans_;
   std::vector<std::unique_ptr<struct HostGather>> gathers_;

@@ -59,6 +59,11 @@ class GemmRunner {
   uint64_t skinny_shapes() const;
   /// Number of cached plans (shapes seen).
   size_t plans() const;
+  /// Read-only device memory the cold timing (VLAC_GEMM_TUNE_COLD=1) may read to evict the L2
+  /// cache between timed runs: the uploaded weight blocks register here and leave before they
+  /// are freed. The largest registered is used.
+  static void add_flush_region(const void* p, uint64_t bytes);
+  static void remove_flush_region(const void* p);
 
  private:
   struct Impl;

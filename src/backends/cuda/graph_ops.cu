@@ -108,4 +108,26 @@ Status time_embedding(cudaStream_t stream, const float* t, float* out, int64_t d
   return launch_status("time_embedding");
 }
 
+
+namespace {
+// Reads `n` 16-byte words; the sum is stored only if it equals a value it cannot equal in practice,
+// so the reads are kept and nothing is written.
+__global__ void l2_flush_kernel(const uint4* p, int64_t n, unsigned* sink) {
+  unsigned acc = 0;
+  VLAC_GRID_LOOP(i, n) {
+    const uint4 v = p[i];
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x9e3779b9u && sink) *sink = acc;
+}
+}  // namespace
+
+Status l2_flush(cudaStream_t stream, const void* p, uint64_t bytes, void* sink) {
+  if (!p || bytes < 16 || (reinterpret_cast<uintptr_t>(p) & 15u)) return invalid_argument("l2_flush: bad region");
+  const int64_t n = int64_t(bytes / 16);
+  l2_flush_kernel<<<grid_1d(n, kThreads, 132 * 16), kThreads, 0, stream>>>(static_cast<const uint4*>(p), n,
+                                                                          static_cast<unsigned*>(sink));
+  return launch_status("l2_flush");
+}
+
 }  // namespace vlac::cuda

@@ -124,10 +124,20 @@ struct RopeJob {
   int64_t y_stride = 0;
   int64_t h = 0;
 };
+/// t rows of `cols` elements, x rows `x_stride` apart into y rows `y_stride` apart (cast_rows).
+struct RowCopyJob {
+  const void* x = nullptr;
+  int64_t x_stride = 0;
+  void* y = nullptr;
+  int64_t y_stride = 0;
+  int64_t cols = 0;
+};
 /// Two rope_to calls with the same positions, token count, head dim and dtypes in one launch (the
 /// expert's q and k, both read from the fused q|k|v output): the same bits as the two calls.
+/// `copy` (may be null) adds a cast_rows of t rows in the same dtypes to the launch (the
+/// expert's v, from the same fused output into its K/V buffer).
 Status rope_pair_to(cudaStream_t stream, const RopeJob& a, const RopeJob& b, DType xt, DType yt, const int64_t* pos,
-                    int64_t t, int64_t dh, float base);
+                    int64_t t, int64_t dh, float base, const RowCopyJob* copy = nullptr);
 
 // ---------------------------------------------------------------------------------------------
 // Embeddings
@@ -184,5 +194,11 @@ uint64_t attention_scratch_bytes(const AttentionShape& shape, DType io, int spli
 Status attention(cudaStream_t stream, const AttentionShape& shape, DType io, const void* q, const void* k,
                  const void* v, AttentionMask mask, void* out, DType ot, float scale, int splits, void* scratch,
                  uint64_t scratch_bytes);
+
+/// Reads `bytes` at p (16-byte aligned device memory, read only) so that what was in the L2 cache
+/// before is evicted: GEMM candidates are timed on weights coming from HBM, as in a chunk where
+/// every layer's weights are read once (GemmRunner's cold timing). `sink` (4 bytes, may be null)
+/// is never written in practice.
+Status l2_flush(cudaStream_t stream, const void* p, uint64_t bytes, void* sink);
 
 }  // namespace vlac::cuda
