@@ -6,6 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
 
 #include "backends/cpu/kernels.h"
 #include "backends/cuda/gemm.h"
@@ -92,6 +95,44 @@ TEST_F(CudaGemm, PlanIsCachedAndArgumentsAreChecked) {
   GemmDesc bad = d;
   bad.in = DType::F32;  // F32 inputs with a BF16 output
   EXPECT_EQ(runner->plan(bad).code(), StatusCode::Unsupported);
+}
+
+// The timing's choices go to the on-disk cache (VLAC_GEMM_CACHE=FILE): a second runner reads
+// them instead of timing and computes the same bits; a file that does not parse is ignored.
+TEST_F(CudaGemm, TuningChoicesAreCachedOnDisk) {
+  const std::string file = ::testing::TempDir() + "/vlac_gemm_tune_test.txt";
+  std::remove(file.c_str());
+  ::setenv("VLAC_GEMM_CACHE", file.c_str(), 1);
+  const GemmDesc d{50, 1024, 2048, DType::BF16, DType::F32, Epilogue::None, false};
+  auto x = to_device(to_bf16(bf16_values(randn(50 * 1024, 7)))), w = to_device(to_bf16(bf16_values(randn(2048 * 1024, 8, 0.03f))));
+  auto run_once = [&](uint64_t* tuned, uint64_t* cached) {
+    auto r = GemmRunner::create();
+    EXPECT_TRUE(r.is_ok()) << r.status().message();
+    DevBuf ws(r->workspace_bytes()), y(50 * 2048 * 4);
+    EXPECT_TRUE(r->run(stream_, d, x->get(), w->get(), nullptr, y.get(), ws.get()).is_ok());
+    sync();
+    *tuned = r->tuned_shapes(), *cached = r->cached_shapes();
+    return download<float>(y, 50 * 2048);
+  };
+  uint64_t t1 = 0, c1 = 0, t2 = 0, c2 = 0, t3 = 0, c3 = 0;
+  const auto y1 = run_once(&t1, &c1);
+  const auto y2 = run_once(&t2, &c2);
+  {
+    std::FILE* f = std::fopen(file.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs("not a tuning cache\n50,2048 zz\n", f);
+    std::fclose(f);
+  }
+  const auto y3 = run_once(&t3, &c3);
+  ::unsetenv("VLAC_GEMM_CACHE");
+  std::remove(file.c_str());
+  if (t1 == 0) GTEST_SKIP() << "VLAC_GEMM_TUNE=0 or one candidate: nothing is timed";
+  EXPECT_EQ(c1, 0u);
+  EXPECT_EQ(t2, 0u);
+  EXPECT_EQ(c2, 1u);
+  EXPECT_EQ(y1, y2);
+  EXPECT_EQ(t3, 1u) << "a file that does not parse is ignored";
+  EXPECT_EQ(c3, 0u);
 }
 
 // The weight-streaming kernel for M <= 64 (skinny_gemm.h), at the expert's four GEMM shapes, the

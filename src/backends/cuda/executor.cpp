@@ -209,7 +209,7 @@ Status CudaExecutable::plan(const CudaWeights& weights) {
         p.weight_dtype = wd;
         p.bf16 = wd == DType::BF16 && x.dtype == DType::F32;  // x rounded to bf16 on the way in
         p.gemm.tf32 = options_.fast_vision && wd == DType::F32 && x.dtype == DType::F32;
-        if (p.bf16) scratch = std::max(scratch, al(uint64_t(x.numel()) * 2));
+        // (its x's bf16 copy in the scratch is sized after plan_bf16_stores: none where x is stored in bf16)
         if (p.gemm.m > 0) {
           Status st = ctx_->gemm().plan(p.gemm);
           if (!st.is_ok()) return Status(st.code(), where(n) + ": " + st.message());
@@ -458,6 +458,14 @@ Status CudaExecutable::plan(const CudaWeights& weights) {
   }
   VLAC_RETURN_IF_ERROR(plan_bf16_gemm_outputs());
   plan_bf16_stores();
+  // The scratch holds a bf16 copy of a bf16 Linear's x only where x is not stored in bf16 already
+  // (the LM's down_proj reads GeGLU's bf16 output: no 32 MB copy).
+  for (NodeId id : order_) {
+    const Node& n = g.node(id);
+    const NodePlan& p = plans_[size_t(id)];
+    if (n.op == OpKind::Linear && p.bf16 && p.gemm.m > 0 && !bf16_stored(n.inputs[0]))
+      scratch_bytes_ = std::max(scratch_bytes_, al(uint64_t(g.info(n.inputs[0]).numel()) * 2));
+  }
 
   // Activations: one arena from liveness (exec/arena_plan), the CPU executor's plan, each block
   // sized for what is stored there (bf16 values take half their f32 size).

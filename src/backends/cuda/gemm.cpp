@@ -8,10 +8,17 @@
 #include "backends/cuda/context.h"
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/skinny_gemm.h"
+#include "core/atomic_file.h"
+
+#include <sys/stat.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <map>
+#include <sstream>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -45,6 +52,7 @@ struct Plan {
   std::vector<cublasLtMatmulAlgo_t> candidates;  // the heuristic's top few, best guess first
   std::vector<int> skinny_splits;                 // the skinny kernel's choices where it fits
   int skinny = 0;                                 // > 0: run the skinny kernel with this many splits
+  size_t chosen = 0;                              // index of algo in candidates
   bool tuned = false;
   void destroy() {
     if (op) cublasLtMatmulDescDestroy(op);
@@ -129,10 +137,98 @@ static SkinnyMode skinny_mode() {
   return m;
 }
 
+// The choices of the timing above are kept on disk per GPU and cuBLASLt version, so only the
+// first process on a machine times (the "chosen at first load on the target and cached"):
+// later ones load only the chosen kernels (less host and GPU memory for cuBLASLt's modules, no
+// timing in the first chunk). A choice is the index in the heuristic's answer list, which is the
+// same for the same shape, library and GPU; an index the list no longer has is timed again.
+// VLAC_GEMM_CACHE=0 turns it off, VLAC_GEMM_CACHE=FILE names the file; by default
+// $XDG_CACHE_HOME/vlac (or ~/.cache/vlac)/gemm_tune_<gpu>_<sm>_<cublasLt version>.txt. A file that
+// does not parse is ignored (and rewritten at the next save).
+class TuneCache {
+ public:
+  void open(const std::string& gpu) {
+    const char* e = std::getenv("VLAC_GEMM_CACHE");
+    if (e && std::string(e) == "0") return;
+    if (e && *e) {
+      path_ = e;
+    } else {
+      std::string dir;
+      if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) dir = std::string(x) + "/vlac";
+      else if (const char* h = std::getenv("HOME"); h && *h) dir = std::string(h) + "/.cache/vlac";
+      else return;
+      std::string name;
+      for (char c : gpu) name += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+      path_ = dir + "/gemm_tune_" + name + ".txt";
+      dir_ = dir;
+    }
+    header_ = "vlac-gemm-tune 1 " + gpu;
+    std::ifstream in(path_);
+    std::string line;
+    if (!in || !std::getline(in, line) || line != header_) return;
+    while (std::getline(in, line)) {
+      std::istringstream ls(line);
+      std::string key, choice;
+      if (ls >> key >> choice && (choice[0] == 'a' || choice[0] == 's')) choices_[key] = choice;
+    }
+  }
+  bool enabled() const { return !path_.empty(); }
+  const std::string* find(const std::string& key) const {
+    auto it = choices_.find(key);
+    return it == choices_.end() ? nullptr : &it->second;
+  }
+  // Records and writes the whole file (a temporary name, then rename); a failure only costs the
+  // next process its timing.
+  void put(const std::string& key, const std::string& choice) {
+    if (!enabled()) return;
+    choices_[key] = choice;
+    if (!dir_.empty()) {
+      const std::string parent = dir_.substr(0, dir_.rfind('/'));
+      ::mkdir(parent.c_str(), 0755);
+      ::mkdir(dir_.c_str(), 0755);
+    }
+    std::string text = header_ + "\n";
+    for (const auto& [k, c] : choices_) text += k + " " + c + "\n";
+    auto f = AtomicFile::create(path_);
+    if (!f.is_ok() || !f->write(text.data(), text.size()).is_ok() || !f->commit().is_ok()) {
+      if (!warned_) std::fprintf(stderr, "vlac: note: could not write the GEMM tuning cache %s\n", path_.c_str());
+      warned_ = true;
+    }
+  }
+
+ private:
+  std::string path_, dir_, header_;
+  std::map<std::string, std::string> choices_;
+  bool warned_ = false;
+};
+
+std::string cache_key(const GemmDesc& d) {
+  const auto [m, n, k, in, out, epi, acc, tf32] = d.key();
+  return std::to_string(m) + "," + std::to_string(n) + "," + std::to_string(k) + "," + std::to_string(in) + "," +
+         std::to_string(out) + "," + std::to_string(epi) + "," + std::to_string(int(acc)) + "," +
+         std::to_string(int(tf32));
+}
+
+// What the cache is keyed by: the GPU, its multiprocessors, cuBLASLt's version, the workspace and
+// the timing's settings (another candidate count or the skinny kernel change the answers).
+std::string tune_identity(uint64_t workspace, int sms) {
+  int dev = 0;
+  cudaDeviceProp prop{};
+  std::string name = "unknown";
+  if (cudaGetDevice(&dev) == cudaSuccess && cudaGetDeviceProperties(&prop, dev) == cudaSuccess)
+    name = std::string(prop.name) + "_sm" + std::to_string(prop.major) + std::to_string(prop.minor);
+  else
+    (void)cudaGetLastError();
+  return name + "_" + std::to_string(sms) + "sms_lt" + std::to_string(cublasLtGetVersion()) + "_ws" +
+         std::to_string(workspace >> 20) + "m_c" + std::to_string(candidate_count()) + "_s" +
+         std::to_string(int(skinny_mode())) + (cold_timing() ? "_cold" : "");
+}
+
 struct GemmRunner::Impl {
   cublasLtHandle_t handle = nullptr;
   uint64_t workspace = 0;
-  uint64_t tuned = 0, switched = 0, skinny_shapes = 0;
+  uint64_t tuned = 0, switched = 0, skinny_shapes = 0, cached = 0;
+  TuneCache cache;
   unsigned* counters = nullptr;  // the skinny kernel's tile counters (zero between GEMMs)
   int sms = 0;
   std::map<decltype(GemmDesc{}.key()), Plan> plans;
@@ -216,6 +312,7 @@ void GemmRunner::Impl::tune(cudaStream_t stream, const GemmDesc& d, Plan& p, con
   ++tuned;
   if (best_i != 0 && (first < 0 || best < 0.95f * first)) {
     p.algo = p.candidates[best_i];
+    p.chosen = best_i;
     ++switched;
   }
   if (skinny_at > 0 && (best < 0 || skinny_best < best)) {
@@ -293,6 +390,7 @@ Result<GemmRunner> GemmRunner::create(uint64_t workspace_bytes) {
   VLAC_LT(cublasLtCreate(&impl->handle), "create");
   impl->workspace = workspace_bytes;
   impl->sms = device_sm_count();
+  if (tuning_enabled()) impl->cache.open(tune_identity(workspace_bytes, impl->sms));
   if (skinny_mode() != SkinnyMode::Off) {
     VLAC_ASSIGN_OR_RETURN(void* c, device_alloc(kSkinnyCounters * sizeof(unsigned), "the skinny GEMM's tile counters"));
     impl->counters = static_cast<unsigned*>(c);
@@ -333,8 +431,25 @@ Status GemmRunner::run(cudaStream_t stream, const GemmDesc& d, const void* x, co
     if (cs == cudaStreamCaptureStatusNone) {
       p.tuned = true;  // also when not timed: the choice is fixed from here on
       if (tuning_enabled() && (p.candidates.size() > 1 || !p.skinny_splits.empty()) && !d.accumulate &&
-          p.skinny == 0)
-        impl_->tune(stream, d, p, x, w, bias, y, workspace);
+          p.skinny == 0) {
+        const std::string key = cache_key(d);
+        const std::string* c = impl_->cache.find(key);
+        const int v = c ? std::atoi(c->c_str() + 1) : -1;
+        const bool skinny_ok = c && (*c)[0] == 's' &&
+                               std::find(p.skinny_splits.begin(), p.skinny_splits.end(), v) != p.skinny_splits.end();
+        if (c && (*c)[0] == 'a' && v >= 0 && size_t(v) < p.candidates.size()) {
+          p.algo = p.candidates[size_t(v)];
+          p.chosen = size_t(v);
+          ++impl_->cached;
+        } else if (skinny_ok) {
+          p.skinny = v;
+          ++impl_->skinny_shapes;
+          ++impl_->cached;
+        } else {
+          impl_->tune(stream, d, p, x, w, bias, y, workspace);
+          impl_->cache.put(key, p.skinny > 0 ? "s" + std::to_string(p.skinny) : "a" + std::to_string(p.chosen));
+        }
+      }
     }
   }
   if (p.skinny > 0) return impl_->run_skinny(stream, d, p.skinny, x, w, bias, y, workspace);
@@ -349,6 +464,7 @@ uint64_t GemmRunner::workspace_bytes() const { return impl_->workspace; }
 uint64_t GemmRunner::tuned_shapes() const { return impl_->tuned; }
 uint64_t GemmRunner::switched_shapes() const { return impl_->switched; }
 uint64_t GemmRunner::skinny_shapes() const { return impl_->skinny_shapes; }
+uint64_t GemmRunner::cached_shapes() const { return impl_->cached; }
 size_t GemmRunner::plans() const { return impl_->plans.size(); }
 
 }  // namespace vlac::cuda

@@ -57,6 +57,8 @@ class GemmRunner {
   uint64_t switched_shapes() const;
   /// Shapes that run the skinny kernel (skinny_gemm.h) instead of cuBLASLt.
   uint64_t skinny_shapes() const;
+  /// Shapes whose choice came from the on-disk tuning cache (VLAC_GEMM_CACHE) instead of timing.
+  uint64_t cached_shapes() const;
   /// Number of cached plans (shapes seen).
   size_t plans() const;
   /// Read-only device memory the cold timing (VLAC_GEMM_TUNE_COLD=1) may read to evict the L2
