@@ -45,12 +45,13 @@ __global__ void gelu_kernel(const Tx* x, Ty* y, int64_t n) {
 }
 
 template <typename Tx, typename Ty>
-__global__ void geglu_kernel(const Tx* gate, const Tx* up, int64_t in_stride, Ty* y, int64_t rows, int64_t f) {
+__global__ void geglu_kernel(const Tx* gate, const Tx* up, int64_t in_stride, Ty* y, int64_t y_stride, int64_t rows,
+                             int64_t f) {
   pdl_wait();
   VLAC_GRID_LOOP(i, rows * f) {
     const int64_t r = i / f, c = i % f;
     const float g = as_stored<Tx>(gelu_tanh_1(ld(gate, r * in_stride + c)));
-    st(y, i, g * ld(up, r * in_stride + c));
+    st(y, r * y_stride + c, g * ld(up, r * in_stride + c));
   }
 }
 
@@ -79,7 +80,8 @@ template <> __device__ __forceinline__ void st8<uint16_t>(uint16_t* p, const flo
 }
 
 template <typename Tx, typename Ty>
-__global__ void geglu8_kernel(const Tx* gate, const Tx* up, int64_t in_stride, Ty* y, int64_t rows, int64_t f) {
+__global__ void geglu8_kernel(const Tx* gate, const Tx* up, int64_t in_stride, Ty* y, int64_t y_stride, int64_t rows,
+                              int64_t f) {
   pdl_wait();
   const int64_t c = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * 8;
   if (c >= f) return;
@@ -88,7 +90,7 @@ __global__ void geglu8_kernel(const Tx* gate, const Tx* up, int64_t in_stride, T
     ld8(gate + r * in_stride + c, g);
     ld8(up + r * in_stride + c, u);
     for (int k = 0; k < 8; ++k) g[k] = as_stored<Tx>(gelu_tanh_1(g[k])) * u[k];
-    st8(y + r * f + c, g);
+    st8(y + r * y_stride + c, g);
   }
 }
 
@@ -244,21 +246,22 @@ Status gelu_tanh(cudaStream_t stream, const void* x, DType xt, void* y, DType yt
 }
 
 Status geglu(cudaStream_t stream, const void* gate, const void* up, DType it, int64_t in_stride, void* y, DType yt,
-             int64_t rows, int64_t f) {
+             int64_t rows, int64_t f, int64_t y_stride) {
   if (!is_act(it) || !is_act(yt)) return bad_dtype("geglu");
-  if (rows < 0 || f < 0 || in_stride < f) return invalid_argument("geglu: bad shape or stride");
+  if (y_stride == 0) y_stride = f;
+  if (rows < 0 || f < 0 || in_stride < f || y_stride < f) return invalid_argument("geglu: bad shape or stride");
   if (rows * f == 0) return Status::ok();
   const bool aligned = ((reinterpret_cast<uintptr_t>(gate) | reinterpret_cast<uintptr_t>(up) |
                          reinterpret_cast<uintptr_t>(y)) & 15u) == 0;
-  const bool wide = aligned && f % 8 == 0 && in_stride % 8 == 0;
+  const bool wide = aligned && f % 8 == 0 && in_stride % 8 == 0 && y_stride % 8 == 0;
   return dispatch2(it, yt, [&]<typename Tx, typename Ty>() {
     if (wide) {
       const dim3 grid(unsigned((f / 8 + kThreads - 1) / kThreads), unsigned(std::min<int64_t>(rows, 65535)));
       launch(geglu8_kernel<Tx, Ty>, grid, kThreads, 0, stream, static_cast<const Tx*>(gate),
-             static_cast<const Tx*>(up), in_stride, static_cast<Ty*>(y), rows, f);
+             static_cast<const Tx*>(up), in_stride, static_cast<Ty*>(y), y_stride, rows, f);
     } else {
       launch(geglu_kernel<Tx, Ty>, grid_1d(rows * f, kThreads), kThreads, 0, stream,
-          static_cast<const Tx*>(gate), static_cast<const Tx*>(up), in_stride, static_cast<Ty*>(y), rows, f);
+          static_cast<const Tx*>(gate), static_cast<const Tx*>(up), in_stride, static_cast<Ty*>(y), y_stride, rows, f);
     }
     return launch_status("geglu");
   });

@@ -457,6 +457,7 @@ Status CudaExecutable::plan(const CudaWeights& weights) {
     memo_.results.assign(g.nodes().size(), {});
   }
   VLAC_RETURN_IF_ERROR(plan_bf16_gemm_outputs());
+  VLAC_RETURN_IF_ERROR(plan_geglu_in_place());
   plan_bf16_stores();
   // The scratch holds a bf16 copy of a bf16 Linear's x only where x is not stored in bf16 already
   // (the LM's down_proj reads GeGLU's bf16 output: no 32 MB copy).
@@ -882,6 +883,51 @@ Status CudaExecutable::plan_bf16_gemm_outputs() {
   return Status::ok();
 }
 
+// GeGLU in place: over a bf16 gate|up output (plan_bf16_gemm_outputs) that it alone reads, GeGLU
+// writes its [R, F] result over the gate half (each element is read and written by one thread),
+// and its readers, bf16 Linears, read it as rows 2F apart (GemmDesc::ldx). Same bits; the LM's
+// [968, 16384] GeGLU output (32 MB) needs no block of its own.
+Status CudaExecutable::plan_geglu_in_place() {
+  const ir::Graph& g = graph_;
+  const size_t nv = g.values().size();
+  std::vector<uint8_t> is_out(nv, 0);
+  for (ValueId o : g.outputs()) is_out[size_t(root_[size_t(o)])] = 1;
+  std::vector<std::vector<std::pair<NodeId, size_t>>> readers(nv);
+  for (NodeId id : order_) {
+    const Node& n = g.node(id);
+    if (n.op == OpKind::Reshape) continue;
+    for (size_t i = 0; i < n.inputs.size(); ++i) readers[size_t(root_[size_t(n.inputs[i])])].push_back({id, i});
+  }
+  for (NodeId id : order_) {
+    const Node& n = g.node(id);
+    if (n.op != OpKind::GeGLU || memo_.node[size_t(id)]) continue;
+    const ValueId r = root_[size_t(n.inputs[0])], o = n.outputs[0];
+    if (r != root_[size_t(n.inputs[1])] || !bf16_gemm_out_[size_t(r)] || root_[size_t(o)] != o || is_out[size_t(o)])
+      continue;
+    int geglus = 0;
+    for (const auto& [rd, i] : readers[size_t(r)]) geglus += g.node(rd).op == OpKind::GeGLU;
+    const ValueInfo& oi = g.info(o);
+    if (geglus != 1 || oi.shape.size() != 2 || view_off_[size_t(n.inputs[0])] != 0) continue;
+    bool ok = !readers[size_t(o)].empty();
+    for (const auto& [rd, i] : readers[size_t(o)]) {
+      const NodePlan& rp = plans_[size_t(rd)];
+      ok = ok && g.node(rd).op == OpKind::Linear && i == 0 && rp.bf16 && rp.gemm.m > 0 && !memo_.node[size_t(rd)] &&
+           rp.gemm.k == oi.shape[1] && rp.gemm.m == oi.shape[0];
+    }
+    if (!ok) continue;
+    const int64_t w = view_stride_[size_t(n.inputs[0])];
+    for (size_t v = 0; v < nv; ++v)
+      if (root_[v] == o) root_[v] = r, view_off_[v] = 0, view_stride_[v] = w;
+    for (const auto& [rd, i] : readers[size_t(o)]) {
+      NodePlan& rp = plans_[size_t(rd)];
+      rp.gemm.ldx = w;
+      Status st = ctx_->gemm().plan(rp.gemm);
+      if (!st.is_ok()) return Status(st.code(), where(g.node(rd)) + ": " + st.message());
+    }
+  }
+  return Status::ok();
+}
+
 // An F32 activation whose every reader rounds it to bf16 on the way in (a Linear with a bf16
 // weight, the bf16 attention's q/k/v) is written in bf16 by its producer, when that producer can
 // round at its store (norms, GeGLU/GELU, RoPE, attention, an axis-0 concat, a column slice of
@@ -1222,7 +1268,8 @@ Status CudaExecutable::run_node(NodeId id) {
     case OpKind::GeGLU: {  // gate and up: bf16 when their GEMM rounds at its store (plan_bf16_gemm_outputs)
       const int64_t d = last_dim(x);
       const DType it = bf16_stored(n.inputs[0]) ? DType::BF16 : DType::F32;
-      return geglu(s, ptr(n.inputs[0]), ptr(n.inputs[1]), it, row_stride(n.inputs[0]), out, od, x.numel() / d, d);
+      return geglu(s, ptr(n.inputs[0]), ptr(n.inputs[1]), it, row_stride(n.inputs[0]), out, od, x.numel() / d, d,
+                   view_stride_[size_t(n.outputs[0])]);  // in place over gate: rows 2F apart (plan_geglu_in_place)
     }
     case OpKind::RoPE: {
       const int64_t row = x.shape[1] * x.shape[2];  // out of place: no copy of x first

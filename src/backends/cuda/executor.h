@@ -63,6 +63,7 @@ class CudaExecutable final : public Executable {
   bool bf16_stored(ir::ValueId v) const { return bf16_store_[size_t(root_[size_t(v)])] != 0; }
   void plan_bf16_stores();
   Status plan_bf16_gemm_outputs();
+  Status plan_geglu_in_place();
   /// Bytes a root's block holds: half its f32 size when stored in bf16.
   uint64_t stored_bytes(ir::ValueId r) const;
   void plan_slice_views();

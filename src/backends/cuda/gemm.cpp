@@ -203,10 +203,10 @@ class TuneCache {
 };
 
 std::string cache_key(const GemmDesc& d) {
-  const auto [m, n, k, in, out, epi, acc, tf32] = d.key();
+  const auto [m, n, k, in, out, epi, acc, tf32, ldx] = d.key();
   return std::to_string(m) + "," + std::to_string(n) + "," + std::to_string(k) + "," + std::to_string(in) + "," +
          std::to_string(out) + "," + std::to_string(epi) + "," + std::to_string(int(acc)) + "," +
-         std::to_string(int(tf32));
+         std::to_string(int(tf32)) + "," + std::to_string(ldx);
 }
 
 // What the cache is keyed by: the GPU, its multiprocessors, cuBLASLt's version, the workspace and
@@ -346,7 +346,8 @@ Status GemmRunner::Impl::make(const GemmDesc& d, Plan& p) {
   VLAC_LT(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)), "epilogue " + name);
   const cudaDataType_t ti = cuda_type(d.in), to = cuda_type(d.out);
   VLAC_LT(cublasLtMatrixLayoutCreate(&p.a, ti, uint64_t(d.k), uint64_t(d.n), d.k), "layout W " + name);
-  VLAC_LT(cublasLtMatrixLayoutCreate(&p.b, ti, uint64_t(d.k), uint64_t(d.m), d.k), "layout x " + name);
+  if (d.ldx != 0 && d.ldx < d.k) return invalid_argument("gemm " + name + ": x's row stride is below k");
+  VLAC_LT(cublasLtMatrixLayoutCreate(&p.b, ti, uint64_t(d.k), uint64_t(d.m), d.ldx ? d.ldx : d.k), "layout x " + name);
   VLAC_LT(cublasLtMatrixLayoutCreate(&p.c, to, uint64_t(d.n), uint64_t(d.m), d.n), "layout y " + name);
 
   cublasLtMatmulPreference_t pref = nullptr;
@@ -367,7 +368,7 @@ Status GemmRunner::Impl::make(const GemmDesc& d, Plan& p) {
   p.algo = res[0].algo;
   for (int i = 0; i < found; ++i)
     if (res[i].state == CUBLAS_STATUS_SUCCESS) p.candidates.push_back(res[i].algo);
-  if (skinny_mode() != SkinnyMode::Off && counters && d.in == DType::BF16 && !d.accumulate &&
+  if (skinny_mode() != SkinnyMode::Off && counters && d.in == DType::BF16 && !d.accumulate && (d.ldx == 0 || d.ldx == d.k) &&
       (d.epilogue == Epilogue::None || d.epilogue == Epilogue::Bias) && skinny_gemm_fits(d.m, d.n, d.k)) {
     for (int splits : skinny_gemm_splits(d.n, d.k, sms))
       if (skinny_gemm_workspace_bytes(SkinnyGemm{d.m, d.n, d.k, d.out, false, splits}) <= workspace)

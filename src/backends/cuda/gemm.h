@@ -27,7 +27,8 @@ struct GemmDesc {
   Epilogue epilogue = Epilogue::None;
   bool accumulate = false;  // y = y + x·Wᵀ...: a residual add fused into the GEMM (beta = 1)
   bool tf32 = false;        // F32 inputs: tensor cores on TF32-rounded inputs (ExecOptions::fast_vision)
-  auto key() const { return std::tuple(m, n, k, int(in), int(out), int(epilogue), accumulate, tf32); }
+  int64_t ldx = 0;          // x's row stride in elements (0: k; more when x is a view into a wider block)
+  auto key() const { return std::tuple(m, n, k, int(in), int(out), int(epilogue), accumulate, tf32, ldx); }
 };
 
 /// Not thread-safe: one runner per thread (the bias pointer is set on the cached descriptor).

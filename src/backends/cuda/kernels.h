@@ -44,9 +44,11 @@ Status cast_rows(cudaStream_t stream, const void* x, DType xt, int64_t x_stride,
 Status gelu_tanh(cudaStream_t stream, const void* x, DType xt, void* y, DType yt, int64_t n);
 /// y[R,F] = gelu_tanh(gate) ⊙ up, where gate and up rows are `in_stride` elements apart (a fused
 /// gate+up GEMM output [R, 2F] is gate = p, up = p + F, in_stride = 2F). With BF16 inputs the
-/// GELU is rounded to bf16 before the product, as torch computes it in bf16.
+/// GELU is rounded to bf16 before the product, as torch computes it in bf16. y rows are `y_stride`
+/// elements apart (0: f). y may be gate itself (in place: y_stride = in_stride, yt = it): each
+/// element is read and written by one thread only.
 Status geglu(cudaStream_t stream, const void* gate, const void* up, DType it, int64_t in_stride, void* y,
-             DType yt, int64_t rows, int64_t f);
+             DType yt, int64_t rows, int64_t f, int64_t y_stride = 0);
 /// x[N] += dt · v[N] (Euler step, fp32).
 Status euler_step(cudaStream_t stream, float* x, const float* v, float dt, int64_t n);
 /// y[N] = x + dt · v (the same step out of place: no copy of x first).
