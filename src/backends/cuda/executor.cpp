@@ -258,18 +258,9 @@ Status CudaExecutable::plan(const CudaWeights& weights) {
         if (options_.fast_vision && s.dh == s.dv && (s.dh == 72 || s.dh == 256)) p.bf16 = true;
         const DType io = p.bf16 ? DType::BF16 : DType::F32;
         p.splits = attention_splits(s, io, ctx_->sms());
-        uint64_t at = 0;
-        if (p.bf16) {
-          p.cast_off = 0;
-          at = al(uint64_t(s.t * s.h * s.dh) * 2);
-          p.k_off = at;
-          at += al(uint64_t(s.s * s.hk * s.dh) * 2);
-          p.v_off = at;
-          at += al(uint64_t(s.s * s.hk * s.dv) * 2);
-        }
-        p.split_off = at;
+        // Its scratch (bf16 copies of q/k/v not stored in bf16, then the split partials) is laid
+        // out after plan_bf16_stores.
         p.split_bytes = attention_scratch_bytes(s, io, p.splits);
-        scratch = std::max(scratch, at + al(p.split_bytes));
         break;
       }
       case OpKind::Embedding: {
@@ -466,6 +457,25 @@ Status CudaExecutable::plan(const CudaWeights& weights) {
     const NodePlan& p = plans_[size_t(id)];
     if (n.op == OpKind::Linear && p.bf16 && p.gemm.m > 0 && !bf16_stored(n.inputs[0]))
       scratch_bytes_ = std::max(scratch_bytes_, al(uint64_t(g.info(n.inputs[0]).numel()) * 2));
+  }
+  // ... and an attention's copies only of the q/k/v it must round itself, then its split partials.
+  for (NodeId id : order_) {
+    const Node& n = g.node(id);
+    NodePlan& p = plans_[size_t(id)];
+    if (n.op != OpKind::Attention) continue;
+    const AttentionShape& sh = p.att;
+    uint64_t at = 0;
+    if (p.bf16) {
+      uint64_t* offs[3] = {&p.cast_off, &p.k_off, &p.v_off};
+      const int64_t counts[3] = {sh.t * sh.h * sh.dh, sh.s * sh.hk * sh.dh, sh.s * sh.hk * sh.dv};
+      for (size_t i = 0; i < 3; ++i) {
+        if (bf16_stored(n.inputs[i])) continue;
+        *offs[i] = at;
+        at += al(uint64_t(counts[i]) * 2);
+      }
+    }
+    p.split_off = at;
+    scratch_bytes_ = std::max(scratch_bytes_, at + al(p.split_bytes));
   }
 
   // Activations: one arena from liveness (exec/arena_plan), the CPU executor's plan, each block
