@@ -130,10 +130,13 @@ TEST_F(CudaChain, FolderBf16MatchesLerobotBf16) {
   }
 }
 
-// The opt-in vision modes (SigLIP in TF32 or bf16, its attention in the bf16 kernel) stay within
-// the suite's bf16 tolerance of lerobot's bf16 mode, and their recorded chunks equal the eager
-// run. The bound (|vlac - lerobot fp32| <= |lerobot bf16 - lerobot fp32|) is printed for
-// the record; the full-size benchmark against lerobot is where it is decided.
+// The opt-in vision modes (SigLIP in TF32 or bf16, its attention in the bf16 kernel) keep the
+// issue's bound on the fixtures (|vlac - lerobot fp32| <= |lerobot bf16 - lerobot fp32|) and the
+// suite's bf16 tolerance from lerobot fp32, and their recorded chunks equal the eager run. Their
+// distance from lerobot's bf16 mode is printed, and bounded only for tf32: lerobot's bf16 mode
+// keeps SigLIP fp32, so bf16 vision (plus the bf16 gate|up outputs lerobot also has) may sit on
+// the other side of fp32 from it (session 10: 0.0216 against lerobot bf16, 0.0084 from fp32
+// where lerobot bf16 is 0.0144 from fp32). The full-size benchmark decides the bound for real.
 TEST_F(CudaChain, FastVisionStaysWithinTheBf16Tolerance) {
   using V = Pi05PolicyOptions::Vision;
   const std::string dir = kFixtures + "/tiny_a";
@@ -145,7 +148,10 @@ TEST_F(CudaChain, FastVisionStaysWithinTheBf16Tolerance) {
     ChainRun r = run_folder(dir, "cuda", Pi05Precision::Bf16, nullptr, v);
     const double vs_fp32 = max_abs_diff(r.eager, fp32), vs_bf16 = max_abs_diff(r.eager, bf16);
     EXPECT_LE(vs_fp32, 2e-2) << name;
-    EXPECT_LE(vs_bf16, 2e-2) << name;
+    EXPECT_LE(vs_fp32, max_abs_diff(bf16, fp32)) << name << ": farther from lerobot fp32 than lerobot bf16 is";
+    if (v == V::Tf32) {
+      EXPECT_LE(vs_bf16, 2e-2) << name;
+    }
     for (int i = 0; i < 3; ++i) EXPECT_EQ(max_abs_diff(r.chunks[i], r.eager), 0.0) << name << " chunk " << i;
     std::printf("[ cuda     ] tiny_a bf16, vision %s: vs lerobot fp32 %.3g (default bf16 %.3g, lerobot bf16 %.3g), "
                 "vs lerobot bf16 %.3g\n",

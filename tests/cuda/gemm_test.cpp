@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -98,7 +99,7 @@ TEST_F(CudaGemm, PlanIsCachedAndArgumentsAreChecked) {
 }
 
 // The timing's choices go to the on-disk cache (VLAC_GEMM_CACHE=FILE): a second runner reads
-// them instead of timing and computes the same bits; a file that does not parse is ignored.
+// them instead of timing and computes the same values; a file that does not parse is ignored.
 TEST_F(CudaGemm, TuningChoicesAreCachedOnDisk) {
   const std::string file = ::testing::TempDir() + "/vlac_gemm_tune_test.txt";
   std::remove(file.c_str());
@@ -130,7 +131,11 @@ TEST_F(CudaGemm, TuningChoicesAreCachedOnDisk) {
   EXPECT_EQ(c1, 0u);
   EXPECT_EQ(t2, 0u);
   EXPECT_EQ(c2, 1u);
-  EXPECT_EQ(y1, y2);
+  // The same algorithm; its split-K reduction may sum in another order from run to run.
+  double diff = 0, mag = 0;
+  for (size_t i = 0; i < y1.size(); ++i)
+    diff = std::max(diff, double(std::fabs(y1[i] - y2[i]))), mag = std::max(mag, double(std::fabs(y1[i])));
+  EXPECT_LE(diff, 1e-5 * mag);
   EXPECT_EQ(t3, 1u) << "a file that does not parse is ignored";
   EXPECT_EQ(c3, 0u);
 }

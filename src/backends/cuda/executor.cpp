@@ -914,8 +914,11 @@ Status CudaExecutable::plan_geglu_in_place() {
     const ValueId r = root_[size_t(n.inputs[0])], o = n.outputs[0];
     if (r != root_[size_t(n.inputs[1])] || !bf16_gemm_out_[size_t(r)] || root_[size_t(o)] != o || is_out[size_t(o)])
       continue;
-    int geglus = 0;
-    for (const auto& [rd, i] : readers[size_t(r)]) geglus += g.node(rd).op == OpKind::GeGLU;
+    int geglus = 0;  // distinct GeGLU nodes (this one lists r once per input)
+    for (size_t k = 0; k < readers[size_t(r)].size(); ++k) {
+      const NodeId rd = readers[size_t(r)][k].first;
+      if (g.node(rd).op == OpKind::GeGLU && (k == 0 || readers[size_t(r)][k - 1].first != rd)) ++geglus;
+    }
     const ValueInfo& oi = g.info(o);
     if (geglus != 1 || oi.shape.size() != 2 || view_off_[size_t(n.inputs[0])] != 0) continue;
     bool ok = !readers[size_t(o)].empty();
