@@ -842,19 +842,22 @@ void CudaExecutable::plan_residual_norms() {
 // (VLAC_GEMM_BF16_OUT=0). It halves the largest activation of the LM (the [968, 32768] gate|up
 // output: 127 -> 63 MB of arena) and the traffic of GeGLU, its reader. Graph outputs and memo
 // nodes keep f32.
-static bool gemm_bf16_out_enabled() {
-  static const bool on = [] {
+// VLAC_GEMM_BF16_OUT=large|small limits it to GEMMs of more / at most 64 rows (a measurement knob).
+static int gemm_bf16_out_mode() {  // 0 off, 1 all, 2 large only, 3 small only
+  static const int m = [] {
     const char* e = std::getenv("VLAC_GEMM_BF16_OUT");
-    return !(e && std::string(e) == "0");
+    const std::string v = e ? e : "";
+    return v == "0" ? 0 : v == "large" ? 2 : v == "small" ? 3 : 1;
   }();
-  return on;
+  return m;
 }
 
 Status CudaExecutable::plan_bf16_gemm_outputs() {
   const ir::Graph& g = graph_;
   const size_t nv = g.values().size();
   bf16_gemm_out_.assign(nv, 0);
-  if (!gemm_bf16_out_enabled()) return Status::ok();
+  const int mode = gemm_bf16_out_mode();
+  if (mode == 0) return Status::ok();
   std::vector<uint8_t> is_out(nv, 0);
   for (ValueId o : g.outputs()) is_out[size_t(root_[size_t(o)])] = 1;
   std::vector<std::vector<std::pair<NodeId, size_t>>> readers(nv);
@@ -867,7 +870,8 @@ Status CudaExecutable::plan_bf16_gemm_outputs() {
     const Node& n = g.node(id);
     NodePlan& p = plans_[size_t(id)];
     if (n.op != OpKind::Linear || memo_.node[size_t(id)] || p.gemm.m <= 0 || p.gemm.in != DType::BF16 ||
-        p.gemm.out != DType::F32 || p.gemm.epilogue != Epilogue::None || p.gemm.accumulate)
+        p.gemm.out != DType::F32 || p.gemm.epilogue != Epilogue::None || p.gemm.accumulate ||
+        (mode == 2 && p.gemm.m <= 64) || (mode == 3 && p.gemm.m > 64))
       continue;
     const ValueId o = n.outputs[0];
     if (root_[size_t(o)] != o || is_out[size_t(o)]) continue;
