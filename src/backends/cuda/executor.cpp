@@ -555,15 +555,8 @@ void CudaExecutable::plan_slice_views() {
   const size_t nv = g.values().size();
   view_off_.assign(nv, 0);
   view_stride_.assign(nv, 0);
-  std::vector<uint8_t> is_out(nv, 0);
-  for (ValueId o : g.outputs()) is_out[size_t(root_[size_t(o)])] = 1;
-  // Readers by root (Reshapes see through) and the aliases of every root.
-  std::vector<std::vector<std::pair<NodeId, size_t>>> readers(nv);
-  for (NodeId id : order_) {
-    const Node& n = g.node(id);
-    if (n.op == OpKind::Reshape) continue;
-    for (size_t i = 0; i < n.inputs.size(); ++i) readers[size_t(root_[size_t(n.inputs[i])])].push_back({id, i});
-  }
+  const std::vector<uint8_t> is_out = output_roots();
+  const auto readers = readers_by_root();  // Reshapes see through
   auto slice_of = [&](ValueId v) -> const Node* {  // the Slice producing v's root, if any
     const Node& n = g.node(g.value(root_[size_t(v)]).producer);
     return n.op == OpKind::Slice ? &n : nullptr;
@@ -624,6 +617,22 @@ void CudaExecutable::plan_slice_views() {
       }
     plans_[size_t(id)].view = true;
   }
+}
+
+std::vector<std::vector<std::pair<NodeId, size_t>>> CudaExecutable::readers_by_root() const {
+  std::vector<std::vector<std::pair<NodeId, size_t>>> readers(graph_.values().size());
+  for (NodeId id : order_) {
+    const Node& n = graph_.node(id);
+    if (n.op == OpKind::Reshape) continue;
+    for (size_t i = 0; i < n.inputs.size(); ++i) readers[size_t(root_[size_t(n.inputs[i])])].push_back({id, i});
+  }
+  return readers;
+}
+
+std::vector<uint8_t> CudaExecutable::output_roots() const {
+  std::vector<uint8_t> is_out(graph_.values().size(), 0);
+  for (ValueId o : graph_.outputs()) is_out[size_t(root_[size_t(o)])] = 1;
+  return is_out;
 }
 
 int64_t CudaExecutable::row_stride(ValueId v) const {
@@ -858,14 +867,8 @@ Status CudaExecutable::plan_bf16_gemm_outputs() {
   bf16_gemm_out_.assign(nv, 0);
   const int mode = gemm_bf16_out_mode();
   if (mode == 0) return Status::ok();
-  std::vector<uint8_t> is_out(nv, 0);
-  for (ValueId o : g.outputs()) is_out[size_t(root_[size_t(o)])] = 1;
-  std::vector<std::vector<std::pair<NodeId, size_t>>> readers(nv);
-  for (NodeId id : order_) {
-    const Node& n = g.node(id);
-    if (n.op == OpKind::Reshape) continue;
-    for (size_t i = 0; i < n.inputs.size(); ++i) readers[size_t(root_[size_t(n.inputs[i])])].push_back({id, i});
-  }
+  const std::vector<uint8_t> is_out = output_roots();
+  const auto readers = readers_by_root();
   for (NodeId id : order_) {
     const Node& n = g.node(id);
     NodePlan& p = plans_[size_t(id)];
@@ -904,14 +907,8 @@ Status CudaExecutable::plan_bf16_gemm_outputs() {
 Status CudaExecutable::plan_geglu_in_place() {
   const ir::Graph& g = graph_;
   const size_t nv = g.values().size();
-  std::vector<uint8_t> is_out(nv, 0);
-  for (ValueId o : g.outputs()) is_out[size_t(root_[size_t(o)])] = 1;
-  std::vector<std::vector<std::pair<NodeId, size_t>>> readers(nv);
-  for (NodeId id : order_) {
-    const Node& n = g.node(id);
-    if (n.op == OpKind::Reshape) continue;
-    for (size_t i = 0; i < n.inputs.size(); ++i) readers[size_t(root_[size_t(n.inputs[i])])].push_back({id, i});
-  }
+  const std::vector<uint8_t> is_out = output_roots();
+  const auto readers = readers_by_root();
   for (NodeId id : order_) {
     const Node& n = g.node(id);
     if (n.op != OpKind::GeGLU || memo_.node[size_t(id)]) continue;

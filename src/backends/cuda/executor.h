@@ -59,6 +59,10 @@ class CudaExecutable final : public Executable {
   /// Row stride in elements of a value read as rows of its last dimension: the fused output's
   /// width for a Slice view (plan_slice_views), else the value's own last dimension.
   int64_t row_stride(ir::ValueId v) const;
+  /// (reader node, input index) of every storage root, in schedule order (Reshapes see through),
+  /// and which roots hold a graph output: what the plan passes ask of the current roots.
+  std::vector<std::vector<std::pair<ir::NodeId, size_t>>> readers_by_root() const;
+  std::vector<uint8_t> output_roots() const;
   /// Values an F32 graph keeps in bf16 on the device (plan_bf16_stores).
   bool bf16_stored(ir::ValueId v) const { return bf16_store_[size_t(root_[size_t(v)])] != 0; }
   void plan_bf16_stores();
