@@ -451,17 +451,13 @@ Status CudaExecutable::plan(const CudaWeights& weights) {
   VLAC_RETURN_IF_ERROR(plan_geglu_in_place());
   plan_bf16_stores();
   // The scratch holds a bf16 copy of a bf16 Linear's x only where x is not stored in bf16 already
-  // (the LM's down_proj reads GeGLU's bf16 output: no 32 MB copy).
-  for (NodeId id : order_) {
-    const Node& n = g.node(id);
-    const NodePlan& p = plans_[size_t(id)];
-    if (n.op == OpKind::Linear && p.bf16 && p.gemm.m > 0 && !bf16_stored(n.inputs[0]))
-      scratch_bytes_ = std::max(scratch_bytes_, al(uint64_t(g.info(n.inputs[0]).numel()) * 2));
-  }
-  // ... and an attention's copies only of the q/k/v it must round itself, then its split partials.
+  // (the LM's down_proj reads GeGLU's bf16 output: no 32 MB copy), and an attention's copies only
+  // of the q/k/v it must round itself, then its split partials.
   for (NodeId id : order_) {
     const Node& n = g.node(id);
     NodePlan& p = plans_[size_t(id)];
+    if (n.op == OpKind::Linear && p.bf16 && p.gemm.m > 0 && !bf16_stored(n.inputs[0]))
+      scratch_bytes_ = std::max(scratch_bytes_, al(uint64_t(g.info(n.inputs[0]).numel()) * 2));
     if (n.op != OpKind::Attention) continue;
     const AttentionShape& sh = p.att;
     uint64_t at = 0;
