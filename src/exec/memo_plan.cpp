@@ -2,6 +2,7 @@
 #include "exec/memo_plan.h"
 
 #include "exec/arena_plan.h"
+#include "ir/walk.h"
 
 namespace vlac::exec {
 
@@ -86,6 +87,38 @@ MemoPlan plan_memo(const ir::Graph& g, const std::vector<NodeId>& order, const s
   }
   p.slot_bytes = off;
   return p;
+}
+
+std::vector<std::string> memo_only_weights(const ir::Graph& g, const std::vector<std::string>& memo_inputs) {
+  if (memo_inputs.empty()) return {};
+  auto order = ir::schedule(g);
+  if (!order.is_ok()) return {};
+  const std::vector<ValueId> root = storage_roots(g, *order);
+  const MemoPlan p = plan_memo(g, *order, root, memo_inputs);
+  if (!p.enabled()) return {};
+  // By weight value: read by a memo node / by anything else (a Reshape is looked through: its
+  // readers count, through the root).
+  std::vector<uint8_t> memo_read(g.values().size(), 0), other_read(g.values().size(), 0);
+  auto weight_root = [&](ValueId v) -> int64_t {
+    const ValueId r = root[size_t(v)];
+    return g.node(g.value(r).producer).op == OpKind::Weight ? int64_t(r) : -1;
+  };
+  for (NodeId id : *order) {
+    const Node& n = g.node(id);
+    if (n.op == OpKind::Weight || n.op == OpKind::Reshape) continue;
+    for (ValueId v : n.inputs)
+      if (const int64_t r = weight_root(v); r >= 0) (p.node[size_t(id)] ? memo_read : other_read)[size_t(r)] = 1;
+  }
+  for (ValueId v : g.outputs())
+    if (const int64_t r = weight_root(v); r >= 0) other_read[size_t(r)] = 1;
+  std::vector<std::string> names;
+  for (NodeId id : *order) {
+    const Node& n = g.node(id);
+    if (n.op != OpKind::Weight || n.outputs.empty()) continue;
+    const size_t v = size_t(n.outputs[0]);
+    if (memo_read[v] && !other_read[v]) names.push_back(g.weights()[size_t(n.weight)].name);
+  }
+  return names;
 }
 
 }  // namespace vlac::exec

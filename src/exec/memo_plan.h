@@ -38,4 +38,10 @@ bool is_memo_input(const std::string& name, const std::vector<std::string>& memo
 MemoPlan plan_memo(const ir::Graph& g, const std::vector<ir::NodeId>& order, const std::vector<ir::ValueId>& root,
                    const std::vector<std::string>& memo_inputs, uint64_t max_key_bytes = 64 * 1024);
 
+/// Names of the weights of `g` that only memo nodes read (pi0.5: the time MLP and every adaRMS
+/// modulation matrix). Once the memo holds a key, nothing reads them for it again, so a backend
+/// that copies weights may leave these in the file and read them at a memo miss
+/// (WeightBinding::on_demand). Empty when the memo is off.
+std::vector<std::string> memo_only_weights(const ir::Graph& g, const std::vector<std::string>& memo_inputs);
+
 }  // namespace vlac::exec

@@ -203,6 +203,9 @@ struct WeightBinding {
   std::vector<DType> run_dtypes;
   std::vector<WeightFileView> files;
   std::vector<bool> gather_only;
+  /// By ref: read only by memo nodes (exec::memo_only_weights). A backend that copies weights may
+  /// leave such a weight in the file and read it at each memo miss instead of holding it.
+  std::vector<bool> on_demand;
 };
 
 /// Weights in the form a backend's kernels read (in place from the files, or converted copies).

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "backends/registry.h"
+#include "exec/memo_plan.h"
 #include "ir/serialize.h"
 #include "ir/walk.h"
 
@@ -21,6 +22,7 @@ struct PackageEngines::Engine {
   std::vector<ir::WeightRef> refs;         // file_id = index into `segments`, offset within it
   std::vector<DType> run;                  // = stored dtype
   std::vector<bool> gather_only;           // by ref: only gathered from (an embedding table)
+  std::vector<bool> on_demand;             // by ref: only the memo reads it (exec::memo_only_weights)
   std::vector<const PackageSegment*> segments;
   uint64_t budget_bytes = 0;               // weight bytes a run touches (gathered tables: 0)
   bool resident = false;
@@ -113,6 +115,13 @@ Result<PackageEngines> PackageEngines::open(const Package& pkg, PackageRunOption
     for (const auto& r : e->refs) {
       auto gi = gathered.find(r.name);
       e->gather_only.push_back(gi != gathered.end() && gi->second);
+    }
+    // Weights only the memo reads (pi0.5's time conditioning): a GPU backend may leave them in
+    // the package and read them at a memo miss (WeightBinding::on_demand).
+    if (pe_out.options_.memo_slots > 0) {
+      const std::vector<std::string> memo_only = exec::memo_only_weights(g, pe_out.options_.memo_inputs);
+      for (const auto& r : e->refs)
+        e->on_demand.push_back(std::find(memo_only.begin(), memo_only.end(), r.name) != memo_only.end());
     }
     if (!pe_out.stage_engines_.count(e->stage)) pe_out.stage_order_.push_back(e->stage);
     pe_out.stage_engines_[e->stage].push_back(pe_out.engines_.size());
@@ -237,6 +246,7 @@ Status PackageEngines::prepare(Engine& e, const std::map<std::string, PackageVal
     wb.refs = e.refs;
     wb.run_dtypes = e.run;
     wb.gather_only = e.gather_only;
+    wb.on_demand = e.on_demand;
     for (const PackageSegment* s : e.segments) {
       auto span = pkg_->data(*s);
       WeightFileView v{span.data(), span.size(), pkg_->path() + ": segment '" + s->name + "'", nullptr};

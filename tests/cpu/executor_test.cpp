@@ -2,12 +2,14 @@
 // aliasing, external input binding, bf16 weights, and clear errors for what it cannot run.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
 
 #include "backends/cpu/executor.h"
 #include "backends/cpu/kernels.h"
+#include "exec/memo_plan.h"
 
 using namespace vlac;
 using namespace vlac::cpu;
@@ -258,6 +260,13 @@ TEST(CpuExecutor, MemoReusesTimeOnlyNodesWithIdenticalResults) {
   EXPECT_EQ(plain->memo_nodes(), 0u);
   EXPECT_EQ(cached->memo_nodes(), 4u);  // time embedding, linear, silu, reshape (not the views)
   EXPECT_GT(cached->memo_bytes(), 0u);
+  // Weights only the memo reads (a GPU may leave them in the file): w1, b1; not w2 (read through
+  // a view by the non-memo Linear).
+  auto only = exec::memo_only_weights(g, {"t"});
+  std::sort(only.begin(), only.end());
+  EXPECT_EQ(only, (std::vector<std::string>{"b1", "w1"}));
+  EXPECT_TRUE(exec::memo_only_weights(g, {}).empty());
+  EXPECT_EQ(exec::memo_only_weights(g, {"x"}), std::vector<std::string>{"w2"});  // keyed by x instead
   const auto xin = randv(size_t(T * D), 25);
   for (Executor* e : {&*plain, &*cached}) std::memcpy(e->input_data(e->input_index("x")), xin.data(), xin.size() * 4);
   // 1.0, 0.9 fill both slots; 0.8 replaces one; the rest are hits or refills.

@@ -250,6 +250,67 @@ TEST_F(CudaChain, PackagesRunOnCudaAndAgreeWithTheFolder) {
   }
 }
 
+// The weights only the memo reads (the time MLP, the adaRMS modulations) left in the package and
+// read at each memo miss (CudaWeights::fetch) give the same actions, bit for bit, as uploading
+// them, recorded chunks included; and a later chunk reads none of them (the memo hits).
+TEST_F(CudaChain, OnDemandMemoWeightsGiveTheSameActions) {
+  const std::string dir = kFixtures + "/tiny_a";
+  std::string tmpl = (fs::temp_directory_path() / "vlac-ondemand-XXXXXX").string();
+  const fs::path tmp = mkdtemp(tmpl.data());
+  Pi05CompileOptions co;
+  co.out = (tmp / "p.vlac").string();
+  co.backend = "cuda";
+  co.bf16 = true;
+  co.bf16_all_matrices = true;
+  co.engine_cap = 64 << 10;
+  auto sum = compile_pi05(dir + "/policy", co);
+  ASSERT_TRUE(sum.is_ok()) << sum.status().message();
+  auto folder_pol = Pi05Policy::load(dir + "/policy", {});
+  ASSERT_TRUE(folder_pol.is_ok());
+  auto obs = read_pi05_observation(dir + "/obs.safetensors", folder_pol->model());
+  auto noise = read_pi05_noise(dir + "/noise.safetensors", folder_pol->model());
+  ASSERT_TRUE(obs.is_ok() && noise.is_ok());
+  auto counter = [](const Pi05PackagePolicy& p, const std::string& key) -> int64_t {
+    for (const auto& [k, v] : p.runtime().memory_breakdown())
+      if (k == key) return v;
+    return -1;
+  };
+  std::vector<float> actions[2];
+  int64_t left[2] = {0, 0}, fetches[2] = {0, 0};
+  for (int on = 0; on < 2; ++on) {
+    setenv("VLAC_ON_DEMAND_WEIGHTS", on ? "1" : "0", 1);  // every memo-only weight, or none
+    Pi05PackageOptions po;
+    po.backend = "cuda";
+    auto pkg = Pi05PackagePolicy::open(co.out, po);
+    ASSERT_TRUE(pkg.is_ok()) << pkg.status().message();
+    const int64_t left0 = std::max<int64_t>(0, counter(*pkg, "on_demand_weight_bytes"));
+    const int64_t f0 = std::max<int64_t>(0, counter(*pkg, "on_demand_fetches"));
+    actions[on].resize(noise->size());
+    for (int i = 0; i < 4; ++i) {  // eager, warm-up, recorded, replayed
+      std::vector<float> c(noise->size());
+      const Status st = pkg->run_chunk(*obs, noise->data(), c.data());
+      ASSERT_TRUE(st.is_ok()) << st.message();
+      if (i == 0) {
+        actions[on] = c;
+        fetches[on] = counter(*pkg, "on_demand_fetches") - f0;
+      } else {
+        EXPECT_EQ(max_abs_diff(c, actions[on]), 0.0) << "on-demand " << on << ", chunk " << i;
+      }
+    }
+    left[on] = counter(*pkg, "on_demand_weight_bytes") - left0;
+    EXPECT_EQ(counter(*pkg, "on_demand_fetches") - f0, fetches[on]) << "later chunks hit the memo and read nothing";
+  }
+  unsetenv("VLAC_ON_DEMAND_WEIGHTS");
+  EXPECT_EQ(left[0], 0);
+  EXPECT_EQ(fetches[0], 0);
+  EXPECT_GT(left[1], 0);
+  EXPECT_GT(fetches[1], 0);
+  EXPECT_EQ(max_abs_diff(actions[0], actions[1]), 0.0);
+  std::printf("[ cuda     ] on-demand memo weights: %lld bytes left in the package, %lld reads in the first chunk\n",
+              static_cast<long long>(left[1]), static_cast<long long>(fetches[1]));
+  fs::remove_all(tmp);
+}
+
 TEST_F(CudaChain, BadTokenIdIsOneClearError) {
   const std::string dir = kFixtures + "/tiny_b";
   Pi05PolicyOptions o;

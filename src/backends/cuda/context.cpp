@@ -154,7 +154,14 @@ Result<std::optional<uint64_t>> parse_stack_limit() {
 
 namespace {
 std::atomic<uint64_t> g_trimmed{0};
+std::atomic<uint64_t> g_on_demand{0}, g_fetches{0}, g_fetched{0};
 }  // namespace
+
+void note_on_demand_weights(uint64_t bytes) { g_on_demand += bytes; }
+void note_on_demand_fetch(uint64_t bytes) {
+  ++g_fetches;
+  g_fetched += bytes;
+}
 
 uint64_t trim_clean_pages() {
   if (!trim_enabled()) return 0;
@@ -279,7 +286,10 @@ std::vector<std::pair<std::string, int64_t>> CudaContext::breakdown() const {
           {"cublaslt_handle_bytes", handle_bytes_},
           {"cublaslt_workspace_bytes", gemm_ ? int64_t(gemm_->workspace_bytes()) : -1},
           {"graph_bytes", graph_bytes_},
-          {"host_trimmed_clean_file_bytes", int64_t(trimmed_clean_pages_total())}};
+          {"host_trimmed_clean_file_bytes", int64_t(trimmed_clean_pages_total())},
+          {"on_demand_weight_bytes", int64_t(g_on_demand.load())},
+          {"on_demand_fetches", int64_t(g_fetches.load())},
+          {"on_demand_fetched_bytes", int64_t(g_fetched.load())}};
 }
 
 bool CudaContext::capturing() const {

@@ -55,6 +55,11 @@ Result<std::optional<uint64_t>> parse_stack_limit();
 uint64_t trim_clean_pages();
 uint64_t trimmed_clean_pages_total();
 
+/// On-demand weights (weights.h): bytes left in the package, and reads at memo misses so far
+/// (breakdown: on_demand_weight_bytes, on_demand_fetches, on_demand_fetched_bytes).
+void note_on_demand_weights(uint64_t bytes);
+void note_on_demand_fetch(uint64_t bytes);
+
 class CudaContext {
  public:
   /// Creates the stream, the GEMM runner and its workspace on first call; the same status after.

@@ -447,6 +447,22 @@ Status CudaExecutable::plan(const CudaWeights& weights) {
     memo_.node.assign(g.nodes().size(), 0);
     memo_.results.assign(g.nodes().size(), {});
   }
+  // Weights left in the file for the memo (CudaWeights::fetch) go through one device buffer, so a
+  // node may read at most one of them. Read outside the memo they would be fetched at every run.
+  weights_ = &weights;
+  reads_on_demand_.assign(g.nodes().size(), 0);
+  for (NodeId id : order_) {
+    const Node& n = g.node(id);
+    if (n.op == OpKind::Weight || n.op == OpKind::Reshape) continue;
+    for (ValueId v : n.inputs) {
+      const CudaWeights::Entry* e = weight_entry_[size_t(root_[size_t(v)])];
+      if (!e || !e->on_demand) continue;
+      if (reads_on_demand_[size_t(id)]++)
+        return internal_error(where(n) + ": reads two weights left in the file (one fetch buffer)");
+      if (!memo_.node[size_t(id)])
+        return internal_error(where(n) + ": reads weight '" + e->name + "', left in the file for the memo, outside it");
+    }
+  }
   VLAC_RETURN_IF_ERROR(plan_bf16_gemm_outputs());
   VLAC_RETURN_IF_ERROR(plan_geglu_in_place());
   plan_bf16_stores();
@@ -1174,7 +1190,12 @@ Status CudaExecutable::run() {
       return Status(st.code(), w + ": " + st.message());
     }
   }
-  if (slot >= 0 && !hit) memo_valid_[size_t(slot)] = 1;
+  if (slot >= 0 && !hit) {
+    memo_valid_[size_t(slot)] = 1;
+    // Every slot filled: the on-demand weights are not read again until a miss.
+    if (std::all_of(memo_valid_.begin(), memo_valid_.end(), [](uint8_t x) { return x != 0; }) && !ctx_->capturing())
+      weights_->drop_fetch_buffers();
+  }
   stable_dirty_ = false;  // the stable pieces are in their buffers now
   for (const auto& hg : gathers_) {
     if (const int bad = hg->bad.exchange(0)) {
@@ -1188,10 +1209,26 @@ Status CudaExecutable::run() {
   return Status::ok();
 }
 
+Status CudaExecutable::fetch_on_demand(NodeId id) {
+  const Node& n = graph_.node(id);
+  for (ValueId v : n.inputs) {
+    const size_t r = size_t(root_[size_t(v)]);
+    const CudaWeights::Entry* e = weight_entry_[r];
+    if (!e || !e->on_demand) continue;
+    if (ctx_->capturing())
+      return invalid_argument("cuda: engine '" + options_.label + "': the memo missed inside a recorded sequence, and "
+                              "weight '" + e->name + "' is read from the package at a miss (run it once unrecorded)");
+    VLAC_ASSIGN_OR_RETURN(const void* d, weights_->fetch(*e, ctx_->stream()));
+    ptr_[r] = const_cast<void*>(d);
+  }
+  return Status::ok();
+}
+
 Status CudaExecutable::run_node(NodeId id) {
   const ir::Graph& g = graph_;
   const Node& n = g.node(id);
   const NodePlan& p = plans_[size_t(id)];
+  if (reads_on_demand_[size_t(id)]) VLAC_RETURN_IF_ERROR(fetch_on_demand(id));
   cudaStream_t s = ctx_->stream();
   auto info = [&](ValueId v) -> const ValueInfo& { return g.info(v); };
   auto f = [&](size_t i) { return static_cast<float*>(ptr(n.inputs[i])); };

@@ -48,6 +48,8 @@ class CudaExecutable final : public Executable {
   CudaExecutable() = default;
   Status plan(const CudaWeights& weights);
   Status run_node(ir::NodeId id);
+  /// Reads the on-demand weights node `id` reads onto the device (CudaWeights::fetch).
+  Status fetch_on_demand(ir::NodeId id);
   Status run_or_reuse(ir::NodeId id, int slot, bool hit);
   int memo_lookup(bool* hit);
   void point_memo_results(int slot);
@@ -141,6 +143,8 @@ class CudaExecutable final : public Executable {
   DType weight_dtype(ir::ValueId v) const { return weight_dtype_[size_t(root_[size_t(v)])]; }
   std::vector<DType> weight_dtype_;       // by value id (weights)
   std::vector<const CudaWeights::Entry*> weight_entry_;  // by value id (weights)
+  const CudaWeights* weights_ = nullptr;
+  std::vector<uint8_t> reads_on_demand_;  // by node id: reads a weight left in the file
 
   // Memo: plan, device slots, host keys.
   exec::MemoPlan memo_;

@@ -1,8 +1,14 @@
 // Weight upload (weights.h): layout pass, then one bounded staging loop.
 #include "backends/cuda/weights.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <string>
+#include <utility>
 
 #include "backends/cuda/gemm.h"
 #include "core/bytes.h"
@@ -13,6 +19,18 @@ namespace vlac::cuda {
 namespace {
 
 constexpr uint64_t kWeightAlign = 256;
+// The smallest weight left in the file for the memo: VLAC_ON_DEMAND_WEIGHTS=N bytes (0: none, as
+// before; read at each upload, so a test can compare both in one process), default 1 MiB: the
+// adaRMS matrices (6 MiB each at full size) go, biases and norm scales stay (a read each is not
+// worth their bytes).
+uint64_t on_demand_min_bytes() {
+  const char* e = std::getenv("VLAC_ON_DEMAND_WEIGHTS");
+  if (!e || !*e) return 1ull << 20;
+  char* end = nullptr;
+  const unsigned long long v = std::strtoull(e, &end, 10);
+  if (end == e || *end != '\0' || v == 0) return UINT64_MAX;
+  return v;
+}
 
 uint64_t align_to(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
@@ -40,19 +58,27 @@ void convert(const uint8_t* src, DType st, uint8_t* dst, DType dt, uint64_t n) {
 
 }  // namespace
 
-CudaWeights::CudaWeights(CudaWeights&& o) noexcept
-    : entries_(std::move(o.entries_)), base_(o.base_), device_bytes_(o.device_bytes_), mapped_bytes_(o.mapped_bytes_) {
-  o.base_ = nullptr;
+void CudaWeights::move_from(CudaWeights& o) noexcept {
+  entries_ = std::move(o.entries_);
+  base_ = std::exchange(o.base_, nullptr);
+  device_bytes_ = o.device_bytes_;
+  mapped_bytes_ = o.mapped_bytes_;
+  on_demand_bytes_ = o.on_demand_bytes_;
+  max_on_demand_ = o.max_on_demand_;
+  fetch_device_ = std::exchange(o.fetch_device_, nullptr);
+  fetch_host_ = std::exchange(o.fetch_host_, nullptr);
+  fetch_done_ = std::exchange(o.fetch_done_, nullptr);
+  fetch_pending_ = std::exchange(o.fetch_pending_, false);
 }
+
+CudaWeights::CudaWeights(CudaWeights&& o) noexcept { move_from(o); }
 
 CudaWeights& CudaWeights::operator=(CudaWeights&& o) noexcept {
   if (this != &o) {
+    GemmRunner::remove_flush_region(base_);
     device_free(base_);
-    entries_ = std::move(o.entries_);
-    base_ = o.base_;
-    device_bytes_ = o.device_bytes_;
-    mapped_bytes_ = o.mapped_bytes_;
-    o.base_ = nullptr;
+    drop_fetch_buffers();
+    move_from(o);
   }
   return *this;
 }
@@ -60,6 +86,51 @@ CudaWeights& CudaWeights::operator=(CudaWeights&& o) noexcept {
 CudaWeights::~CudaWeights() {
   GemmRunner::remove_flush_region(base_);
   device_free(base_);
+  drop_fetch_buffers();
+}
+
+void CudaWeights::drop_fetch_buffers() const {
+  if (!fetch_device_ && !fetch_host_ && !fetch_done_) return;
+  // The last fetched weight may still be read by a queued GEMM: wait for the device, once.
+  if (cudaDeviceSynchronize() != cudaSuccess) (void)cudaGetLastError();
+  if (fetch_done_) (void)cudaEventDestroy(fetch_done_);
+  device_free(fetch_device_);
+  host_free(fetch_host_);
+  fetch_device_ = fetch_host_ = nullptr;
+  fetch_done_ = nullptr;
+  fetch_pending_ = false;
+}
+
+Result<const void*> CudaWeights::fetch(const Entry& e, cudaStream_t stream) const {
+  const std::string what = "reading on-demand weight '" + e.name + "' (" + std::to_string(e.bytes) + " bytes)";
+  if (!e.on_demand || e.fd < 0) return internal_error(what + ": not an on-demand weight");
+  if (!fetch_device_) {
+    VLAC_ASSIGN_OR_RETURN(fetch_device_, device_alloc(max_on_demand_, "uploading on-demand weights (memo misses)"));
+    VLAC_ASSIGN_OR_RETURN(fetch_host_, host_alloc(max_on_demand_, "the weight staging buffer (on-demand weights)"));
+    const cudaError_t ce = cudaEventCreateWithFlags(&fetch_done_, cudaEventDisableTiming);
+    if (ce != cudaSuccess) {
+      fetch_done_ = nullptr;
+      return cuda_error(what, ce);
+    }
+  }
+  if (fetch_pending_) {  // the host buffer is still being copied from
+    const cudaError_t ce = cudaEventSynchronize(fetch_done_);
+    if (ce != cudaSuccess) return cuda_error(what, ce);
+    fetch_pending_ = false;
+  }
+  uint8_t* dst = static_cast<uint8_t*>(fetch_host_);
+  for (uint64_t at = 0; at < e.bytes;) {
+    const ssize_t n = ::pread(e.fd, dst + at, size_t(e.bytes - at), off_t(e.file_offset + at));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return Status(StatusCode::IoError, what + " from the package: " + (n < 0 ? std::strerror(errno) : "file too short"));
+    at += uint64_t(n);
+  }
+  cudaError_t ce = cudaMemcpyAsync(fetch_device_, fetch_host_, e.bytes, cudaMemcpyHostToDevice, stream);
+  if (ce == cudaSuccess) ce = cudaEventRecord(fetch_done_, stream);
+  if (ce != cudaSuccess) return cuda_error(what, ce);
+  fetch_pending_ = true;
+  note_on_demand_fetch(e.bytes);
+  return static_cast<const void*>(fetch_device_);
 }
 
 const CudaWeights::Entry* CudaWeights::find(const std::string& name) const {
@@ -77,6 +148,7 @@ Result<CudaWeights> CudaWeights::upload(CudaContext& ctx, const WeightBinding& b
   };
   std::vector<Job> jobs;
   uint64_t total = 0;
+  const uint64_t min_on_demand = on_demand_min_bytes();
   for (size_t i = 0; i < b.refs.size(); ++i) {
     const ir::WeightRef& r = b.refs[i];
     if (w.entries_.count(r.name)) continue;
@@ -94,6 +166,11 @@ Result<CudaWeights> CudaWeights::upload(CudaContext& ctx, const WeightBinding& b
     const uint8_t* src = f.data + r.offset;
     Entry e;
     e.shape = r.shape;
+    e.name = r.name;
+    // Left in the file when only the memo reads it, it needs no conversion and the file can be
+    // read without a mapping; small ones (biases, norms) are not worth a read each.
+    const bool on_demand = i < b.on_demand.size() && b.on_demand[i] && f.fd >= 0 && want == r.dtype &&
+                           r.bytes >= min_on_demand;
     const bool gather = i < b.gather_only.size() && b.gather_only[i] && r.dtype != DType::F16 &&
                         reinterpret_cast<uintptr_t>(src) % dtype_size(r.dtype) == 0 &&
                         (want == r.dtype || (want == DType::BF16 && r.dtype == DType::F32));
@@ -105,6 +182,14 @@ Result<CudaWeights> CudaWeights::upload(CudaContext& ctx, const WeightBinding& b
       if (f.fd >= 0) e.fd = f.fd, e.file_offset = f.file_offset + r.offset;
       else if (f.map != nullptr && f.map->fd() >= 0) e.fd = f.map->fd(), e.file_offset = uint64_t(src - f.map->data());
       w.mapped_bytes_ += r.bytes;
+    } else if (on_demand) {
+      e.dtype = want;
+      e.on_demand = true;
+      e.fd = f.fd;
+      e.file_offset = f.file_offset + r.offset;
+      e.bytes = r.bytes;
+      w.on_demand_bytes_ += r.bytes;
+      w.max_on_demand_ = std::max(w.max_on_demand_, r.bytes);
     } else {
       e.dtype = want;
       total = align_to(total, kWeightAlign);
@@ -113,6 +198,7 @@ Result<CudaWeights> CudaWeights::upload(CudaContext& ctx, const WeightBinding& b
     }
     w.entries_.emplace(r.name, std::move(e));
   }
+  note_on_demand_weights(w.on_demand_bytes_);
   if (total > 0) {
     VLAC_ASSIGN_OR_RETURN(w.base_, device_alloc(total, "uploading " + std::to_string(jobs.size()) + " weights"));
     w.device_bytes_ = total;

@@ -2,7 +2,12 @@
 // chunk by chunk, in a page-locked staging buffer of at most 64 MiB (two halves: one fills while
 // the other uploads) and copied once into one device allocation; the source pages are dropped
 // behind the reader, so nothing is held twice. Gather-only tables (the embedding) stay mapped on
-// the host: only the rows a prompt looks up are converted and uploaded, per run.
+// the host: only the rows a prompt looks up are converted and uploaded, per run. Weights only the
+// memo reads (WeightBinding::on_demand: pi0.5's time MLP and adaRMS modulation matrices, 233 MB
+// of the full-size expert in bf16) stay in the package and are read into one reused device
+// buffer at each memo miss (fetch): the first chunk pays ~a read per matrix and step value, later
+// chunks hit the memo and never read them (VLAC_ON_DEMAND_WEIGHTS=0 uploads them like the rest; =N leaves those of at least N bytes,
+// default 1 MiB).
 #pragma once
 
 #include <cstdint>
@@ -28,8 +33,11 @@ class CudaWeights final : public BoundWeights {
     std::vector<int64_t> shape;
     bool host_table = false;     // gathered on the host from the mapped file
     bool rounds_to_bf16 = false; // a host F32 table run as BF16: rows rounded when gathered
-    int fd = -1;                 // a host table's file (rows read with pread: nothing mapped), or -1
+    int fd = -1;                 // a host table's or on-demand weight's file (pread: nothing mapped), or -1
     uint64_t file_offset = 0;    // where the table starts in it
+    bool on_demand = false;      // left in the file (data null): fetch() reads it to the device
+    uint64_t bytes = 0;          // an on-demand weight's bytes (stored = run dtype)
+    std::string name;            // for messages
   };
   static Result<CudaWeights> upload(CudaContext& ctx, const WeightBinding& b);
   CudaWeights() = default;
@@ -40,11 +48,26 @@ class CudaWeights final : public BoundWeights {
   const Entry* find(const std::string& name) const;
   uint64_t owned_bytes() const override { return device_bytes_; }
   uint64_t mapped_bytes() const override { return mapped_bytes_; }
+  uint64_t on_demand_bytes() const { return on_demand_bytes_; }
+
+  /// An on-demand weight on the device, in stream order: read from the file into a page-locked
+  /// buffer, copied into the one device buffer (both allocated at the first fetch). The pointer
+  /// holds it until the next fetch is read by the stream. Synchronizes the host with the
+  /// previous fetch's copy; never inside a recording (a memo miss there is an error).
+  Result<const void*> fetch(const Entry& e, cudaStream_t stream) const;
+  /// Frees the fetch buffers (the memo is full: nothing fetches again until it misses).
+  void drop_fetch_buffers() const;
 
  private:
   std::map<std::string, Entry> entries_;
   void* base_ = nullptr;  // one device allocation for all uploaded weights
-  uint64_t device_bytes_ = 0, mapped_bytes_ = 0;
+  uint64_t device_bytes_ = 0, mapped_bytes_ = 0, on_demand_bytes_ = 0, max_on_demand_ = 0;
+  // fetch(): the buffers, and the event of the last copy out of the host one.
+  mutable void* fetch_device_ = nullptr;
+  mutable void* fetch_host_ = nullptr;
+  mutable cudaEvent_t fetch_done_ = nullptr;
+  mutable bool fetch_pending_ = false;
+  void move_from(CudaWeights& o) noexcept;
 };
 
 }  // namespace vlac::cuda
