@@ -250,7 +250,7 @@ Status CudaContext::ensure() {
   if (cudaDeviceGetLimit(&v, cudaLimitStackSize) == cudaSuccess) stack_default_ = int64_t(v);
   if (*stack) {
     // See stack_limit_bytes in context.h: the driver's 1 KiB default reserves stack for every
-    // resident thread although no vlac kernel needs more than 40 bytes.
+    // resident thread although no vlac kernel needs more than 32 bytes.
     e = cudaDeviceSetLimit(cudaLimitStackSize, size_t(**stack));
     if (e != cudaSuccess) return fail(cuda_error("setting the GPU stack limit (VLAC_CUDA_STACK_BYTES)", e));
   }
@@ -277,7 +277,10 @@ Status CudaContext::ensure() {
 }
 
 std::vector<std::pair<std::string, int64_t>> CudaContext::breakdown() const {
+  size_t now = 0;  // the driver grows the limit at a launch that needs more (context.h)
+  if (cudaDeviceGetLimit(&now, cudaLimitStackSize) != cudaSuccess) (void)cudaGetLastError(), now = 0;
   return {{"context_bytes", context_bytes_},
+          {"stack_limit_now_bytes_per_thread", int64_t(now)},
           {"stack_limit_default_bytes_per_thread", stack_default_},
           {"stack_limit_bytes_per_thread", stack_set_},
           {"stack_limit_saved_bytes", stack_saved_bytes_},

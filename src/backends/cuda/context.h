@@ -41,11 +41,13 @@ bool nvml_memory(uint64_t* total, uint64_t* free_bytes);
 /// The per-thread stack limit ensure() sets (VLAC_CUDA_STACK_BYTES, else kDefaultStackBytes):
 /// the driver reserves stack x the device's resident threads (1 KiB default x 2048 x 132 SMs =
 /// 264 MiB on an H200) and grows it by itself at a launch that needs more (cuCtxSetLimit), so a
-/// small limit costs nothing where kernels need little. vlac's kernels have at most a 40-byte
-/// frame (nvcc -Xptxas -v, sm_90); cuBLASLt's that need more make the driver grow it once, in the
-/// warm-up run before any capture. nullopt: VLAC_CUDA_STACK_BYTES=default (keep the driver's).
-/// A bad value is InvalidArgument naming the variable.
-inline constexpr uint64_t kDefaultStackBytes = 256;
+/// small limit costs nothing where kernels need little. vlac's largest frame is 32 bytes (the
+/// RoPE kernels' sincosf slow path; nvcc -Xptxas -v, sm_90; every other kernel 0): 32 x 2048 x
+/// 132 = 8.25 MiB on the H200 (256 B took 66 MiB). A cuBLASLt kernel that needs more makes the
+/// driver grow it once, in the warm-up run before any capture (the breakdown's
+/// stack_limit_now_bytes_per_thread shows it). nullopt: VLAC_CUDA_STACK_BYTES=default (keep the
+/// driver's). A bad value is InvalidArgument naming the variable.
+inline constexpr uint64_t kDefaultStackBytes = 32;
 Result<std::optional<uint64_t>> parse_stack_limit();
 
 /// Gives this process's clean file pages of at least 1 MiB per mapping back to the page cache

@@ -14,6 +14,7 @@
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -137,6 +138,16 @@ static SkinnyMode skinny_mode() {
   return m;
 }
 
+// In-place split-K reductions as extra candidates (make()); VLAC_GEMM_INPLACE_SPLITK=0 leaves
+// the candidates the heuristic's first answers only.
+static bool reduction_variants() {
+  static const bool on = [] {
+    const char* e = std::getenv("VLAC_GEMM_INPLACE_SPLITK");
+    return !(e && std::string(e) == "0");
+  }();
+  return on;
+}
+
 // The choices of the timing above are kept on disk per GPU and cuBLASLt version, so only the
 // first process on a machine times (the "chosen at first load on the target and cached"):
 // later ones skip the timing in their first chunk (H200: first load 6.99 -> 6.62 s; the host heap
@@ -221,7 +232,7 @@ std::string tune_identity(uint64_t workspace, int sms) {
     (void)cudaGetLastError();
   return name + "_" + std::to_string(sms) + "sms_lt" + std::to_string(cublasLtGetVersion()) + "_ws" +
          std::to_string(workspace >> 20) + "m_c" + std::to_string(candidate_count()) + "_s" +
-         std::to_string(int(skinny_mode())) + (cold_timing() ? "_cold" : "");
+         std::to_string(int(skinny_mode())) + (cold_timing() ? "_cold" : "") + (reduction_variants() ? "_inplace" : "");
 }
 
 struct GemmRunner::Impl {
@@ -362,12 +373,34 @@ Status GemmRunner::Impl::make(const GemmDesc& d, Plan& p) {
   int found = 0;
   if (st == CUBLAS_STATUS_SUCCESS)
     st = cublasLtMatmulAlgoGetHeuristic(handle, p.op, p.a, p.b, p.c, p.c, pref, candidate_count(), res, &found);
-  cublasLtMatmulPreferenceDestroy(pref);
+  if (st != CUBLAS_STATUS_SUCCESS || found == 0) cublasLtMatmulPreferenceDestroy(pref);
   if (st != CUBLAS_STATUS_SUCCESS) return lt_error("heuristic " + name, st);
   if (found == 0) return unsupported("gemm " + name + ": cuBLASLt has no algorithm for this shape");
   p.algo = res[0].algo;
   for (int i = 0; i < found; ++i)
     if (res[i].state == CUBLAS_STATUS_SUCCESS) p.candidates.push_back(res[i].algo);
+  // Split-K answers whose partial sums are reduced in place (in the fp32 output, ordered by
+  // counters: deterministic), appended to be timed too: the heuristic's own split-K picks for the
+  // expert's M = 50 GEMMs reduce in a second kernel (cublasLt splitKreduce_kernel, ~3.5 us and a
+  // launch each on the H200, twice per layer and step). bf16 outputs would sum in bf16: not offered.
+  if (reduction_variants() && d.out == DType::F32 && !d.accumulate) {
+    const uint32_t mask = CUBLASLT_REDUCTION_SCHEME_INPLACE;
+    int more = 0;
+    if (cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask, sizeof(mask)) ==
+            CUBLAS_STATUS_SUCCESS &&
+        cublasLtMatmulAlgoGetHeuristic(handle, p.op, p.a, p.b, p.c, p.c, pref, candidate_count(), res, &more) ==
+            CUBLAS_STATUS_SUCCESS) {
+      int added = 0;
+      for (int i = 0; i < more && added < 4; ++i) {
+        if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
+        const bool seen = std::any_of(p.candidates.begin(), p.candidates.end(), [&](const cublasLtMatmulAlgo_t& c) {
+          return std::memcmp(&c, &res[i].algo, sizeof(c)) == 0;
+        });
+        if (!seen) p.candidates.push_back(res[i].algo), ++added;
+      }
+    }
+  }
+  cublasLtMatmulPreferenceDestroy(pref);
   if (skinny_mode() != SkinnyMode::Off && counters && d.in == DType::BF16 && !d.accumulate && (d.ldx == 0 || d.ldx == d.k) &&
       (d.epilogue == Epilogue::None || d.epilogue == Epilogue::Bias) && skinny_gemm_fits(d.m, d.n, d.k)) {
     for (int splits : skinny_gemm_splits(d.n, d.k, sms))
