@@ -291,6 +291,12 @@ class Executable {
   /// The contents of ExecOptions::stable_inputs changed (a new prefix): the next run reads them
   /// again. Binding or writing one of them says so too. Backends that keep nothing: a no-op.
   virtual void inputs_changed() {}
+  /// The memo's key for the next runs, given by the caller instead of read from the memo inputs
+  /// (which a GPU engine may read from device memory, where the host cannot compare them: pi0.5's
+  /// later step engines get `cond` from the first one). The caller vouches that every memo input
+  /// is a function of these bytes (pi0.5: t). Empty: keys from the inputs again. Backends that
+  /// read keys from host memory anyway may ignore it.
+  virtual void set_memo_key(const void* /*key*/, uint64_t /*bytes*/) {}
 };
 
 /// Memory a backend allocates for its callers: arenas shared by engines, values crossing engines,

@@ -313,6 +313,7 @@ Status PackageEngines::run_stage(const std::string& stage, std::map<std::string,
       VLAC_ASSIGN_OR_RETURN(sh.scratch, rt.allocate(sb, mp.kind, pkg_->path() + ": the kernel scratch (engine '" + e.name + "')"));
     }
     e.exec->bind_memory(sh.arena->data(), sh.scratch->data());
+    if (auto mk = memo_keys_.find(stage); mk != memo_keys_.end()) e.exec->set_memo_key(mk->second.data(), mk->second.size());
     const auto& ins = e.exec->graph().inputs();
     const MemoryKind kind = e.exec->memory_kind();
     for (size_t i = 0; i < ins.size(); ++i) {
@@ -364,6 +365,11 @@ void PackageEngines::inputs_changed(const std::string& stage) {
   if (st == stage_engines_.end()) return;
   for (size_t id : st->second)
     if (engines_[id]->exec) engines_[id]->exec->inputs_changed();
+}
+
+void PackageEngines::set_memo_key(const std::string& stage, const void* key, uint64_t bytes) {
+  std::vector<uint8_t>& k = memo_keys_[stage];
+  k.assign(static_cast<const uint8_t*>(key), static_cast<const uint8_t*>(key) + bytes);
 }
 
 void PackageEngines::release_stage(const std::string& stage) {

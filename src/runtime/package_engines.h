@@ -80,6 +80,9 @@ class PackageEngines {
   /// The stable inputs (PackageRunOptions::stable_inputs) of the stage's engines changed: their
   /// next runs read them again (Executable::inputs_changed).
   void inputs_changed(const std::string& stage);
+  /// The memo key of the stage's engines from now on (Executable::set_memo_key); empty: from
+  /// their inputs.
+  void set_memo_key(const std::string& stage, const void* key, uint64_t bytes);
   const PackageRunStats& stats() const { return stats_; }
 
   /// The backend runtime of the engines (the first engine's; all of a pi0.5 package share one)
@@ -105,6 +108,7 @@ class PackageEngines {
   std::vector<size_t> lru_;  // engine indices, least recently run first (resident ones)
   uint64_t resident_ = 0;
   PackageRunStats stats_;
+  std::map<std::string, std::vector<uint8_t>> memo_keys_;  // by stage (set_memo_key)
   BackendRuntime* rt_ = nullptr;
   Backend* backend0_ = nullptr;
   // Engine outputs, "<stage>/<name>" (or a buffer shared by internal values: assign_store_keys),

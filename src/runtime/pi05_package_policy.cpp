@@ -246,6 +246,10 @@ Status Pi05PackagePolicy::enqueue_denoise() {
     // x_ is bound in place; t is read from the step's entry of the Euler times; outputs are
     // overwritten each step.
     v[kPi05InTime] = Slot{times + k, ir::ValueInfo{DType::F32, {1}}, MemoryKind::Host};
+    // The step engines' memo keyed by t itself: a later engine reads `cond` (a function of t
+    // alone) from device memory, where its memo could not compare it and would recompute the
+    // adaRMS modulations of its layers at every step.
+    engines_->set_memo_key("step", times + k, 4);
     const auto ts = std::chrono::steady_clock::now();
     VLAC_RETURN_IF_ERROR(run_stage("step", &v));
     auto it = v.find("x_next");

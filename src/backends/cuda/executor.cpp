@@ -447,8 +447,8 @@ Status CudaExecutable::plan(const CudaWeights& weights) {
     memo_.node.assign(g.nodes().size(), 0);
     memo_.results.assign(g.nodes().size(), {});
   }
-  // Weights left in the file for the memo (CudaWeights::fetch) go through one device buffer, so a
-  // node may read at most one of them. Read outside the memo they would be fetched at every run.
+  // Weights left in the file for the memo (CudaWeights::fetch) go through a few device buffers,
+  // one per weight a node reads. Read outside the memo they would be fetched at every run.
   weights_ = &weights;
   reads_on_demand_.assign(g.nodes().size(), 0);
   for (NodeId id : order_) {
@@ -457,8 +457,8 @@ Status CudaExecutable::plan(const CudaWeights& weights) {
     for (ValueId v : n.inputs) {
       const CudaWeights::Entry* e = weight_entry_[size_t(root_[size_t(v)])];
       if (!e || !e->on_demand) continue;
-      if (reads_on_demand_[size_t(id)]++)
-        return internal_error(where(n) + ": reads two weights left in the file (one fetch buffer)");
+      if (reads_on_demand_[size_t(id)]++ == CudaWeights::kFetchSlots)
+        return internal_error(where(n) + ": reads more weights left in the file than there are fetch buffers");
       if (!memo_.node[size_t(id)])
         return internal_error(where(n) + ": reads weight '" + e->name + "', left in the file for the memo, outside it");
     }
@@ -1126,9 +1126,33 @@ Status CudaExecutable::write_input(int i, const void* src, uint64_t bytes) {
   return Status::ok();
 }
 
+void CudaExecutable::set_memo_key(const void* key, uint64_t bytes) {
+  const uint8_t* k = static_cast<const uint8_t*>(key);
+  if (bytes == given_key_.size() && (bytes == 0 || std::memcmp(k, given_key_.data(), bytes) == 0)) return;
+  const bool kind_changed = given_key_.empty() != (bytes == 0) || (bytes != 0 && bytes != given_key_.size());
+  given_key_.assign(k, k + bytes);
+  if (kind_changed) {  // slots keyed the other way (or another width) are not comparable
+    std::fill(memo_valid_.begin(), memo_valid_.end(), 0);
+    for (auto& mk : memo_keys_) mk.assign(given_key_.empty() ? memo_.key_bytes : given_key_.size(), 0);
+  }
+}
+
 int CudaExecutable::memo_lookup(bool* hit) {
   *hit = false;
   if (!memo_.enabled()) return -1;
+  if (!given_key_.empty()) {
+    for (size_t s = 0; s < memo_valid_.size(); ++s)
+      if (memo_valid_[s] && memo_keys_[s] == given_key_) {
+        *hit = true;
+        ++memo_hits_;
+        return int(s);
+      }
+    const size_t s = memo_next_;
+    memo_next_ = (memo_next_ + 1) % memo_valid_.size();
+    memo_valid_[s] = 0;
+    memo_keys_[s] = given_key_;
+    return int(s);
+  }
   for (int i : memo_.key_inputs)
     if (!inputs_[size_t(i)].shadow_valid || inputs_[size_t(i)].external) return -1;  // key not on the host: compute
   auto key_matches = [&](const std::vector<uint8_t>& key) {
@@ -1211,6 +1235,7 @@ Status CudaExecutable::run() {
 
 Status CudaExecutable::fetch_on_demand(NodeId id) {
   const Node& n = graph_.node(id);
+  int slot = 0;
   for (ValueId v : n.inputs) {
     const size_t r = size_t(root_[size_t(v)]);
     const CudaWeights::Entry* e = weight_entry_[r];
@@ -1218,7 +1243,7 @@ Status CudaExecutable::fetch_on_demand(NodeId id) {
     if (ctx_->capturing())
       return invalid_argument("cuda: engine '" + options_.label + "': the memo missed inside a recorded sequence, and "
                               "weight '" + e->name + "' is read from the package at a miss (run it once unrecorded)");
-    VLAC_ASSIGN_OR_RETURN(const void* d, weights_->fetch(*e, ctx_->stream()));
+    VLAC_ASSIGN_OR_RETURN(const void* d, weights_->fetch(*e, slot++, ctx_->stream()));
     ptr_[r] = const_cast<void*>(d);
   }
   return Status::ok();

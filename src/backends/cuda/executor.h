@@ -43,6 +43,7 @@ class CudaExecutable final : public Executable {
   MemoryKind memory_kind() const override { return MemoryKind::Device; }
   Status write_input(int i, const void* src, uint64_t bytes) override;
   void inputs_changed() override { stable_dirty_ = true; }
+  void set_memo_key(const void* key, uint64_t bytes) override;
 
  private:
   CudaExecutable() = default;
@@ -152,6 +153,7 @@ class CudaExecutable final : public Executable {
   std::vector<std::vector<uint8_t>> memo_keys_;  // by slot
   std::vector<uint8_t> memo_valid_;
   size_t memo_next_ = 0;
+  std::vector<uint8_t> given_key_;  // set_memo_key: the key instead of the memo inputs' bytes
   uint64_t memo_hits_ = 0;
   // Memo results read in place from the slot (no copy on a hit): by root, 1 when redirected.
   std::vector<uint8_t> memo_in_slot_;

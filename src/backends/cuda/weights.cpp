@@ -65,10 +65,7 @@ void CudaWeights::move_from(CudaWeights& o) noexcept {
   mapped_bytes_ = o.mapped_bytes_;
   on_demand_bytes_ = o.on_demand_bytes_;
   max_on_demand_ = o.max_on_demand_;
-  fetch_device_ = std::exchange(o.fetch_device_, nullptr);
-  fetch_host_ = std::exchange(o.fetch_host_, nullptr);
-  fetch_done_ = std::exchange(o.fetch_done_, nullptr);
-  fetch_pending_ = std::exchange(o.fetch_pending_, false);
+  for (int i = 0; i < kFetchSlots; ++i) fetch_[i] = std::exchange(o.fetch_[i], FetchSlot{});
 }
 
 CudaWeights::CudaWeights(CudaWeights&& o) noexcept { move_from(o); }
@@ -90,47 +87,51 @@ CudaWeights::~CudaWeights() {
 }
 
 void CudaWeights::drop_fetch_buffers() const {
-  if (!fetch_device_ && !fetch_host_ && !fetch_done_) return;
-  // The last fetched weight may still be read by a queued GEMM: wait for the device, once.
+  bool any = false;
+  for (const FetchSlot& f : fetch_) any = any || f.device || f.host || f.done;
+  if (!any) return;
+  // The last fetched weights may still be read by a queued GEMM: wait for the device, once.
   if (cudaDeviceSynchronize() != cudaSuccess) (void)cudaGetLastError();
-  if (fetch_done_) (void)cudaEventDestroy(fetch_done_);
-  device_free(fetch_device_);
-  host_free(fetch_host_);
-  fetch_device_ = fetch_host_ = nullptr;
-  fetch_done_ = nullptr;
-  fetch_pending_ = false;
+  for (FetchSlot& f : fetch_) {
+    if (f.done) (void)cudaEventDestroy(f.done);
+    device_free(f.device);
+    host_free(f.host);
+    f = FetchSlot{};
+  }
 }
 
-Result<const void*> CudaWeights::fetch(const Entry& e, cudaStream_t stream) const {
+Result<const void*> CudaWeights::fetch(const Entry& e, int slot, cudaStream_t stream) const {
   const std::string what = "reading on-demand weight '" + e.name + "' (" + std::to_string(e.bytes) + " bytes)";
   if (!e.on_demand || e.fd < 0) return internal_error(what + ": not an on-demand weight");
-  if (!fetch_device_) {
-    VLAC_ASSIGN_OR_RETURN(fetch_device_, device_alloc(max_on_demand_, "uploading on-demand weights (memo misses)"));
-    VLAC_ASSIGN_OR_RETURN(fetch_host_, host_alloc(max_on_demand_, "the weight staging buffer (on-demand weights)"));
-    const cudaError_t ce = cudaEventCreateWithFlags(&fetch_done_, cudaEventDisableTiming);
+  if (slot < 0 || slot >= kFetchSlots) return internal_error(what + ": fetch slot out of range");
+  FetchSlot& f = fetch_[slot];
+  if (!f.device) {
+    VLAC_ASSIGN_OR_RETURN(f.device, device_alloc(max_on_demand_, "uploading on-demand weights (memo misses)"));
+    VLAC_ASSIGN_OR_RETURN(f.host, host_alloc(max_on_demand_, "the weight staging buffer (on-demand weights)"));
+    const cudaError_t ce = cudaEventCreateWithFlags(&f.done, cudaEventDisableTiming);
     if (ce != cudaSuccess) {
-      fetch_done_ = nullptr;
+      f.done = nullptr;
       return cuda_error(what, ce);
     }
   }
-  if (fetch_pending_) {  // the host buffer is still being copied from
-    const cudaError_t ce = cudaEventSynchronize(fetch_done_);
+  if (f.pending) {  // the host buffer is still being copied from
+    const cudaError_t ce = cudaEventSynchronize(f.done);
     if (ce != cudaSuccess) return cuda_error(what, ce);
-    fetch_pending_ = false;
+    f.pending = false;
   }
-  uint8_t* dst = static_cast<uint8_t*>(fetch_host_);
+  uint8_t* dst = static_cast<uint8_t*>(f.host);
   for (uint64_t at = 0; at < e.bytes;) {
     const ssize_t n = ::pread(e.fd, dst + at, size_t(e.bytes - at), off_t(e.file_offset + at));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return Status(StatusCode::IoError, what + " from the package: " + (n < 0 ? std::strerror(errno) : "file too short"));
     at += uint64_t(n);
   }
-  cudaError_t ce = cudaMemcpyAsync(fetch_device_, fetch_host_, e.bytes, cudaMemcpyHostToDevice, stream);
-  if (ce == cudaSuccess) ce = cudaEventRecord(fetch_done_, stream);
+  cudaError_t ce = cudaMemcpyAsync(f.device, f.host, e.bytes, cudaMemcpyHostToDevice, stream);
+  if (ce == cudaSuccess) ce = cudaEventRecord(f.done, stream);
   if (ce != cudaSuccess) return cuda_error(what, ce);
-  fetch_pending_ = true;
+  f.pending = true;
   note_on_demand_fetch(e.bytes);
-  return static_cast<const void*>(fetch_device_);
+  return static_cast<const void*>(f.device);
 }
 
 const CudaWeights::Entry* CudaWeights::find(const std::string& name) const {

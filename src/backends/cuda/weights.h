@@ -51,10 +51,12 @@ class CudaWeights final : public BoundWeights {
   uint64_t on_demand_bytes() const { return on_demand_bytes_; }
 
   /// An on-demand weight on the device, in stream order: read from the file into a page-locked
-  /// buffer, copied into the one device buffer (both allocated at the first fetch). The pointer
-  /// holds it until the next fetch is read by the stream. Synchronizes the host with the
-  /// previous fetch's copy; never inside a recording (a memo miss there is an error).
-  Result<const void*> fetch(const Entry& e, cudaStream_t stream) const;
+  /// buffer, copied into device buffer `slot` (0..kFetchSlots-1: one per weight a node reads;
+  /// both allocated at the slot's first fetch). The pointer holds it until the slot's next fetch
+  /// is read by the stream. Synchronizes the host with that slot's previous copy; never inside a
+  /// recording (a memo miss there is an error).
+  static constexpr int kFetchSlots = 3;
+  Result<const void*> fetch(const Entry& e, int slot, cudaStream_t stream) const;
   /// Frees the fetch buffers (the memo is full: nothing fetches again until it misses).
   void drop_fetch_buffers() const;
 
@@ -62,11 +64,14 @@ class CudaWeights final : public BoundWeights {
   std::map<std::string, Entry> entries_;
   void* base_ = nullptr;  // one device allocation for all uploaded weights
   uint64_t device_bytes_ = 0, mapped_bytes_ = 0, on_demand_bytes_ = 0, max_on_demand_ = 0;
-  // fetch(): the buffers, and the event of the last copy out of the host one.
-  mutable void* fetch_device_ = nullptr;
-  mutable void* fetch_host_ = nullptr;
-  mutable cudaEvent_t fetch_done_ = nullptr;
-  mutable bool fetch_pending_ = false;
+  // fetch(): per slot, the buffers and the event of the last copy out of the host one.
+  struct FetchSlot {
+    void* device = nullptr;
+    void* host = nullptr;
+    cudaEvent_t done = nullptr;
+    bool pending = false;
+  };
+  mutable FetchSlot fetch_[kFetchSlots];
   void move_from(CudaWeights& o) noexcept;
 };
 
