@@ -45,7 +45,8 @@ bool nvml_memory(uint64_t* total, uint64_t* free_bytes);
 /// RoPE kernels' sincosf slow path; nvcc -Xptxas -v, sm_90; every other kernel 0): 32 x 2048 x
 /// 132 = 8.25 MiB on the H200 (256 B took 66 MiB). A cuBLASLt kernel that needs more makes the
 /// driver grow it once, in the warm-up run before any capture (the breakdown's
-/// stack_limit_now_bytes_per_thread shows it). nullopt: VLAC_CUDA_STACK_BYTES=default (keep the
+/// stack_limit_now_bytes_per_thread shows it: 160 B for the full-size pi0.5 on the H200, the
+/// driver's rounding of what the first chunk's kernels need; 41 MiB reserved). nullopt: VLAC_CUDA_STACK_BYTES=default (keep the
 /// driver's). A bad value is InvalidArgument naming the variable.
 inline constexpr uint64_t kDefaultStackBytes = 32;
 Result<std::optional<uint64_t>> parse_stack_limit();

@@ -138,12 +138,15 @@ static SkinnyMode skinny_mode() {
   return m;
 }
 
-// In-place split-K reductions as extra candidates (make()); VLAC_GEMM_INPLACE_SPLITK=0 leaves
-// the candidates the heuristic's first answers only.
+// In-place split-K reductions as extra candidates (make()), opt-in with VLAC_GEMM_INPLACE_SPLITK=1:
+// on the H200 (session 11, one machine start) recorded chunks took 20.51 / 20.51 ms with them
+// against 20.37 ms without (some won the cold timing alone, then lost inside the chunk), and a
+// kernel they bring needs no more stack than vlac's (48 B) where the default answers' need
+// 160 B (stack_limit_now: +29 MB of GPU memory).
 static bool reduction_variants() {
   static const bool on = [] {
     const char* e = std::getenv("VLAC_GEMM_INPLACE_SPLITK");
-    return !(e && std::string(e) == "0");
+    return e && std::string(e) == "1";
   }();
   return on;
 }
@@ -379,10 +382,10 @@ Status GemmRunner::Impl::make(const GemmDesc& d, Plan& p) {
   p.algo = res[0].algo;
   for (int i = 0; i < found; ++i)
     if (res[i].state == CUBLAS_STATUS_SUCCESS) p.candidates.push_back(res[i].algo);
-  // Split-K answers whose partial sums are reduced in place (in the fp32 output, ordered by
-  // counters: deterministic), appended to be timed too: the heuristic's own split-K picks for the
-  // expert's M = 50 GEMMs reduce in a second kernel (cublasLt splitKreduce_kernel, ~3.5 us and a
-  // launch each on the H200, twice per layer and step). bf16 outputs would sum in bf16: not offered.
+  // Opt-in: split-K answers whose partial sums are reduced in place (in the fp32 output, ordered by
+  // counters: deterministic), appended to be timed too: the heuristic's own split-K pick for the
+  // expert's down_proj (M = 50) reduces in a second kernel (cublasLt splitKreduce_kernel, ~4 us
+  // and a launch per layer and step on the H200). bf16 outputs would sum in bf16: not offered.
   if (reduction_variants() && d.out == DType::F32 && !d.accumulate) {
     const uint32_t mask = CUBLASLT_REDUCTION_SCHEME_INPLACE;
     int more = 0;
