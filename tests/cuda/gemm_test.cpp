@@ -13,6 +13,7 @@
 
 #include "backends/cpu/kernels.h"
 #include "backends/cuda/gemm.h"
+#include "backends/cuda/kernels.h"
 #include "backends/cuda/skinny_gemm.h"
 #include "cuda_test_util.h"
 
@@ -79,6 +80,40 @@ TEST_F(CudaGemm, MatchesCpuAtPi05Shapes) {
       }
   }
   EXPECT_GT(runner->plans(), size_t(20));
+}
+
+// GemmDesc::k_parts: the partial products over K chunks, summed in order by residual_norm_to
+// (the executor's fused norm), equal the whole product added the same way; bad requests are
+// refused with a message.
+TEST_F(CudaGemm, KPartsSummedByTheResidualNormMatchTheWholeProduct) {
+  auto runner = GemmRunner::create();
+  ASSERT_TRUE(runner.is_ok()) << runner.status().message();
+  DevBuf ws(runner->workspace_bytes());
+  const int64_t m = 50, k = 4096, n = 1024;
+  auto x = bf16_values(randn(size_t(m * k), 91)), w = bf16_values(randn(size_t(n * k), 92, 1.0f / 64));
+  auto h = randn(size_t(m * n), 93), gate = randn(size_t(n), 94);
+  std::vector<float> ref(size_t(m * n));
+  ref_gemm(x, w, nullptr, false, nullptr, ref, m, k, n);
+  for (size_t i = 0; i < ref.size(); ++i) ref[i] = h[i] + ref[i] * gate[i % size_t(n)];  // h + branch ⊙ gate
+  auto dx = to_device(to_bf16(x)), dw = to_device(to_bf16(w)), dgate = to_device(gate);
+  for (int parts : {1, 2, 4, 8}) {
+    DevBuf dy(uint64_t(parts) * uint64_t(m * n) * 4), dh_out(uint64_t(m * n) * 4);
+    auto dh = to_device(h);
+    GemmDesc d{m, n, k, DType::BF16, DType::F32, Epilogue::None, false};
+    d.k_parts = parts;
+    VLAC_CUDA_OK(runner->run(stream_, d, dx->get(), dw->get(), nullptr, dy.get(), ws.get()));
+    NormArgs none;  // the sum only
+    VLAC_CUDA_OK(residual_norm_to(stream_, dh->get(), dh_out.get(), DType::F32, dy.get(), DType::F32,
+                                  static_cast<const float*>(dgate->get()), none, nullptr, DType::F32, m, n, parts, m * n));
+    sync();
+    EXPECT_LT(rel_err(download<float>(dh_out, size_t(m * n)), ref), 1e-4) << parts << " K parts";
+  }
+  GemmDesc bad{m, n, 100, DType::BF16, DType::F32, Epilogue::None, false};
+  bad.k_parts = 3;  // 100 is no multiple of 8·3
+  DevBuf dy(uint64_t(m * n) * 12);
+  const Status st = runner->run(stream_, bad, dx->get(), dw->get(), nullptr, dy.get(), ws.get());
+  EXPECT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("K parts"), std::string::npos) << st.message();
 }
 
 TEST_F(CudaGemm, PlanIsCachedAndArgumentsAreChecked) {

@@ -466,6 +466,7 @@ Status CudaExecutable::plan(const CudaWeights& weights) {
   VLAC_RETURN_IF_ERROR(plan_bf16_gemm_outputs());
   VLAC_RETURN_IF_ERROR(plan_geglu_in_place());
   plan_bf16_stores();
+  plan_k_parts();
   // The scratch holds a bf16 copy of a bf16 Linear's x only where x is not stored in bf16 already
   // (the LM's down_proj reads GeGLU's bf16 output: no 32 MB copy), and an attention's copies only
   // of the q/k/v it must round itself, then its split partials.
@@ -494,7 +495,7 @@ Status CudaExecutable::plan(const CudaWeights& weights) {
   // sized for what is stored there (bf16 values take half their f32 size).
   std::vector<uint64_t> stored(nv, 0);
   for (size_t v = 0; v < nv; ++v)
-    if (bf16_store_[v]) stored[v] = uint64_t(g.info(ValueId(v)).numel()) * 2;
+    if (bf16_store_[v] || k_parts_[v] > 1) stored[v] = stored_bytes(ValueId(v));
   exec::ArenaPlan arena = exec::plan_arena(g, order_, root_, outside, residual_norm_lifetimes(), stored);
   arena_bytes_ = arena.bytes;
   arena_blocks_ = std::move(arena.blocks);
@@ -518,6 +519,7 @@ Status CudaExecutable::plan(const CudaWeights& weights) {
     if (plans_[size_t(id)].view && memo_.node[size_t(id)])
       return internal_error(where(g.node(id)) + ": a slice view cannot be a memo result");
   plan_residual_norms();
+  keep_fused_k_parts();
   plan_rope_pairs();
   for (NodeId id : order_) {
     const Node& n = g.node(id);
@@ -1024,7 +1026,62 @@ void CudaExecutable::plan_bf16_stores() {
 
 uint64_t CudaExecutable::stored_bytes(ValueId r) const {
   const ValueInfo& i = graph_.info(r);
-  return bf16_store_[size_t(r)] ? uint64_t(i.numel()) * 2 : i.bytes();
+  const uint64_t b = bf16_store_[size_t(r)] ? uint64_t(i.numel()) * 2 : i.bytes();
+  return k_parts_.empty() || k_parts_[size_t(r)] <= 1 ? b : b * uint64_t(k_parts_[size_t(r)]);
+}
+
+// VLAC_DOWN_KPARTS=S (2..16): the expert's down_proj (K >= 4096: not o_proj) writes S partial products that the next
+// fused residual norm sums (GemmDesc::k_parts) instead of cuBLASLt's split-K GEMM + reduce kernel
+// (~4 us and a launch per layer and step on the H200). Off by default until measured.
+static int k_parts_setting() {
+  static const int v = [] {
+    const char* e = std::getenv("VLAC_DOWN_KPARTS");
+    const int n = e ? std::atoi(e) : 0;
+    return n >= 2 && n <= 16 ? n : 0;
+  }();
+  return v;
+}
+
+void CudaExecutable::plan_k_parts() {
+  const ir::Graph& g = graph_;
+  k_parts_.assign(g.values().size(), 0);
+  const int parts = k_parts_setting();
+  if (parts < 2) return;
+  const auto readers = readers_by_root();
+  const auto is_out = output_roots();
+  for (NodeId id : order_) {
+    const Node& n = g.node(id);
+    NodePlan& p = plans_[size_t(id)];
+    if (n.op != OpKind::Linear || n.inputs.size() != 2 || memo_.node[size_t(id)] || !p.bf16 || p.gemm.m <= 0 ||
+        p.gemm.m > 64 || p.gemm.k < 4096 || p.gemm.out != DType::F32 || p.gemm.epilogue != Epilogue::None ||
+        p.gemm.accumulate || p.gemm.k % (8 * parts) != 0)
+      continue;
+    const ValueId o = n.outputs[0];
+    if (root_[size_t(o)] != o || is_out[size_t(o)] || bf16_stored(o) || readers[size_t(o)].size() != 1) continue;
+    const OpKind rop = g.node(readers[size_t(o)][0].first).op;
+    if (rop != OpKind::Mul && rop != OpKind::Add) continue;  // the gated residual's product or sum
+    k_parts_[size_t(o)] = parts;
+    p.gemm.k_parts = parts;
+  }
+}
+
+void CudaExecutable::keep_fused_k_parts() {
+  const ir::Graph& g = graph_;
+  std::vector<uint8_t> summed(g.values().size(), 0);
+  for (NodeId id : order_) {
+    NodePlan& p = plans_[size_t(id)];
+    if (!p.fused) continue;
+    const size_t r = size_t(root_[size_t(p.f_branch)]);
+    if (k_parts_[r] < 2 || p.f_branch != ValueId(r)) continue;
+    p.f_branch_parts = k_parts_[r];
+    p.f_part_stride = g.info(ValueId(r)).numel();
+    summed[r] = 1;
+  }
+  for (NodeId id : order_) {  // not fused after all: one whole product again (the block stays larger)
+    const Node& n = g.node(id);
+    if (n.op != OpKind::Linear || plans_[size_t(id)].gemm.k_parts < 2) continue;
+    if (!summed[size_t(root_[size_t(n.outputs[0])])]) plans_[size_t(id)].gemm.k_parts = 0;
+  }
 }
 
 MemoryPlan CudaExecutable::memory() const {
@@ -1271,7 +1328,7 @@ Status CudaExecutable::run_node(NodeId id) {
     else na.kind = NormKind::AdaRms, na.mod = f(1);
     VLAC_RETURN_IF_ERROR(residual_norm_to(s, ptr(p.f_h), ptr(p.f_sum), DType::F32, ptr(p.f_branch), DType::F32,
                                           p.f_has_gate ? static_cast<const float*>(ptr(p.f_gate)) : nullptr, na, out,
-                                          od, x.numel() / d, d));
+                                          od, x.numel() / d, d, p.f_branch_parts, p.f_part_stride));
     if (n.op != OpKind::AdaRMSNorm || ptr(n.outputs[1]) == f(1) + 2 * d) return Status::ok();  // a view (gate_views_)
     const cudaError_t e = cudaMemcpyAsync(ptr(n.outputs[1]), f(1) + 2 * d, uint64_t(d) * 4, cudaMemcpyDeviceToDevice, s);
     return e == cudaSuccess ? Status::ok() : cuda_error("copy", e);

@@ -77,6 +77,11 @@ class CudaExecutable final : public Executable {
   std::vector<int64_t> residual_norm_lifetimes() const;
   void plan_residual_norms();
   void plan_rope_pairs();
+  /// The expert's down_proj (M <= 64, read only by the gated residual) as K parts summed by the
+  /// fused norm (VLAC_DOWN_KPARTS): chosen before the arena (its block holds the parts), kept
+  /// only where plan_residual_norms then fused that norm.
+  void plan_k_parts();
+  void keep_fused_k_parts();
   uint8_t* scratch_at(uint64_t off) const { return static_cast<uint8_t*>(scratch_) + off; }
 
   CudaContext* ctx_ = nullptr;
@@ -91,6 +96,7 @@ class CudaExecutable final : public Executable {
   std::vector<int64_t> view_stride_;
   std::vector<uint8_t> bf16_store_;  // by root value id
   std::vector<uint8_t> bf16_gemm_out_;  // by root value id: GEMM outputs written in bf16 (plan_bf16_gemm_outputs)
+  std::vector<int> k_parts_;            // by root value id: K parts its block holds (plan_k_parts), 0: none
   std::vector<std::pair<ir::ValueId, uint64_t>> arena_blocks_;
   uint64_t arena_bytes_ = 0, scratch_bytes_ = 0;
   void* own_arena_ = nullptr;
@@ -137,6 +143,9 @@ class CudaExecutable final : public Executable {
     int64_t rope_pair = -1;
     // ... and a column Slice written into a concatenation (its node id; the v of q|k|v).
     int64_t rope_copy = -1;
+    // plan_k_parts: this fused norm's branch is a GEMM's K parts (GemmDesc::k_parts), summed here.
+    int f_branch_parts = 1;
+    int64_t f_part_stride = 0;
   };
   std::vector<NodePlan> plans_;
   std::vector<std::unique_ptr<struct HostGather>> gathers_;

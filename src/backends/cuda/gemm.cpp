@@ -40,7 +40,8 @@ cudaDataType_t cuda_type(DType t) { return t == DType::F32 ? CUDA_R_32F : CUDA_R
 
 std::string shape_name(const GemmDesc& d) {
   return std::to_string(d.m) + "x" + std::to_string(d.k) + "x" + std::to_string(d.n) + " " + dtype_name(d.in) +
-         (d.tf32 && d.in == DType::F32 ? "(tf32)" : "") + "->" + dtype_name(d.out);
+         (d.tf32 && d.in == DType::F32 ? "(tf32)" : "") + "->" + dtype_name(d.out) +
+         (d.k_parts > 1 ? " in " + std::to_string(d.k_parts) + " K parts" : "");
 }
 
 bool has_bias(Epilogue e) { return e == Epilogue::Bias || e == Epilogue::BiasGelu; }
@@ -217,10 +218,10 @@ class TuneCache {
 };
 
 std::string cache_key(const GemmDesc& d) {
-  const auto [m, n, k, in, out, epi, acc, tf32, ldx] = d.key();
+  const auto [m, n, k, in, out, epi, acc, tf32, ldx, parts] = d.key();
   return std::to_string(m) + "," + std::to_string(n) + "," + std::to_string(k) + "," + std::to_string(in) + "," +
          std::to_string(out) + "," + std::to_string(epi) + "," + std::to_string(int(acc)) + "," +
-         std::to_string(int(tf32)) + "," + std::to_string(ldx);
+         std::to_string(int(tf32)) + "," + std::to_string(ldx) + (parts > 1 ? "," + std::to_string(parts) : "");
 }
 
 // What the cache is keyed by: the GPU, its multiprocessors, cuBLASLt's version, the workspace and
@@ -359,10 +360,27 @@ Status GemmRunner::Impl::make(const GemmDesc& d, Plan& p) {
   }
   VLAC_LT(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)), "epilogue " + name);
   const cudaDataType_t ti = cuda_type(d.in), to = cuda_type(d.out);
-  VLAC_LT(cublasLtMatrixLayoutCreate(&p.a, ti, uint64_t(d.k), uint64_t(d.n), d.k), "layout W " + name);
+  if (d.k_parts > 1 && (d.epilogue != Epilogue::None || d.out != DType::F32 || d.accumulate || d.k % (8 * d.k_parts) != 0))
+    return invalid_argument("gemm " + name + ": K parts need an F32 output, no epilogue and k a multiple of 8 per part");
+  // K parts: W's and x's K chunks are batches (offset kk elements within the same rows), y's the
+  // partial products one after another.
+  const int64_t kk = d.k_parts > 1 ? d.k / d.k_parts : d.k;
+  VLAC_LT(cublasLtMatrixLayoutCreate(&p.a, ti, uint64_t(kk), uint64_t(d.n), d.k), "layout W " + name);
   if (d.ldx != 0 && d.ldx < d.k) return invalid_argument("gemm " + name + ": x's row stride is below k");
-  VLAC_LT(cublasLtMatrixLayoutCreate(&p.b, ti, uint64_t(d.k), uint64_t(d.m), d.ldx ? d.ldx : d.k), "layout x " + name);
+  VLAC_LT(cublasLtMatrixLayoutCreate(&p.b, ti, uint64_t(kk), uint64_t(d.m), d.ldx ? d.ldx : d.k), "layout x " + name);
   VLAC_LT(cublasLtMatrixLayoutCreate(&p.c, to, uint64_t(d.n), uint64_t(d.m), d.n), "layout y " + name);
+  if (d.k_parts > 1) {
+    const int32_t batches = d.k_parts;
+    const int64_t strides[3] = {kk, kk, d.n * d.m};
+    cublasLtMatrixLayout_t ls[3] = {p.a, p.b, p.c};
+    for (int i = 0; i < 3; ++i) {
+      VLAC_LT(cublasLtMatrixLayoutSetAttribute(ls[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batches, sizeof(batches)),
+              "batch count " + name);
+      VLAC_LT(cublasLtMatrixLayoutSetAttribute(ls[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &strides[i],
+                                               sizeof(strides[i])),
+              "batch stride " + name);
+    }
+  }
 
   cublasLtMatmulPreference_t pref = nullptr;
   VLAC_LT(cublasLtMatmulPreferenceCreate(&pref), "preference " + name);

@@ -98,9 +98,12 @@ struct NormArgs {
 Status residual_norm(cudaStream_t stream, void* h, DType ht, const void* branch, DType bt, const float* gate,
                      const NormArgs& norm, void* y, DType yt, int64_t rows, int64_t d);
 /// The same with the sum written to another buffer: h = h_in + branch ⊙ gate (h may be h_in;
-/// otherwise no overlap), y = norm(h). The executor's fused Mul? + Add + norm.
+/// otherwise no overlap), y = norm(h). The executor's fused Mul? + Add + norm. With
+/// branch_parts > 1 the branch is that many partial sums `part_stride` elements apart (a GEMM's
+/// K parts, GemmDesc::k_parts), added in order before the gate.
 Status residual_norm_to(cudaStream_t stream, const void* h_in, void* h, DType ht, const void* branch, DType bt,
-                        const float* gate, const NormArgs& norm, void* y, DType yt, int64_t rows, int64_t d);
+                        const float* gate, const NormArgs& norm, void* y, DType yt, int64_t rows, int64_t d,
+                        int branch_parts = 1, int64_t part_stride = 0);
 
 // ---------------------------------------------------------------------------------------------
 // Position embedding

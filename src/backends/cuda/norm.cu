@@ -67,7 +67,7 @@ template <typename Th, typename Tb, typename Ty>
 __global__ void __launch_bounds__(kThreads) residual_norm_kernel(const Th* h_in, Th* h, const Tb* branch,
                                                                   const float* gate, Ty* y, int64_t d, NormKind kind,
                                                                   const float* w, const float* b, const float* mod,
-                                                                  float eps) {
+                                                                  float eps, int parts, int64_t part_stride) {
   pdl_wait();
   __shared__ float red[kThreads / 32];
   const int64_t r = blockIdx.x;
@@ -76,6 +76,7 @@ __global__ void __launch_bounds__(kThreads) residual_norm_kernel(const Th* h_in,
   const Tb* br = branch + r * d;
   for (int64_t i = threadIdx.x; i < d; i += kThreads) {
     float add = ld(br, i);
+    for (int q = 1; q < parts; ++q) add += ld(br + q * part_stride, i);  // K parts, in order
     if (gate) add = as_stored<Th>(__fmul_rn(add, as_stored<Th>(gate[i])));
     st(hr, i, ld(hi, i) + add);
   }
@@ -120,12 +121,15 @@ Status layer_norm(cudaStream_t stream, const void* x, DType xt, const float* w, 
 
 Status residual_norm(cudaStream_t stream, void* h, DType ht, const void* branch, DType bt, const float* gate,
                      const NormArgs& norm, void* y, DType yt, int64_t rows, int64_t d) {
-  return residual_norm_to(stream, h, h, ht, branch, bt, gate, norm, y, yt, rows, d);
+  return residual_norm_to(stream, h, h, ht, branch, bt, gate, norm, y, yt, rows, d, 1, 0);
 }
 
 Status residual_norm_to(cudaStream_t stream, const void* h_in, void* h, DType ht, const void* branch, DType bt,
-                        const float* gate, const NormArgs& norm, void* y, DType yt, int64_t rows, int64_t d) {
+                        const float* gate, const NormArgs& norm, void* y, DType yt, int64_t rows, int64_t d,
+                        int branch_parts, int64_t part_stride) {
   const char* name = "residual_norm";
+  if (branch_parts < 1 || (branch_parts > 1 && part_stride < rows * d))
+    return invalid_argument("residual_norm: K parts need a stride of at least rows x d");
   if (!is_act(ht) || !is_act(bt) || (norm.kind != NormKind::None && !is_act(yt))) return bad_dtype(name);
   VLAC_RETURN_IF_ERROR(check_rows(name, rows, d));
   if (rows == 0) return Status::ok();
@@ -133,7 +137,7 @@ Status residual_norm_to(cudaStream_t stream, const void* h_in, void* h, DType ht
   auto go = [&]<typename Th, typename Tb, typename Ty>() {
     launch(residual_norm_kernel<Th, Tb, Ty>, unsigned(rows), kThreads, 0, stream, static_cast<const Th*>(h_in),
            static_cast<Th*>(h), static_cast<const Tb*>(branch), gate, static_cast<Ty*>(y), d, norm.kind, norm.w, norm.b,
-           norm.mod, norm.eps);
+           norm.mod, norm.eps, branch_parts, part_stride);
     return launch_status(name);
   };
   if (ht == DType::F32) {
