@@ -45,8 +45,12 @@ void install_gpu_probe(MemMeter& meter, const std::string& name) {
 std::string memory_breakdown_json(const BackendRuntime* runtime, const std::string& package_path, MemMeter* meter) {
   using nlohmann::json;
   json gpu = json::object();
-  const std::optional<int64_t> above = meter ? meter->gpu_above_idle_now() : std::nullopt;
-  gpu["above_idle_bytes"] = above ? json(*above) : json(nullptr);
+  // A plain value and a flag, not the optional itself: GCC 12 warned it "may be used
+  // uninitialized" through the ternaries below (-Wmaybe-uninitialized, a false positive).
+  const std::optional<int64_t> above_now = meter ? meter->gpu_above_idle_now() : std::nullopt;
+  const bool has_above = above_now.has_value();
+  const int64_t above = above_now.value_or(0);
+  gpu["above_idle_bytes"] = has_above ? json(above) : json(nullptr);
   if (runtime) {
     const auto items = runtime->memory_breakdown();
     int64_t attributed = 0;
@@ -69,7 +73,7 @@ std::string memory_breakdown_json(const BackendRuntime* runtime, const std::stri
     if (graphs > 0) attributed += graphs;
     if (any) {
       gpu["attributed_bytes"] = attributed;
-      gpu["unattributed_bytes"] = above ? json(*above - attributed) : json(nullptr);
+      gpu["unattributed_bytes"] = has_above ? json(above - attributed) : json(nullptr);
     }
   }
   std::string canonical = package_path;
