@@ -11,6 +11,20 @@
 
 namespace vlac {
 
+bool read_at(int fd, void* dst, uint64_t n, uint64_t offset) {
+  auto* d = static_cast<uint8_t*>(dst);
+  while (n > 0) {
+    const ssize_t r = ::pread(fd, d, size_t(n), off_t(offset));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      if (r == 0) errno = 0;
+      return false;
+    }
+    d += r, n -= uint64_t(r), offset += uint64_t(r);
+  }
+  return true;
+}
+
 namespace {
 uint64_t page_size() {
   static const uint64_t p = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));

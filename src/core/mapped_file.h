@@ -11,6 +11,11 @@
 
 namespace vlac {
 
+/// Reads exactly `n` bytes at `offset` of an open file into `dst` with pread (retrying short
+/// reads and EINTR): maps nothing, so no page of the file becomes resident in the process.
+/// False on an error (errno set) or end of file.
+bool read_at(int fd, void* dst, uint64_t n, uint64_t offset);
+
 class MappedFile {
  public:
   /// Maps `path` read-only. An empty file maps to size 0 with data() == nullptr.

@@ -1,8 +1,6 @@
 // CUDA graph executor (executor.h): planning, the memo, and the per-op dispatch.
 #include "backends/cuda/executor.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
@@ -10,6 +8,7 @@
 #include <cstring>
 
 #include "core/bytes.h"
+#include "core/mapped_file.h"
 #include "exec/arena_plan.h"
 #include "ir/serialize.h"
 #include "ir/walk.h"
@@ -55,16 +54,6 @@ struct HostGather {
 
 namespace {
 
-bool pread_full(int fd, uint8_t* dst, uint64_t n, uint64_t off) {
-  while (n > 0) {
-    const ssize_t r = ::pread(fd, dst, n, off_t(off));
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return false;
-    dst += r, n -= uint64_t(r), off += uint64_t(r);
-  }
-  return true;
-}
-
 void CUDART_CB gather_rows(void* p) {
   auto* g = static_cast<HostGather*>(p);
   const auto* ids = static_cast<const int64_t*>(*g->ids);
@@ -86,7 +75,7 @@ void CUDART_CB gather_rows(void* p) {
     const uint8_t* src = g->table + at;
     if (g->fd >= 0) {
       uint8_t* into = g->rounds ? g->f32_row.data() : dst;
-      if (!pread_full(g->fd, into, src_row, g->file_offset + at)) {
+      if (!read_at(g->fd, into, src_row, g->file_offset + at)) {
         if (!g->io_error) g->io_error = errno ? errno : EIO;
         std::memset(dst, 0, row);
         g->last[size_t(i)] = -1;
@@ -1184,45 +1173,28 @@ Status CudaExecutable::write_input(int i, const void* src, uint64_t bytes) {
 }
 
 void CudaExecutable::set_memo_key(const void* key, uint64_t bytes) {
+  // Slots keyed by the inputs are not comparable with slots keyed by the caller's bytes.
+  if (given_key_.empty() != (bytes == 0)) std::fill(memo_valid_.begin(), memo_valid_.end(), 0);
   const uint8_t* k = static_cast<const uint8_t*>(key);
-  if (bytes == given_key_.size() && (bytes == 0 || std::memcmp(k, given_key_.data(), bytes) == 0)) return;
-  const bool kind_changed = given_key_.empty() != (bytes == 0) || (bytes != 0 && bytes != given_key_.size());
   given_key_.assign(k, k + bytes);
-  if (kind_changed) {  // slots keyed the other way (or another width) are not comparable
-    std::fill(memo_valid_.begin(), memo_valid_.end(), 0);
-    for (auto& mk : memo_keys_) mk.assign(given_key_.empty() ? memo_.key_bytes : given_key_.size(), 0);
-  }
 }
 
 int CudaExecutable::memo_lookup(bool* hit) {
   *hit = false;
   if (!memo_.enabled()) return -1;
+  // This run's key: the caller's (set_memo_key), else the memo inputs' host copies.
   if (!given_key_.empty()) {
-    for (size_t s = 0; s < memo_valid_.size(); ++s)
-      if (memo_valid_[s] && memo_keys_[s] == given_key_) {
-        *hit = true;
-        ++memo_hits_;
-        return int(s);
-      }
-    const size_t s = memo_next_;
-    memo_next_ = (memo_next_ + 1) % memo_valid_.size();
-    memo_valid_[s] = 0;
-    memo_keys_[s] = given_key_;
-    return int(s);
-  }
-  for (int i : memo_.key_inputs)
-    if (!inputs_[size_t(i)].shadow_valid || inputs_[size_t(i)].external) return -1;  // key not on the host: compute
-  auto key_matches = [&](const std::vector<uint8_t>& key) {
-    uint64_t at = 0;
+    run_key_ = given_key_;
+  } else {
+    run_key_.clear();
     for (int i : memo_.key_inputs) {
-      const auto& sh = inputs_[size_t(i)].shadow;
-      if (std::memcmp(key.data() + at, sh.data(), sh.size()) != 0) return false;
-      at += sh.size();
+      const Input& in = inputs_[size_t(i)];
+      if (!in.shadow_valid || in.external) return -1;  // key not on the host: compute
+      run_key_.insert(run_key_.end(), in.shadow.begin(), in.shadow.end());
     }
-    return true;
-  };
+  }
   for (size_t s = 0; s < memo_valid_.size(); ++s)
-    if (memo_valid_[s] && key_matches(memo_keys_[s])) {
+    if (memo_valid_[s] && memo_keys_[s] == run_key_) {
       *hit = true;
       ++memo_hits_;
       return int(s);
@@ -1230,12 +1202,7 @@ int CudaExecutable::memo_lookup(bool* hit) {
   const size_t s = memo_next_;
   memo_next_ = (memo_next_ + 1) % memo_valid_.size();
   memo_valid_[s] = 0;
-  uint64_t at = 0;
-  for (int i : memo_.key_inputs) {
-    const auto& sh = inputs_[size_t(i)].shadow;
-    std::memcpy(memo_keys_[s].data() + at, sh.data(), sh.size());
-    at += sh.size();
-  }
+  memo_keys_[s] = run_key_;
   return int(s);
 }
 

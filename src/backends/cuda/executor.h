@@ -163,6 +163,7 @@ class CudaExecutable final : public Executable {
   std::vector<uint8_t> memo_valid_;
   size_t memo_next_ = 0;
   std::vector<uint8_t> given_key_;  // set_memo_key: the key instead of the memo inputs' bytes
+  std::vector<uint8_t> run_key_;    // memo_lookup: this run's key (kept: no allocation per run)
   uint64_t memo_hits_ = 0;
   // Memo results read in place from the slot (no copy on a hit): by root, 1 when redirected.
   std::vector<uint8_t> memo_in_slot_;

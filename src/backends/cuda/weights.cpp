@@ -1,8 +1,6 @@
 // Weight upload (weights.h): layout pass, then one bounded staging loop.
 #include "backends/cuda/weights.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
@@ -119,13 +117,8 @@ Result<const void*> CudaWeights::fetch(const Entry& e, int slot, cudaStream_t st
     if (ce != cudaSuccess) return cuda_error(what, ce);
     f.pending = false;
   }
-  uint8_t* dst = static_cast<uint8_t*>(f.host);
-  for (uint64_t at = 0; at < e.bytes;) {
-    const ssize_t n = ::pread(e.fd, dst + at, size_t(e.bytes - at), off_t(e.file_offset + at));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return Status(StatusCode::IoError, what + " from the package: " + (n < 0 ? std::strerror(errno) : "file too short"));
-    at += uint64_t(n);
-  }
+  if (!read_at(e.fd, f.host, e.bytes, e.file_offset))
+    return Status(StatusCode::IoError, what + " from the package: " + (errno ? std::strerror(errno) : "file too short"));
   cudaError_t ce = cudaMemcpyAsync(f.device, f.host, e.bytes, cudaMemcpyHostToDevice, stream);
   if (ce == cudaSuccess) ce = cudaEventRecord(f.done, stream);
   if (ce != cudaSuccess) return cuda_error(what, ce);
