@@ -146,15 +146,28 @@ Status Pi05PackagePolicy::stage_observation(const Pi05Observation& obs) {
     VLAC_RETURN_IF_ERROR(buffer(&tokens_, uint64_t(n_text_) * 8, MemoryKind::Host, "token staging"));
     std::memcpy(tokens_->data(), obs.tokens.data(), size_t(n_text_) * 8);
   }
-  VLAC_RETURN_IF_ERROR(buffer(&prefix_pos_, uint64_t(P) * 8, MemoryKind::Host, "prefix positions"));
-  for (int64_t i = 0; i < P; ++i) static_cast<int64_t*>(prefix_pos_->data())[i] = i;
-  VLAC_RETURN_IF_ERROR(buffer(&suffix_pos_, uint64_t(H_) * 8, MemoryKind::Host, "suffix positions"));
-  for (int64_t i = 0; i < H_; ++i) static_cast<int64_t*>(suffix_pos_->data())[i] = P + i;
-  VLAC_RETURN_IF_ERROR(buffer(&times_, uint64_t(steps_) * 4, MemoryKind::Host, "Euler times"));
-  Pi05EulerSpec euler;
-  euler.steps = steps_;
-  euler.dt = dt_;
-  for (int64_t k = 0; k < steps_; ++k) static_cast<float*>(times_->data())[k] = euler.time(k);
+  if (P != staged_prefix_) {  // positions and times depend on the prefix length alone
+    VLAC_RETURN_IF_ERROR(buffer(&prefix_pos_, uint64_t(P) * 8, MemoryKind::Host, "prefix positions"));
+    for (int64_t i = 0; i < P; ++i) static_cast<int64_t*>(prefix_pos_->data())[i] = i;
+    VLAC_RETURN_IF_ERROR(buffer(&suffix_pos_, uint64_t(H_) * 8, MemoryKind::Host, "suffix positions"));
+    for (int64_t i = 0; i < H_; ++i) static_cast<int64_t*>(suffix_pos_->data())[i] = P + i;
+    VLAC_RETURN_IF_ERROR(buffer(&times_, uint64_t(steps_) * 4, MemoryKind::Host, "Euler times"));
+    Pi05EulerSpec euler;
+    euler.steps = steps_;
+    euler.dt = dt_;
+    for (int64_t k = 0; k < steps_; ++k) static_cast<float*>(times_->data())[k] = euler.time(k);
+    const MemoryKind kind = engines_->memory_kind();
+    if (kind != MemoryKind::Host) {
+      BackendRuntime& rt = engines_->runtime();
+      VLAC_RETURN_IF_ERROR(buffer(&prefix_pos_dev_, uint64_t(P) * 8, kind, "prefix positions"));
+      VLAC_RETURN_IF_ERROR(buffer(&suffix_pos_dev_, uint64_t(H_) * 8, kind, "suffix positions"));
+      VLAC_RETURN_IF_ERROR(buffer(&times_dev_, uint64_t(steps_) * 4, kind, "Euler times"));
+      VLAC_RETURN_IF_ERROR(rt.copy(prefix_pos_dev_->data(), prefix_pos_->data(), uint64_t(P) * 8));
+      VLAC_RETURN_IF_ERROR(rt.copy(suffix_pos_dev_->data(), suffix_pos_->data(), uint64_t(H_) * 8));
+      VLAC_RETURN_IF_ERROR(rt.copy(times_dev_->data(), times_->data(), uint64_t(steps_) * 4));
+    }
+    staged_prefix_ = P;
+  }
   VLAC_RETURN_IF_ERROR(buffer(&noise_, uint64_t(H_ * A_) * 4, MemoryKind::Host, "noise staging"));
   VLAC_RETURN_IF_ERROR(buffer(&embeddings_, uint64_t(P * W_) * 4, engines_->memory_kind(), "prefix embeddings"));
   VLAC_RETURN_IF_ERROR(buffer(&x_, uint64_t(H_ * A_) * 4, engines_->memory_kind(), "the action state"));
@@ -208,7 +221,8 @@ Status Pi05PackagePolicy::enqueue_prefix() {
   }
   std::map<std::string, Slot> v;
   v[kPi05InPrefixEmbeddings] = Slot{embeddings_->data(), ir::ValueInfo{DType::F32, {P, W_}}, kind};
-  v[kPi05InPrefixPos] = Slot{prefix_pos_->data(), ir::ValueInfo{DType::I64, {P}}, MemoryKind::Host};
+  v[kPi05InPrefixPos] = prefix_pos_dev_ ? Slot{prefix_pos_dev_->data(), ir::ValueInfo{DType::I64, {P}}, kind}
+                                        : Slot{prefix_pos_->data(), ir::ValueInfo{DType::I64, {P}}, MemoryKind::Host};
   const auto tl = std::chrono::steady_clock::now();
   VLAC_RETURN_IF_ERROR(run_stage("lm", &v));
   if (!recording_) stats_.lm_ms = stage_done(tl);
@@ -238,14 +252,18 @@ Status Pi05PackagePolicy::enqueue_denoise() {
   VLAC_RETURN_IF_ERROR(rt.copy(x_->data(), noise_->data(), bytes));
   std::map<std::string, Slot> v = prefix_kv_;
   v[kPi05InX] = Slot{x_->data(), ir::ValueInfo{DType::F32, {H_, A_}}, engines_->memory_kind()};
-  v[kPi05InSuffixPos] = Slot{suffix_pos_->data(), ir::ValueInfo{DType::I64, {H_}}, MemoryKind::Host};
+  v[kPi05InSuffixPos] = suffix_pos_dev_
+                            ? Slot{suffix_pos_dev_->data(), ir::ValueInfo{DType::I64, {H_}}, engines_->memory_kind()}
+                            : Slot{suffix_pos_->data(), ir::ValueInfo{DType::I64, {H_}}, MemoryKind::Host};
   if (!recording_) stats_.step_ms.assign(size_t(steps_), 0.0);
   const float* times = static_cast<const float*>(times_->data());
   engines_->inputs_changed("step");  // a new prefix K/V cache: the first step reads it again
   for (int64_t k = 0; k < steps_; ++k) {
     // x_ is bound in place; t is read from the step's entry of the Euler times; outputs are
     // overwritten each step.
-    v[kPi05InTime] = Slot{times + k, ir::ValueInfo{DType::F32, {1}}, MemoryKind::Host};
+    v[kPi05InTime] = times_dev_ ? Slot{static_cast<float*>(times_dev_->data()) + k, ir::ValueInfo{DType::F32, {1}},
+                                       engines_->memory_kind()}
+                                : Slot{times + k, ir::ValueInfo{DType::F32, {1}}, MemoryKind::Host};
     // The step engines' memo keyed by t itself: a later engine reads `cond` (a function of t
     // alone) from device memory, where its memo could not compare it and would recompute the
     // adaRMS modulations of its layers at every step.
@@ -273,15 +291,17 @@ Status Pi05PackagePolicy::denoise(const float* noise, float* action_normalized) 
 
 Status Pi05PackagePolicy::run_chunk(const Pi05Observation& obs, const float* noise, float* action_normalized) {
   // Buffers (re)allocated by staging change what a recording points at: a new shape, new recordings.
-  const void* before[4] = {embeddings_ ? embeddings_->data() : nullptr, x_ ? x_->data() : nullptr,
-                           tokens_ ? tokens_->data() : nullptr, images_ ? images_->data() : nullptr};
+  const void* before[5] = {embeddings_ ? embeddings_->data() : nullptr, x_ ? x_->data() : nullptr,
+                           tokens_ ? tokens_->data() : nullptr, images_ ? images_->data() : nullptr,
+                           prefix_pos_dev_ ? prefix_pos_dev_->data() : nullptr};
   VLAC_RETURN_IF_ERROR(stage_observation(obs));
   std::memcpy(noise_->data(), noise, size_t(H_ * A_) * 4);
   uint64_t key = std::hash<std::string>{}(std::to_string(obs.tokens.size()));
   for (const std::string& c : obs.cameras) key = key * 1000003u ^ std::hash<std::string>{}(c);
   if (!seq_) seq_ = engines_->runtime().make_sequence();
   if (before[0] != embeddings_->data() || before[1] != x_->data() || before[2] != (tokens_ ? tokens_->data() : nullptr) ||
-      before[3] != images_->data() || key != seq_key_)
+      before[3] != images_->data() || before[4] != (prefix_pos_dev_ ? prefix_pos_dev_->data() : nullptr) ||
+      key != seq_key_)
     seq_->clear();
   seq_key_ = key;
   recording_ = true;

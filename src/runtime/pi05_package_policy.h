@@ -119,6 +119,11 @@ class Pi05PackagePolicy {
   bool vision_batched_ = false;            // the vision engine takes all N at once (image [N,C,R,R])
   std::unique_ptr<BackendBuffer> tokens_, prefix_pos_, suffix_pos_, times_, noise_;  // Host
   std::unique_ptr<BackendBuffer> embeddings_, x_;  // engines' memory
+  // The positions and the Euler times in the engines' memory where that is not the host's: bound
+  // in place, uploaded when the prefix length changes, so a recorded chunk holds no copy of them
+  // (it held three small host-to-device copies per step). Null on the CPU.
+  std::unique_ptr<BackendBuffer> prefix_pos_dev_, suffix_pos_dev_, times_dev_;
+  int64_t staged_prefix_ = -1;  // the prefix length the positions and times were written for
   int64_t n_cams_ = 0, n_text_ = 0;
   std::map<std::string, Slot> prefix_kv_;  // prefix.k.<l>/prefix.v.<l>, in engines_' buffers
   int64_t prefix_len_ = 0;

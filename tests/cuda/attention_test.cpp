@@ -9,6 +9,8 @@
 //   bf16 out: 1e-2 — plus one rounding of the output.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include "backends/cpu/kernels.h"
 #include "cuda_test_util.h"
 
@@ -149,12 +151,19 @@ TEST_F(CudaAttention, MatchesCpuOnPi05ShapesAndOddOnes) {
           }
       }
       const int auto_splits = attention_splits(a, io, sms);
+      // Key groups per block (VLAC_ATTN_SUB): the default choice, one, and two wherever a block
+      // has two key tiles or more (the bf16 kernel's kSub; the fp32 kernel ignores it).
+      for (const char* sub : {"", "1", "2"})
       for (int splits : {1, auto_splits, 3, 16})
         for (DType ot : {DType::F32, DType::BF16}) {
+          if (*sub && !bf) continue;
           const uint64_t sb = attention_scratch_bytes(a, io, splits);
           DevBuf scratch(sb), dout(size_t(c.t * a.o_stride) * 4);
           dout.poison();
-          VLAC_CUDA_OK(attention(stream_, a, io, dq->get(), kp, vp, mask, dout.get(), ot, scale, splits, scratch.get(), sb));
+          if (*sub) setenv("VLAC_ATTN_SUB", sub, 1); else unsetenv("VLAC_ATTN_SUB");
+          const Status st = attention(stream_, a, io, dq->get(), kp, vp, mask, dout.get(), ot, scale, splits, scratch.get(), sb);
+          unsetenv("VLAC_ATTN_SUB");
+          VLAC_CUDA_OK(st);
           sync();
           const size_t on = size_t(c.t * a.o_stride);
           const auto out = ot == DType::F32 ? download<float>(dout, on) : from_bf16(download<uint16_t>(dout, on));
@@ -166,9 +175,10 @@ TEST_F(CudaAttention, MatchesCpuOnPi05ShapesAndOddOnes) {
             }
           const double tol = !bf ? (ot == DType::F32 ? 2e-5 : 8e-3) : (ot == DType::F32 ? 4e-3 : 1e-2);
           const double err = rel_err(got, want);
-          EXPECT_LT(err, tol) << c.what << " " << dtype_name(io) << "->" << dtype_name(ot) << " splits " << splits;
-          std::printf("[attention] %-36s %s->%s splits %d (auto %d): rel err %.3g (tol %.0e)\n", c.what, dtype_name(io),
-                      dtype_name(ot), splits, auto_splits, err, tol);
+          EXPECT_LT(err, tol) << c.what << " " << dtype_name(io) << "->" << dtype_name(ot) << " splits " << splits
+                              << " key groups '" << sub << "'";
+          std::printf("[attention] %-36s %s->%s splits %d (auto %d) groups '%s': rel err %.3g (tol %.0e)\n", c.what,
+                      dtype_name(io), dtype_name(ot), splits, auto_splits, sub, err, tol);
         }
     }
   }

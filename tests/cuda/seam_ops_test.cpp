@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -223,6 +224,120 @@ TEST_F(SeamOps, GateUpGemmInBf16FeedsGeglu) {
     // The [M, 2F] output in bf16, GeGLU's result written over its gate half (plan_geglu_in_place),
     // and down_proj's f32 output: 4·M·F + 4·M·K (all f32 and apart: 8·M·F + 4·M·F + 4·M·K).
     EXPECT_LE((*ex)->memory().arena_bytes, uint64_t(s.m * s.f) * 4 + uint64_t(s.m * s.k) * 4 + 4096) << s.what;
+  }
+}
+
+// Planned arena bytes of `c` on the cuda backend (fast_vision as given).
+uint64_t cuda_arena_bytes(const OpCase& c, bool fast_vision) {
+  auto b = backend_registry().get("cuda", "seam op test");
+  EXPECT_TRUE(b.is_ok());
+  if (!b.is_ok()) return 0;
+  WeightBinding wb;
+  wb.refs = c.g.weights();
+  wb.run_dtypes = c.run_dtypes;
+  wb.gather_only = c.gather;
+  wb.files.push_back({c.file.data(), c.file.size(), "op case", nullptr});
+  auto w = (*b)->runtime().bind_weights(wb);
+  EXPECT_TRUE(w.is_ok()) << w.status().message();
+  if (!w.is_ok()) return 0;
+  ExecOptions o;
+  o.label = "op case";
+  o.fast_vision = fast_vision;
+  auto ex = (*b)->runtime().plan(c.g, **w, o);
+  EXPECT_TRUE(ex.is_ok()) << ex.status().message();
+  return ex.is_ok() ? (*ex)->memory().arena_bytes : 0;
+}
+
+// SigLIP's fc1 -> GELU -> fc2 with bf16 weights: fc1's GEMM applies bias + GELU in its epilogue
+// and writes bf16, since fc2 rounds its input to bf16 (plan_gemm_gelu); within bf16 tolerance of
+// the CPU's unfused f32 graph, and no f32 [M, F] block in the arena. Where the GELU's value is
+// read in f32 (an Add), the epilogue writes f32 and the sum stays within the f32 GEMM tolerance.
+TEST_F(SeamOps, GeluInTheGemmEpilogue) {
+  struct S { int64_t m, k, f; const char* what; };
+  for (S s : {S{768, 1152, 4304, "siglip 3 cams 768x1152, F 4304"}, S{37, 40, 24, "odd 37x40, F 24"}}) {
+    OpCase c;
+    const ValueId x = c.input_f32("x", {s.m, s.k});
+    const ValueId h = c.op(OpKind::Linear, {x, c.weight("fc1", {s.f, s.k}, DType::BF16), c.weight("fc1.b", {s.f})});
+    const ValueId act = c.op(OpKind::GeluTanh, {h});
+    c.g.mark_output(c.op(OpKind::Linear, {act, c.weight("fc2", {s.k, s.f}, DType::BF16), c.weight("fc2.b", {s.k})}));
+    check(std::string("fc1 + gelu epilogue (bf16 out) -> fc2 ") + s.what, c, 1e-2);
+    // f32 [M, F] would be 4·M·F; the bf16 block and fc2's output: 2·M·F + 4·M·K.
+    EXPECT_LE(cuda_arena_bytes(c, false), uint64_t(s.m * s.f) * 2 + uint64_t(s.m * s.k) * 4 + 4096) << s.what;
+
+    OpCase d;
+    const ValueId x2 = d.input_f32("x", {s.m, s.k});
+    const ValueId h2 = d.op(OpKind::Linear, {x2, d.weight("fc1", {s.f, s.k}, DType::BF16), d.weight("fc1.b", {s.f})});
+    const ValueId a2 = d.op(OpKind::GeluTanh, {h2});
+    d.g.mark_output(d.op(OpKind::Add, {a2, d.input_f32("r", {s.m, s.f})}));
+    check(std::string("fc1 + gelu epilogue (f32 out) -> add ") + s.what, d, 1e-4);
+  }
+}
+
+// SigLIP's fused q|k|v with a bias, read only through column slices by the bf16 attention (fast
+// vision): the GEMM writes bf16 with the f32 bias added before its one rounding, the slices are
+// views read with the fused width as their row stride (plan_qkv_attention_views); within the bf16
+// attention's tolerance of the CPU, and no f32 [T, 3·H·D] block in the arena.
+TEST_F(SeamOps, FusedQkvInBf16FeedsTheAttentionAsViews) {
+  struct S { int64_t blocks, per, h, d, k; const char* what; };
+  for (S s : {S{3, 256, 16, 72, 1152, "siglip 3 cams 768 x 16 heads x 72"}, S{1, 37, 2, 72, 40, "odd 37 x 2 heads x 72"}}) {
+    OpCase c;
+    const int64_t t = s.blocks * s.per, w = s.h * s.d;
+    const ValueId x = c.input_f32("x", {t, s.k});
+    // Weights ~ U(±3/√K): q, k, v of unit scale, so the softmax is not one-hot (bf16 inputs would
+    // then flip its argmax, a test artefact, not an error).
+    const float a = 3.0f / std::sqrt(float(s.k));
+    const ValueId qkv = c.op(OpKind::Linear, {x, c.weight("qkv", {3 * w, s.k}, DType::BF16, false, -a, a),
+                                              c.weight("qkv.b", {3 * w}, DType::F32, false, -0.5f, 0.5f)});
+    ValueId parts[3];
+    for (int64_t i = 0; i < 3; ++i) {
+      const ValueId sl = c.op(OpKind::Slice, {qkv}, ir::Attrs{{"axis", int64_t{-1}}, {"start", i * w}, {"end", (i + 1) * w}});
+      parts[i] = c.op(OpKind::Reshape, {sl}, ir::Attrs{{"shape", std::vector<int64_t>{t, s.h, s.d}}});
+    }
+    ir::Attrs at{{"scale", 1.0 / std::sqrt(double(s.d))}};
+    if (s.blocks > 1) at.set("kv_block", s.per);
+    c.g.mark_output(c.op(OpKind::Attention, {parts[0], parts[1], parts[2]}, at));
+    check(std::string("q|k|v bf16 out, slice views -> attention ") + s.what, c, 5e-3, false, 1, true);
+    // The bf16 [T, 3W] output and the attention's f32 [T, W]: 6·T·W + 4·T·W (f32 q|k|v alone: 12·T·W).
+    EXPECT_LE(cuda_arena_bytes(c, true), uint64_t(t * w) * 10 + 4096) << s.what;
+  }
+}
+
+// One prefix LM layer's q, k, v as add_lm builds them over the fused q|k|v GEMM: k rotated (an f32
+// output, the K cache), v sliced (an f32 output), q rotated, then the bf16 attention. With
+// plan_prefix_qkv the three run as one launch that also writes the attention's bf16 k and v:
+// within tolerance of the CPU, and bit for bit what the separate launches give (VLAC_PREFIX_QKV=0).
+TEST_F(SeamOps, PrefixQkvInOneLaunch) {
+  struct S { int64_t t, k; const char* what; };
+  for (S s : {S{968, 256, "prefix 968 tokens, 8 + 1 heads of 256"}, S{37, 40, "odd 37 tokens"}}) {
+    OpCase c;
+    const int64_t hd = 256, hq = 8, w = (hq + 2) * hd;
+    const ValueId x = c.input_f32("x", {s.t, s.k});
+    std::vector<int64_t> pos(static_cast<size_t>(s.t));
+    for (int64_t i = 0; i < s.t; ++i) pos[size_t(i)] = i;
+    const ValueId pv = c.input("pos", ValueInfo{DType::I64, {s.t}}, pos.data());
+    const float a = 2.0f / std::sqrt(float(s.k));
+    const ValueId qkv = c.op(OpKind::Linear, {x, c.weight("qkv", {w, s.k}, DType::BF16, false, -a, a)});
+    auto slice = [&](int64_t b, int64_t e, int64_t heads) {
+      const ValueId sl = c.op(OpKind::Slice, {qkv}, ir::Attrs{{"axis", int64_t{-1}}, {"start", b}, {"end", e}});
+      return c.op(OpKind::Reshape, {sl}, ir::Attrs{{"shape", std::vector<int64_t>{s.t, heads, hd}}});
+    };
+    const ValueId k = c.op(OpKind::RoPE, {slice(hq * hd, (hq + 1) * hd, 1), pv}, ir::Attrs{{"base", 10000.0}});
+    const ValueId v = slice((hq + 1) * hd, w, 1);
+    c.g.mark_output(k);
+    c.g.mark_output(v);
+    const ValueId q = c.op(OpKind::RoPE, {slice(0, hq * hd, hq), pv}, ir::Attrs{{"base", 10000.0}});
+    c.g.mark_output(c.op(OpKind::Attention, {q, k, v}, ir::Attrs{{"scale", 1.0 / std::sqrt(double(hd))}}));
+    check(std::string("prefix q|k|v rope + attention ") + s.what, c, 5e-3, true);
+    auto fused = run_on("cuda", c, true);
+    ASSERT_TRUE(fused.is_ok()) << fused.status().message();
+    setenv("VLAC_PREFIX_QKV", "0", 1);
+    auto apart = run_on("cuda", c, true);
+    unsetenv("VLAC_PREFIX_QKV");
+    ASSERT_TRUE(apart.is_ok()) << apart.status().message();
+    ASSERT_EQ(fused->size(), apart->size());
+    for (size_t i = 0; i < fused->size(); ++i)
+      EXPECT_EQ(std::memcmp((*fused)[i].data(), (*apart)[i].data(), (*fused)[i].size() * sizeof(float)), 0)
+          << s.what << " output " << i;
   }
 }
 

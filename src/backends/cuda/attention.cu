@@ -35,6 +35,8 @@ struct Geom {
   static constexpr int CH = D / 8;               // 16-byte chunks per global row
   static constexpr int NT = D / 8;               // n-tiles of 8 output columns
   static constexpr size_t kSmem = size_t(3) * kBM * LD * sizeof(uint16_t);
+  // With kSub groups of 4 warps walking alternate key tiles: Q, then a K and a V tile per group.
+  static constexpr size_t smem(int sub) { return size_t(1 + 2 * sub) * kBM * LD * sizeof(uint16_t); }
   static_assert(D % 8 == 0 && kBM == kBN);
 };
 
@@ -90,12 +92,12 @@ struct Params {
 // Loads 64 rows of a bf16 matrix into smem (stride LD): row r (< n_valid) from base + r·stride,
 // rows >= n_valid zero-filled. 32-bit tile indices, the loop unrolled (CH is a constant).
 template <int D>
-__device__ __forceinline__ void load_rows(uint16_t* sm, const uint16_t* base, int64_t stride, int n_valid) {
+__device__ __forceinline__ void load_rows(uint16_t* sm, const uint16_t* base, int64_t stride, int n_valid, int tid) {
   using G = Geom<D>;
   constexpr int kChunks = kBM * G::CH, kIters = (kChunks + kThreads - 1) / kThreads;
 #pragma unroll 2
   for (int i = 0; i < kIters; ++i) {
-    const int c = int(threadIdx.x) + i * kThreads;
+    const int c = tid + i * kThreads;
     if (kChunks % kThreads != 0 && c >= kChunks) break;
     const int r = c / G::CH, ch = c % G::CH;
     const bool ok = r < n_valid;
@@ -103,16 +105,17 @@ __device__ __forceinline__ void load_rows(uint16_t* sm, const uint16_t* base, in
   }
 }
 
-// Q rows of the tile: packed row r -> token r / group, head kvh·group + r % group.
-template <int D>
+// Q rows of the tile: packed row r -> token r / group, head kvh·group + r % group. All kT
+// threads of the block take part.
+template <int D, int kT>
 __device__ __forceinline__ void load_q(uint16_t* sm, const Params& p, int64_t kvh, int64_t row0) {
   using G = Geom<D>;
-  constexpr int kChunks = kBM * G::CH, kIters = (kChunks + kThreads - 1) / kThreads;
+  constexpr int kChunks = kBM * G::CH, kIters = (kChunks + kT - 1) / kT;
   const int group = int(p.group);
 #pragma unroll
   for (int i = 0; i < kIters; ++i) {
-    const int c = int(threadIdx.x) + i * kThreads;
-    if (kChunks % kThreads != 0 && c >= kChunks) break;
+    const int c = int(threadIdx.x) + i * kT;
+    if (kChunks % kT != 0 && c >= kChunks) break;
     const int r = c / G::CH, ch = c % G::CH;
     const int64_t row = row0 + r;
     const bool ok = row < p.rows;
@@ -129,31 +132,35 @@ constexpr int kPortableClusterSplits = 8;
 // The splits of one row tile as a cluster: each member leaves its unnormalised o and (max, sum)
 // in its shared memory, then merges rows [rank·64/splits, ...) of the tile over all members with
 // the combine kernel's arithmetic (the same weights, summed in split order).
-template <int D, typename To>
+// With kSub key groups, group 0 holds the block's merged result and every group's warps share the
+// merge (all threads take part in the barriers).
+template <int D, typename To, int kSub = 1>
 __device__ __forceinline__ void cluster_combine(const Params& p, uint16_t* smem, const float (&o)[Geom<D>::NT][4],
                                                 const float (&m)[2], const float (&l)[2], int64_t kvh, int64_t row0) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
   using G = Geom<D>;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;  // warp: over all groups
   const int g = lane >> 2, tq = lane & 3;
-  __syncthreads();  // every warp is done with the K/V tiles: their space holds the partials now
+  __syncthreads();  // every warp is done with the K/V tiles (and the groups' merge): their space holds the partials now
   float* so = reinterpret_cast<float*>(smem);  // [kBM][D]
   float* sml = so + kBM * D;                   // [kBM][2]
+  if (warp < kWarps) {
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int lr = warp * 16 + g + 8 * i;
+    for (int i = 0; i < 2; ++i) {
+      const int lr = warp * 16 + g + 8 * i;
 #pragma unroll
-    for (int j = 0; j < G::NT; ++j)
-      *reinterpret_cast<float2*>(so + lr * D + j * 8 + tq * 2) = make_float2(o[j][2 * i], o[j][2 * i + 1]);
-    if (tq == 0) sml[lr * 2] = m[i], sml[lr * 2 + 1] = l[i];
+      for (int j = 0; j < G::NT; ++j)
+        *reinterpret_cast<float2*>(so + lr * D + j * 8 + tq * 2) = make_float2(o[j][2 * i], o[j][2 * i + 1]);
+      if (tq == 0) sml[lr * 2] = m[i], sml[lr * 2 + 1] = l[i];
+    }
   }
   cluster.sync();
   const int splits = p.splits, rank = int(blockIdx.z);
   const int per = (kBM + splits - 1) / splits;
   const int lr_end = min(kBM, (rank + 1) * per);
-  for (int lr = rank * per + warp; lr < lr_end; lr += kWarps) {
+  for (int lr = rank * per + warp; lr < lr_end; lr += kWarps * kSub) {
     const int64_t r = row0 + lr;
     if (r >= p.rows) break;
     float ms = -INFINITY, ls = 0.0f;
@@ -190,36 +197,52 @@ __device__ __forceinline__ void cluster_combine(const Params& p, uint16_t* smem,
 #endif
 }
 
-template <int D, typename To, bool kCluster>
-__global__ void __launch_bounds__(kThreads) attn_bf16_kernel(Params p) {
+// kSub > 1: kSub groups of 4 warps own the same 64 rows and walk alternate key tiles (group i
+// takes tiles i, i + kSub, ...), each with its own K and V tiles in shared memory; their (o, max,
+// sum) are merged through shared memory at the end. With pi0.5's prefix (121 row tiles on 132
+// multiprocessors) that puts 8 warps instead of 4 on each multiprocessor without splitting the keys
+// across blocks (no partials in global memory, no combine kernel).
+template <int D, typename To, bool kCluster, int kSub = 1>
+__global__ void __launch_bounds__(kThreads * kSub) attn_bf16_kernel(Params p) {
   pdl_wait();
   using G = Geom<D>;
   extern __shared__ __align__(16) uint16_t smem[];
+  const int sub = kSub > 1 ? int(threadIdx.x) / kThreads : 0;
+  const int tid = kSub > 1 ? int(threadIdx.x) % kThreads : int(threadIdx.x);
   uint16_t* Qs = smem;
-  uint16_t* Ks = Qs + kBM * G::LD;
+  uint16_t* Ks = Qs + kBM * G::LD + sub * 2 * kBN * G::LD;
   uint16_t* Vs = Ks + kBN * G::LD;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warp = tid / 32, lane = tid % 32;
   const int g = lane >> 2, tq = lane & 3;
   const int64_t kvh = blockIdx.y;
   const int64_t row0 = int64_t(blockIdx.x) * kBM;
   const int64_t k_begin =
       p.kv_block > 0 ? row0 / p.group / p.kv_block * p.kv_block : int64_t(blockIdx.z) * p.keys_per_split;
   const int64_t k_end = min(p.s, k_begin + (p.kv_block > 0 ? p.kv_block : p.keys_per_split));
+  constexpr int64_t kStep = int64_t(kBN) * kSub;
+  const int64_t k_first = k_begin + int64_t(sub) * kBN;       // this group's first tile
+  const int64_t iters = (k_end - k_begin + kStep - 1) / kStep;  // the same for every group
 
-  // Zero the padding columns [D, DK) of Q and K once (cp.async never writes them).
+  // Zero the padding columns [D, DK) of Q and of the group's K tile once (cp.async never writes them).
   if constexpr (G::DK > D) {
-    for (int i = threadIdx.x; i < 2 * kBM * (G::DK - D); i += kThreads) {
+    for (int i = tid; i < kBM * (G::DK - D); i += kThreads) {
       const int r = i / (G::DK - D), c = D + i % (G::DK - D);
-      (r < kBM ? Qs : Ks)[(r % kBM) * G::LD + c] = 0;
+      Ks[r * G::LD + c] = 0;
+      if (sub == 0) Qs[r * G::LD + c] = 0;
     }
   }
   const uint16_t* kbase = p.k + kvh * D;
   const uint16_t* vbase = p.v + kvh * D;
-  load_q<D>(Qs, p, kvh, row0);
-  load_rows<D>(Ks, kbase + k_begin * p.ks, p.ks, int(k_end - k_begin));
-  cp_commit();
-  load_rows<D>(Vs, vbase + k_begin * p.vs, p.vs, int(k_end - k_begin));
-  cp_commit();
+  load_q<D, kThreads * kSub>(Qs, p, kvh, row0);
+  {
+    const bool have = k_first < k_end;  // a group past the last tile loads zeros and reads nothing
+    const int64_t at = have ? k_first : 0;
+    const int nv = have ? int(k_end - k_first) : 0;
+    load_rows<D>(Ks, kbase + at * p.ks, p.ks, nv, tid);
+    cp_commit();
+    load_rows<D>(Vs, vbase + at * p.vs, p.vs, nv, tid);
+    cp_commit();
+  }
 
   // This thread's two rows (g and g + 8 of the warp's 16) and their tokens (for the mask).
   const int64_t rr[2] = {row0 + warp * 16 + g, row0 + warp * 16 + g + 8};
@@ -232,13 +255,17 @@ __global__ void __launch_bounds__(kThreads) attn_bf16_kernel(Params p) {
   for (int j = 0; j < G::NT; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
-  for (int64_t kt = k_begin; kt < k_end; kt += kBN) {
-    const bool more = kt + kBN < k_end;
+  for (int64_t it = 0; it < iters; ++it) {
+    // Every group passes every barrier; a group whose tile lies past the end computes nothing.
+    const int64_t kt = k_first + it * kStep;
+    const bool have = kt < k_end;
+    const bool more = kt + kStep < k_end;
     cp_wait<1>();  // Q and this K tile have landed (this V tile may still be in flight)
     __syncthreads();
     float s[kBN / 8][4];
 #pragma unroll
     for (int n = 0; n < kBN / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+    if (have) {
 #pragma unroll
     for (int kk = 0; kk < G::DK / 16; ++kk) {
       const uint16_t* qa = Qs + (warp * 16 + g) * G::LD + kk * 16 + tq * 2;
@@ -249,9 +276,12 @@ __global__ void __launch_bounds__(kThreads) attn_bf16_kernel(Params p) {
         mma_bf16(s[n], a, lds32(kb), lds32(kb + 8));
       }
     }
+    }  // have
     __syncthreads();  // every warp is done with this K tile
-    if (more) load_rows<D>(Ks, kbase + (kt + kBN) * p.ks, p.ks, int(k_end - kt - kBN));
+    if (more) load_rows<D>(Ks, kbase + (kt + kStep) * p.ks, p.ks, int(k_end - kt - kStep), tid);
     cp_commit();  // (an empty group at the last tile keeps the wait counts uniform)
+    uint32_t pa[kBN / 16][4];
+    if (have) {
 
     // Scale and mask in fp32 (the CPU's order: s·scale, then + mask), then the online softmax.
     // The mask kind is uniform over the block, so its branch sits outside the element loops.
@@ -311,7 +341,6 @@ __global__ void __launch_bounds__(kThreads) attn_bf16_kernel(Params p) {
 #pragma unroll
       for (int j = 0; j < G::NT; ++j) o[j][2 * i] *= corr, o[j][2 * i + 1] *= corr;
     }
-    uint32_t pa[kBN / 16][4];
 #pragma unroll
     for (int n = 0; n < kBN / 8; ++n) {
       float e4[4];
@@ -324,8 +353,10 @@ __global__ void __launch_bounds__(kThreads) attn_bf16_kernel(Params p) {
       pa[n / 2][(n & 1) * 2 + 0] = pack_bf16(e4[0], e4[1]);
       pa[n / 2][(n & 1) * 2 + 1] = pack_bf16(e4[2], e4[3]);
     }
+    }  // have
     if (more) cp_wait<1>(); else cp_wait<0>();  // this V tile has landed
     __syncthreads();
+    if (have) {
 #pragma unroll
     for (int kk = 0; kk < kBN / 16; ++kk) {
       // ldmatrix.trans: lanes 0-7 address keys 0-7, 8-15 keys 8-15 (cols j..j+7), 16-31 the same for cols +8.
@@ -343,8 +374,9 @@ __global__ void __launch_bounds__(kThreads) attn_bf16_kernel(Params p) {
         mma_bf16(o[G::NT - 1], pa[kk], b0, b1);
       }
     }
+    }  // have
     __syncthreads();  // every warp is done with this V tile
-    if (more) load_rows<D>(Vs, vbase + (kt + kBN) * p.vs, p.vs, int(k_end - kt - kBN));
+    if (more) load_rows<D>(Vs, vbase + (kt + kStep) * p.vs, p.vs, int(k_end - kt - kStep), tid);
     cp_commit();
   }
   cp_wait<0>();
@@ -354,8 +386,51 @@ __global__ void __launch_bounds__(kThreads) attn_bf16_kernel(Params p) {
     l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
     l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
   }
+  if constexpr (kSub > 1) {
+    // The groups' results for the same rows: the others leave theirs in the K/V tiles' space
+    // (thread-major, so each thread reads back exactly what its twin wrote), group 0 merges.
+    static_assert(size_t(G::NT * 4 + 4) * kThreads * (kSub - 1) * sizeof(float) <=
+                      size_t(2 * kSub) * kBN * G::LD * sizeof(uint16_t),
+                  "the groups' partials fit in the tiles' space");
+    float* so = reinterpret_cast<float*>(smem + kBM * G::LD);
+    constexpr int kPer = G::NT * 4 + 4;
+    __syncthreads();  // every group is done with every K/V tile
+    if (sub > 0) {
+      float* mine = so + size_t(sub - 1) * kPer * kThreads;
+#pragma unroll
+      for (int j = 0; j < G::NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) mine[(j * 4 + e) * kThreads + tid] = o[j][e];
+      mine[(G::NT * 4 + 0) * kThreads + tid] = m[0];
+      mine[(G::NT * 4 + 1) * kThreads + tid] = m[1];
+      mine[(G::NT * 4 + 2) * kThreads + tid] = l[0];
+      mine[(G::NT * 4 + 3) * kThreads + tid] = l[1];
+    }
+    __syncthreads();
+    if (sub > 0 && !kCluster) return;  // (in a cluster every thread takes part in its barriers)
+#pragma unroll
+    for (int gs = 1; gs < kSub; ++gs) {
+      if (sub > 0) break;
+      const float* other = so + size_t(gs - 1) * kPer * kThreads;
+      float c0[2], c1[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const float m1 = other[(G::NT * 4 + i) * kThreads + tid], l1 = other[(G::NT * 4 + 2 + i) * kThreads + tid];
+        const float mm = fmaxf(m[i], m1);
+        const float mu = mm == -INFINITY ? 0.0f : mm;
+        c0[i] = exp2f((m[i] - mu) * kLog2e);
+        c1[i] = exp2f((m1 - mu) * kLog2e);
+        l[i] = l[i] * c0[i] + l1 * c1[i];
+        m[i] = mm;
+      }
+#pragma unroll
+      for (int j = 0; j < G::NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[j][e] = o[j][e] * c0[e >> 1] + other[(j * 4 + e) * kThreads + tid] * c1[e >> 1];
+    }
+  }
   if constexpr (kCluster) {
-    cluster_combine<D, To>(p, smem, o, m, l, kvh, row0);
+    cluster_combine<D, To, kSub>(p, smem, o, m, l, kvh, row0);
   } else {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -530,19 +605,20 @@ bool cluster_combine_available() {
 
 // The largest cluster of the expert's kernel (D = 256, bf16 out) that can be resident, capped at
 // kMaxClusterSplits; kPortableClusterSplits where the query fails.
+template <int kSub = 1>
 int max_cluster_splits() {
   static const int n = [] {
     using G = Geom<256>;
-    auto* k = attn_bf16_kernel<256, uint16_t, true>;
-    if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(G::kSmem)) != cudaSuccess ||
+    auto* k = attn_bf16_kernel<256, uint16_t, true, kSub>;
+    if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(G::smem(kSub))) != cudaSuccess ||
         cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
       (void)cudaGetLastError();
       return kPortableClusterSplits;
     }
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(1, 1, unsigned(kMaxClusterSplits));
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = G::kSmem;
+    cfg.blockDim = dim3(kThreads * kSub);
+    cfg.dynamicSmemBytes = G::smem(kSub);
     int size = 0;
     if (cudaOccupancyMaxPotentialClusterSize(&size, k, &cfg) != cudaSuccess) {
       (void)cudaGetLastError();
@@ -553,9 +629,79 @@ int max_cluster_splits() {
   return n;
 }
 
+// Groups of 4 warps per block walking alternate key tiles (the kernel's kSub): 2 for head dim 256
+// where a block's keys span at least 2 tiles and the blocks alone would leave each multiprocessor
+// one block of 4 warps at most: pi0.5's prefix (121 row tiles, 968 keys) and the expert, whose
+// keys attention_splits then cuts into 8 splits of 2 tiles instead of 16 of one (half the
+// partials for the combine). H200, session 12: prefix LM 8.10 -> 7.86 ms per chunk, the expert's
+// steps 11.9 -> 11.6 ms (eager); SigLIP (head dim 72, 192 tiles) ran slower with it (3.32 -> 3.46
+// ms). VLAC_ATTN_SUB=1 never, =2 wherever a block has 2 tiles or more (a measurement knob). Read
+// at every launch (host code that a recorded chunk does not run again), so the harness can take
+// both paths in one process.
+int attention_sub_setting() {
+  const char* e = std::getenv("VLAC_ATTN_SUB");
+  const int n = e ? std::atoi(e) : 0;
+  return n == 1 || n == 2 ? n : 0;
+}
+int subgroups(const Params& p, int d, int sms) {
+  const int64_t keys = p.kv_block > 0 ? p.kv_block : p.keys_per_split;
+  if (keys < 2 * kBN || attention_sub_setting() == 1) return 1;
+  if (attention_sub_setting() == 2) return 2;
+  const int64_t blocks = cdiv(p.rows, kBM) * p.hk * p.splits;
+  return d == 256 && blocks <= sms ? 2 : 1;
+}
+
 template <int D, typename To>
-Status launch_bf16(cudaStream_t stream, Params p) {
+Status launch_bf16(cudaStream_t stream, Params p, int sms) {
   using G = Geom<D>;
+  if (subgroups(p, D, sms) == 2) {
+    static const cudaError_t attr2 = cudaFuncSetAttribute(
+        attn_bf16_kernel<D, To, false, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(G::smem(2)));
+    if (attr2 != cudaSuccess) {
+      (void)cudaGetLastError();
+      return Status(StatusCode::Backend, std::string("attention_bf16: shared memory of ") +
+                                             std::to_string(G::smem(2)) + " bytes: " + cudaGetErrorString(attr2));
+    }
+    const dim3 grid(unsigned(cdiv(p.rows, kBM)), unsigned(p.hk), unsigned(p.splits));
+    if constexpr (D == 256) {
+      if (p.splits > 1 && cluster_combine_available() && p.splits <= max_cluster_splits<2>()) {
+        // The splits of a row tile as one cluster, merged over DSMEM (cluster_combine): no combine kernel.
+        static const cudaError_t attr_c = [] {
+          cudaError_t e = cudaFuncSetAttribute(attn_bf16_kernel<D, To, true, 2>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize, int(G::smem(2)));
+          if (e == cudaSuccess)
+            e = cudaFuncSetAttribute(attn_bf16_kernel<D, To, true, 2>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+          return e;
+        }();
+        if (attr_c != cudaSuccess) {
+          (void)cudaGetLastError();
+          return Status(StatusCode::Backend, std::string("attention_bf16 (cluster, 2 key groups): ") + cudaGetErrorString(attr_c));
+        }
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = grid;
+        cfg.blockDim = dim3(2 * kThreads);
+        cfg.dynamicSmemBytes = G::smem(2);
+        cfg.stream = stream;
+        cudaLaunchAttribute at[2];
+        at[0].id = cudaLaunchAttributeClusterDimension;
+        at[0].val.clusterDim.x = 1, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = unsigned(p.splits);
+        at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[1].val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = at;
+        cfg.numAttrs = pdl_enabled() ? 2 : 1;
+        (void)cudaLaunchKernelEx(&cfg, attn_bf16_kernel<D, To, true, 2>, p);
+        return launch_status("attention_bf16 (cluster, 2 key groups)");
+      }
+    }
+    launch(attn_bf16_kernel<D, To, false, 2>, grid, 2 * kThreads, G::smem(2), stream, p);
+    VLAC_RETURN_IF_ERROR(launch_status("attention_bf16 (2 key groups)"));
+    if (p.splits > 1) {
+      launch(attn_combine_kernel<To>, dim3(unsigned(p.rows), unsigned(p.hk)), 256, 0, stream,
+          p.part_o, p.part_ml, static_cast<To*>(p.out), p.rows, p.hk, p.group, D, p.os, p.splits);
+      VLAC_RETURN_IF_ERROR(launch_status("attention_combine"));
+    }
+    return Status::ok();
+  }
   const bool cluster = p.splits > 1 && cluster_combine_available() && p.splits <= max_cluster_splits();
   static const cudaError_t attr = [] {
     cudaError_t e = cudaFuncSetAttribute(attn_bf16_kernel<D, To, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -625,8 +771,10 @@ int attention_splits(const AttentionShape& a, DType io, int num_sms) {
   }();
   // Merged inside the kernel (VLAC_ATTN_CLUSTER=1 on sm_90), the splits of a tile are one cluster:
   // at most 8.
-  const int64_t lim = cluster_combine_available() ? std::min<int64_t>(cap, max_cluster_splits()) : cap;
-  const int64_t want = std::min<int64_t>({cdiv(sms, blocks), cdiv(a.s, kBN), lim});
+  const int64_t lim = cluster_combine_available() ? std::min<int64_t>(cap, max_cluster_splits<1>()) : cap;
+  // Head dim 256 runs two key groups per block (subgroups): a split of two tiles at least.
+  const int64_t tiles_per_split = a.dh == 256 && attention_sub_setting() != 1 ? 2 : 1;
+  const int64_t want = std::min<int64_t>({cdiv(sms, blocks), cdiv(a.s, tiles_per_split * kBN), lim});
   return int(cdiv(a.s, keys_per_split(a.s, int(want))));  // the splits that keys_per_split really makes
 }
 
@@ -708,8 +856,10 @@ Status attention(cudaStream_t stream, const AttentionShape& a, DType io, const v
     p.part_o = static_cast<float*>(scratch);
     p.part_ml = p.part_o + uint64_t(p.splits) * uint64_t(p.hk) * uint64_t(p.rows) * uint64_t(a.dv);
   }
-  if (a.dh == 256) return ot == DType::F32 ? launch_bf16<256, float>(stream, p) : launch_bf16<256, uint16_t>(stream, p);
-  return ot == DType::F32 ? launch_bf16<72, float>(stream, p) : launch_bf16<72, uint16_t>(stream, p);
+  static const int sms = device_sm_count();  // one GPU per process (as the shared-memory limits above)
+  if (a.dh == 256)
+    return ot == DType::F32 ? launch_bf16<256, float>(stream, p, sms) : launch_bf16<256, uint16_t>(stream, p, sms);
+  return ot == DType::F32 ? launch_bf16<72, float>(stream, p, sms) : launch_bf16<72, uint16_t>(stream, p, sms);
 }
 
 }  // namespace vlac::cuda

@@ -99,24 +99,57 @@ __global__ void euler_kernel(const float* x, const float* v, float dt, float* y,
   VLAC_GRID_LOOP(i, n) y[i] = x[i] + dt * v[i];
 }
 
+// RoPE: one thread per (token, i < dh/2) computes the angle's inv_freq (double pow, as the CPU's
+// rope_table), sin and cos once and rotates that pair in every head of the row, with 32-bit index
+// math. (It was one thread per element: a double pow, a sincosf and three 64-bit divisions per
+// element, 9x over for pi0.5's 9 heads; the prefix's RoPE took ~19 us of an H200.) Same bits.
+__device__ __forceinline__ void rope_angle(const int64_t* pos, int ti, int i, int dh, float base, float* s, float* c) {
+  const float inv_freq = 1.0f / float(pow(double(base), double(float(2 * i) / float(dh))));
+  const float a = float(pos[ti]) * inv_freq;
+  sincosf(a, s, c);
+}
+
+// The rotation of one pair, its products and sums rounded as written (no FMA contraction left to
+// the compiler), so every kernel that rotates (rope, rope_pair, rope_qkv) gives the same bits.
+__device__ __forceinline__ void rotate(float x0, float x1, float s, float c, float* y0, float* y1) {
+  *y0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+  *y1 = __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s));
+}
+
+// Rotates pair (i, i + dh/2) of heads [0, h) in row xr into row yr (yr may be xr: each element is
+// read and written by this thread alone, and every read of a chunk of heads comes before its writes).
+template <typename Tx, typename Ty>
+__device__ __forceinline__ void rope_row(const Tx* xr, Ty* yr, int h, int dh, int i, float s, float c) {
+  constexpr int kChunk = 8;  // loads of 8 heads in flight before their stores
+  const int half = dh / 2;
+  for (int h0 = 0; h0 < h; h0 += kChunk) {
+    float x0[kChunk], x1[kChunk];
+#pragma unroll
+    for (int k = 0; k < kChunk; ++k)
+      if (h0 + k < h) x0[k] = ld(xr, (h0 + k) * dh + i), x1[k] = ld(xr, (h0 + k) * dh + i + half);
+#pragma unroll
+    for (int k = 0; k < kChunk; ++k)
+      if (h0 + k < h) {
+        float y0, y1;
+        rotate(x0[k], x1[k], s, c, &y0, &y1);
+        st(yr, (h0 + k) * dh + i, y0);
+        st(yr, (h0 + k) * dh + i + half, y1);
+      }
+  }
+}
+
 // Reads rows of x (`x_stride` apart) and writes the rotated rows to y (`y_stride` apart); y may
 // be x (in place) or another buffer of another dtype (one rounding at the store).
 template <typename Tx, typename Ty>
-__global__ void rope_kernel(const Tx* x, int64_t x_stride, Ty* y, int64_t y_stride, const int64_t* pos, int64_t t,
-                            int64_t h, int64_t dh, float base) {
+__global__ void rope_kernel(const Tx* x, int64_t x_stride, Ty* y, int64_t y_stride, const int64_t* pos, int t, int h,
+                            int dh, float base) {
   pdl_wait();
-  const int64_t half = dh / 2;
-  VLAC_GRID_LOOP(idx, t * h * half) {
-    const int64_t i = idx % half, hi = (idx / half) % h, ti = idx / (half * h);
-    const float inv_freq = 1.0f / float(pow(double(base), double(float(2 * i) / float(dh))));
-    const float a = float(pos[ti]) * inv_freq;
+  const int half = dh / 2, n = t * half;
+  for (int idx = int(blockIdx.x * blockDim.x + threadIdx.x); idx < n; idx += int(gridDim.x * blockDim.x)) {
+    const int i = idx % half, ti = idx / half;
     float s, c;
-    sincosf(a, &s, &c);
-    const Tx* xr = x + ti * x_stride + hi * dh;
-    Ty* yr = y + ti * y_stride + hi * dh;
-    const float x0 = ld(xr, i), x1 = ld(xr, i + half);
-    st(yr, i, x0 * c - x1 * s);
-    st(yr, i + half, x1 * c + x0 * s);
+    rope_angle(pos, ti, i, dh, base, &s, &c);
+    rope_row(x + ti * x_stride, y + ti * y_stride, h, dh, i, s, c);
   }
 }
 
@@ -133,27 +166,48 @@ struct RopeJobs {
   int64_t cxs, cys, cc;
 };
 template <typename Tx, typename Ty>
-__global__ void rope_pair_kernel(RopeJobs j, const int64_t* pos, int64_t t, int64_t dh, float base) {
+__global__ void rope_pair_kernel(RopeJobs j, const int64_t* pos, int t, int dh, float base) {
   pdl_wait();
-  const int64_t half = dh / 2, h = j.ha + j.hb, nr = t * h * half;
-  VLAC_GRID_LOOP(idx, nr + t * j.cc) {
-    if (idx >= nr) {  // the copy, after the rotations' elements
-      const int64_t e = idx - nr, r = e / j.cc, c = e % j.cc;
+  const int half = dh / 2, nr = t * half, cc = int(j.cc), n = nr + t * cc;
+  for (int idx = int(blockIdx.x * blockDim.x + threadIdx.x); idx < n; idx += int(gridDim.x * blockDim.x)) {
+    if (idx >= nr) {  // the copy, after the rotations
+      const int e = idx - nr, r = e / cc, c = e % cc;
       st(static_cast<Ty*>(j.cy), r * j.cys + c, ld(static_cast<const Tx*>(j.cx), r * j.cxs + c));
       continue;
     }
-    const int64_t i = idx % half, hh = (idx / half) % h, ti = idx / (half * h);
-    const bool a = hh < j.ha;
-    const int64_t hi = a ? hh : hh - j.ha;
-    const float inv_freq = 1.0f / float(pow(double(base), double(float(2 * i) / float(dh))));
-    const float ang = float(pos[ti]) * inv_freq;
+    const int i = idx % half, ti = idx / half;
     float s, c;
-    sincosf(ang, &s, &c);
-    const Tx* xr = static_cast<const Tx*>(a ? j.xa : j.xb) + ti * (a ? j.xsa : j.xsb) + hi * dh;
-    Ty* yr = static_cast<Ty*>(a ? j.ya : j.yb) + ti * (a ? j.ysa : j.ysb) + hi * dh;
-    const float x0 = ld(xr, i), x1 = ld(xr, i + half);
-    st(yr, i, x0 * c - x1 * s);
-    st(yr, i + half, x1 * c + x0 * s);
+    rope_angle(pos, ti, i, dh, base, &s, &c);
+    rope_row(static_cast<const Tx*>(j.xa) + ti * j.xsa, static_cast<Ty*>(j.ya) + ti * j.ysa, int(j.ha), dh, i, s, c);
+    rope_row(static_cast<const Tx*>(j.xb) + ti * j.xsb, static_cast<Ty*>(j.yb) + ti * j.ysb, int(j.hb), dh, i, s, c);
+  }
+}
+
+// rope_qkv_to: thread per (token, i < dh/2) for the rotations, then thread per v element.
+__global__ void rope_qkv_kernel(RopeQkvJob j, const int64_t* pos, int t, int dh, float base) {
+  pdl_wait();
+  const int half = dh / 2, nr = t * half, vc = int(j.vc), n = nr + t * vc;
+  for (int idx = int(blockIdx.x * blockDim.x + threadIdx.x); idx < n; idx += int(gridDim.x * blockDim.x)) {
+    if (idx >= nr) {
+      const int e = idx - nr, r = e / vc, c = e % vc;
+      const float x = j.v[r * j.v_stride + c];
+      j.vo[r * j.vo_stride + c] = x;
+      j.vb[r * j.vb_stride + c] = f2bf(x);
+      continue;
+    }
+    const int i = idx % half, ti = idx / half;
+    float s, c;
+    rope_angle(pos, ti, i, dh, base, &s, &c);
+    rope_row(j.q + ti * j.q_stride, j.qo + ti * j.qo_stride, int(j.hq), dh, i, s, c);
+    const float* kr = j.k + ti * j.k_stride;
+    float* kor = j.ko + ti * j.ko_stride;
+    uint16_t* kbr = j.kb + ti * j.kb_stride;
+    for (int hh = 0; hh < int(j.hk); ++hh) {
+      float y0, y1;
+      rotate(kr[hh * dh + i], kr[hh * dh + i + half], s, c, &y0, &y1);
+      kor[hh * dh + i] = y0, kor[hh * dh + i + half] = y1;
+      kbr[hh * dh + i] = f2bf(y0), kbr[hh * dh + i + half] = f2bf(y1);
+    }
   }
 }
 
@@ -290,10 +344,11 @@ Status rope_to(cudaStream_t stream, const void* x, DType xt, int64_t x_stride, v
     return invalid_argument("rope: bad shape (dh must be even, row strides >= h·dh)");
   if (x == y && (xt != yt || x_stride != y_stride)) return invalid_argument("rope: in place needs one dtype and stride");
   if (t == 0) return Status::ok();
-  const int64_t n = t * h * (dh / 2);
+  if (t * (dh / 2) > INT32_MAX / 2 || h * dh > INT32_MAX / 2) return invalid_argument("rope: sizes above 2^30");
+  const int64_t n = t * (dh / 2);
   return dispatch2(xt, yt, [&]<typename Tx, typename Ty>() {
     launch(rope_kernel<Tx, Ty>, grid_1d(n, kThreads), kThreads, 0, stream, static_cast<const Tx*>(x), x_stride, static_cast<Ty*>(y),
-                                                               y_stride, pos, t, h, dh, base);
+                                                               y_stride, pos, int(t), int(h), int(dh), base);
     return launch_status("rope");
   });
 }
@@ -311,11 +366,26 @@ Status rope_pair_to(cudaStream_t stream, const RopeJob& a, const RopeJob& b, DTy
   const RopeJobs j{a.x, b.x, a.y, b.y, a.x_stride, b.x_stride, a.y_stride, b.y_stride, a.h, b.h,
                    copy ? copy->x : nullptr, copy ? copy->y : nullptr, copy ? copy->x_stride : 0,
                    copy ? copy->y_stride : 0, copy ? copy->cols : 0};
-  const int64_t n = t * (a.h + b.h) * (dh / 2) + t * j.cc;
+  const int64_t n = t * (dh / 2) + t * j.cc;
+  if (n > INT32_MAX / 2 || (a.h + b.h) * dh > INT32_MAX / 2) return invalid_argument("rope_pair: sizes above 2^30");
   return dispatch2(xt, yt, [&]<typename Tx, typename Ty>() {
-    launch(rope_pair_kernel<Tx, Ty>, grid_1d(n, kThreads), kThreads, 0, stream, j, pos, t, dh, base);
+    launch(rope_pair_kernel<Tx, Ty>, grid_1d(n, kThreads), kThreads, 0, stream, j, pos, int(t), int(dh), base);
     return launch_status("rope_pair");
   });
+}
+
+Status rope_qkv_to(cudaStream_t stream, const RopeQkvJob& j, const int64_t* pos, int64_t t, int64_t dh, float base) {
+  if (t < 0 || dh <= 0 || dh % 2 != 0 || j.hq <= 0 || j.hk <= 0 || j.vc <= 0)
+    return invalid_argument("rope_qkv: bad shape (dh even, heads and v columns > 0)");
+  if (!j.q || !j.qo || !j.k || !j.ko || !j.kb || !j.v || !j.vo || !j.vb || j.q_stride < j.hq * dh ||
+      j.qo_stride < j.hq * dh || j.k_stride < j.hk * dh || j.ko_stride < j.hk * dh || j.kb_stride < j.hk * dh ||
+      j.v_stride < j.vc || j.vo_stride < j.vc || j.vb_stride < j.vc)
+    return invalid_argument("rope_qkv: a null pointer or a row stride below its row");
+  if (t == 0) return Status::ok();
+  const int64_t n = t * (dh / 2) + t * j.vc;
+  if (n > INT32_MAX / 2 || (j.hq + j.hk) * dh > INT32_MAX / 2) return invalid_argument("rope_qkv: sizes above 2^30");
+  launch(rope_qkv_kernel, grid_1d(n, kThreads), kThreads, 0, stream, j, pos, int(t), int(dh), base);
+  return launch_status("rope_qkv");
 }
 
 Status im2col_patches(cudaStream_t stream, const float* img, void* cols, DType ct, int64_t c, int64_t y, int64_t x,

@@ -5,7 +5,9 @@
 #include <atomic>
 #include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "core/bytes.h"
 #include "core/mapped_file.h"
@@ -26,6 +28,11 @@ namespace {
 constexpr uint64_t kScratchAlign = 256;
 uint64_t al(uint64_t v) { return exec::align_up(v, kScratchAlign); }
 int64_t last_dim(const ValueInfo& v) { return v.shape.empty() ? 1 : v.shape.back(); }
+// A plan-time switch (read at every plan, so a test can take both paths in one process).
+bool env_off(const char* name) {
+  const char* e = std::getenv(name);
+  return e && std::string(e) == "0";
+}
 
 }  // namespace
 
@@ -453,6 +460,8 @@ Status CudaExecutable::plan(const CudaWeights& weights) {
     }
   }
   VLAC_RETURN_IF_ERROR(plan_bf16_gemm_outputs());
+  VLAC_RETURN_IF_ERROR(plan_gemm_gelu());
+  VLAC_RETURN_IF_ERROR(plan_qkv_attention_views());
   VLAC_RETURN_IF_ERROR(plan_geglu_in_place());
   plan_bf16_stores();
   plan_k_parts();
@@ -510,6 +519,7 @@ Status CudaExecutable::plan(const CudaWeights& weights) {
   plan_residual_norms();
   keep_fused_k_parts();
   plan_rope_pairs();
+  plan_prefix_qkv();
   for (NodeId id : order_) {
     const Node& n = g.node(id);
     if (!plans_[size_t(id)].stable_pieces) continue;
@@ -713,6 +723,71 @@ void CudaExecutable::plan_rope_pairs() {
       break;
     }
     ++i;  // b is taken
+  }
+}
+
+// The prefix LM's q, k and v in one launch (VLAC_PREFIX_QKV=0 turns it off): each layer rotates
+// k (an f32 graph output, the expert's K cache), copies v out of the fused q|k|v (an f32 graph
+// output too) and rotates q (stored in bf16), and its bf16 attention then casts k and v into its
+// scratch: five launches. At the q RoPE's place one rope_qkv_to launch writes all of them, the k
+// and v copies in bf16 straight into the attention's scratch, when only nodes that run nothing
+// come between the three producers and from the q RoPE to the attention (the scratch is
+// untouched in between, and the f32 outputs are written later than their place, which nothing in
+// between reads). The same bits as the five launches.
+void CudaExecutable::plan_prefix_qkv() {
+  if (env_off("VLAC_PREFIX_QKV")) return;
+  const ir::Graph& g = graph_;
+  std::vector<int64_t> at(g.nodes().size(), -1);
+  for (size_t i = 0; i < order_.size(); ++i) at[size_t(order_[i])] = int64_t(i);
+  auto runs_nothing = [&](NodeId m) {
+    const OpKind op = g.node(m).op;
+    return op == OpKind::Reshape || op == OpKind::Input || op == OpKind::Weight || op == OpKind::Constant ||
+           (op == OpKind::Slice && plans_[size_t(m)].view);
+  };
+  auto producer = [&](ValueId v) -> NodeId { return g.value(root_[size_t(v)]).producer; };
+  auto plain = [&](const Node& nn) {  // one output, its own root, not a view, not memoized
+    const ValueId o = nn.outputs[0];
+    return nn.outputs.size() == 1 && root_[size_t(o)] == o && view_off_[size_t(o)] == 0 && view_stride_[size_t(o)] == 0;
+  };
+  for (NodeId aid : order_) {
+    const Node& an = g.node(aid);
+    NodePlan& ap = plans_[size_t(aid)];
+    if (an.op != OpKind::Attention || !ap.bf16 || memo_.node[size_t(aid)] || ap.kv_ready || an.inputs.size() < 3) continue;
+    const NodeId rq = producer(an.inputs[0]), rk = producer(an.inputs[1]), sv = producer(an.inputs[2]);
+    const Node &qn = g.node(rq), &kn = g.node(rk), &vn = g.node(sv);
+    if (qn.op != OpKind::RoPE || kn.op != OpKind::RoPE || vn.op != OpKind::Slice) continue;
+    bool ok = true;
+    for (NodeId m : {rq, rk, sv}) {
+      const NodePlan& mp = plans_[size_t(m)];
+      ok = ok && !memo_.node[size_t(m)] && !mp.skip && mp.rope_pair < 0 && mp.rope_copy < 0 && !mp.view &&
+           !mp.into_concat && mp.qkv_att < 0 && plain(g.node(m)) && !bf16_stored(g.node(m).inputs[0]) &&
+           g.info(g.node(m).inputs[0]).dtype == DType::F32;
+    }
+    if (!ok || !bf16_stored(an.inputs[0]) || bf16_stored(an.inputs[1]) || bf16_stored(an.inputs[2])) continue;
+    const ValueInfo &xq = g.info(qn.inputs[0]), &xk = g.info(kn.inputs[0]), &vi = g.info(vn.inputs[0]);
+    if (xq.shape.size() != 3 || xk.shape.size() != 3 || vi.shape.size() != 2) continue;
+    const int64_t t = xq.shape[0], dh = xq.shape[2];
+    int64_t ax = vn.attrs.get_int("axis", 0);
+    if (ax < 0) ax += 2;
+    const int64_t vc = vn.attrs.get_int("end", vi.shape[1]) - vn.attrs.get_int("start", 0);
+    const AttentionShape& sh = ap.att;
+    if (ax != 1 || xk.shape[0] != t || xk.shape[2] != dh || vi.shape[0] != t || sh.s != t || sh.hk != xk.shape[1] ||
+        sh.dh != dh || vc != sh.hk * sh.dv || root_[size_t(qn.inputs[1])] != root_[size_t(kn.inputs[1])] ||
+        qn.attrs.get_float("base", 10000.0) != kn.attrs.get_float("base", 10000.0))
+      continue;
+    // Schedule: k and v before q, q before the attention, and nothing that runs in between.
+    const int64_t first = std::min(at[size_t(rk)], at[size_t(sv)]);
+    if (first < 0 || at[size_t(rq)] <= std::max(at[size_t(rk)], at[size_t(sv)]) || at[size_t(aid)] <= at[size_t(rq)]) continue;
+    for (int64_t i = first + 1; i < at[size_t(aid)] && ok; ++i) {
+      const NodeId m = order_[size_t(i)];
+      ok = m == rk || m == sv || m == rq || runs_nothing(m);
+    }
+    if (!ok) continue;
+    NodePlan& qp = plans_[size_t(rq)];
+    qp.qkv_k = int64_t(rk), qp.qkv_v = int64_t(sv), qp.qkv_att = int64_t(aid);
+    plans_[size_t(rk)].skip = true;
+    plans_[size_t(sv)].skip = true;
+    ap.kv_ready = true;
   }
 }
 
@@ -940,6 +1015,139 @@ Status CudaExecutable::plan_geglu_in_place() {
       rp.gemm.ldx = w;
       Status st = ctx_->gemm().plan(rp.gemm);
       if (!st.is_ok()) return Status(st.code(), where(g.node(rd)) + ": " + st.message());
+    }
+  }
+  return Status::ok();
+}
+
+bool CudaExecutable::replan_gemm(NodeId id, const GemmDesc& before) {
+  NodePlan& p = plans_[size_t(id)];
+  if (ctx_->gemm().plan(p.gemm).is_ok()) return true;
+  p.gemm = before;
+  return false;
+}
+
+Status CudaExecutable::bf16_bias_copy(NodeId id) {
+  const Node& n = graph_.node(id);
+  NodePlan& p = plans_[size_t(id)];
+  if (graph_.node(graph_.value(root_[size_t(n.inputs[2])]).producer).op != OpKind::Weight)
+    return internal_error(where(n) + ": a bf16 bias copy of a value that is not a weight");
+  const int64_t cnt = graph_.info(n.inputs[2]).numel();
+  VLAC_ASSIGN_OR_RETURN(void* b, device_alloc(uint64_t(cnt) * 2, where(n) + ": its bias in bf16 (constants)"));
+  own_blocks_.push_back(b);
+  VLAC_RETURN_IF_ERROR(cast(ctx_->stream(), ptr(n.inputs[2]), DType::F32, b, DType::BF16, cnt));
+  const cudaError_t e = cudaStreamSynchronize(ctx_->stream());
+  if (e != cudaSuccess) return cuda_error(where(n) + ": its bias in bf16", e);
+  p.bias_bf16 = b;
+  return Status::ok();
+}
+
+bool CudaExecutable::bias_is_weight(const Node& n) const {
+  return n.inputs.size() < 3 || graph_.node(graph_.value(root_[size_t(n.inputs[2])]).producer).op == OpKind::Weight;
+}
+
+// GELU in the GEMM (VLAC_GEMM_GELU=0 turns it off): a bf16-weight Linear read only by a GeluTanh
+// (SigLIP's fc1) runs cuBLASLt's GELU(+bias) epilogue and writes the GELU's value itself, in
+// bf16 where every reader of that value rounds it to bf16 (fc2). GELU is applied to the fp32 sum
+// and rounded once, as in the unfused nodes, but with two differences: cuBLASLt's bf16-output
+// epilogues take the bias in bf16 (rounded once at plan time: |Δb| <= 2^-9 |b|, the size of the
+// output's own rounding), and the GELU is cuBLASLt's tanh form, not vlac's kernel. So this is an
+// opt-out rewrite of SigLIP under fast vision (whose distance from lerobot the benchmark
+// measures), never of lerobot's rounding mode, where SigLIP's weights are fp32 and nothing here
+// applies. One launch and the fp32 [rows, 4304] round trip fewer per SigLIP layer.
+Status CudaExecutable::plan_gemm_gelu() {
+  if (env_off("VLAC_GEMM_GELU")) return Status::ok();
+  const ir::Graph& g = graph_;
+  const size_t nv = g.values().size();
+  const std::vector<uint8_t> is_out = output_roots();
+  const auto readers = readers_by_root();
+  for (NodeId id : order_) {
+    const Node& n = g.node(id);
+    NodePlan& p = plans_[size_t(id)];
+    if (n.op != OpKind::Linear || memo_.node[size_t(id)] || p.gemm.m <= 0 || p.gemm.in != DType::BF16 ||
+        p.gemm.out != DType::F32 || (p.gemm.epilogue != Epilogue::None && p.gemm.epilogue != Epilogue::Bias) ||
+        p.gemm.accumulate || p.gemm.k_parts > 1 || !bias_is_weight(n))
+      continue;
+    const ValueId o = n.outputs[0];
+    if (root_[size_t(o)] != o || is_out[size_t(o)] || readers[size_t(o)].size() != 1) continue;
+    const NodeId gid = readers[size_t(o)][0].first;
+    const Node& gn = g.node(gid);
+    if (gn.op != OpKind::GeluTanh || memo_.node[size_t(gid)]) continue;
+    const ValueId go = gn.outputs[0];
+    if (root_[size_t(go)] != go || is_out[size_t(go)] || g.info(go).numel() != g.info(o).numel()) continue;
+    bool rounds = !readers[size_t(go)].empty();
+    for (const auto& [rd, i] : readers[size_t(go)]) {
+      const NodePlan& rp = plans_[size_t(rd)];
+      rounds = rounds && g.node(rd).op == OpKind::Linear && i == 0 && rp.bf16 && rp.gemm.m > 0 && !memo_.node[size_t(rd)];
+    }
+    const GemmDesc before = p.gemm;
+    const bool bias = p.gemm.epilogue == Epilogue::Bias;
+    p.gemm.epilogue = bias ? Epilogue::BiasGelu : Epilogue::Gelu;
+    if (rounds) p.gemm.out = DType::BF16;
+    if (!replan_gemm(id, before)) continue;
+    if (rounds && bias) VLAC_RETURN_IF_ERROR(bf16_bias_copy(id));
+    plans_[size_t(gid)].gelu_in_gemm = true;
+    for (size_t v = 0; v < nv; ++v)  // the GEMM writes the GELU's block
+      if (root_[v] == o) root_[v] = go;
+    if (rounds) bf16_gemm_out_[size_t(go)] = 1;
+  }
+  return Status::ok();
+}
+
+// q|k|v views for the bf16 attention (VLAC_QKV_VIEWS=0 turns it off): a bf16-weight Linear whose
+// output is read only through column Slices, each read only as the q, k or v of bf16 attentions
+// (SigLIP's fused q|k|v under fast vision), writes bf16 itself (one rounding of the fp32 sum + bias,
+// as the slices' cast_rows did; the bias in bf16, as in plan_gemm_gelu), and the slices become
+// views that the attention reads with the fused width as its row stride. Three launches and the
+// fp32 [rows, 3·1152] round trip fewer per SigLIP layer.
+Status CudaExecutable::plan_qkv_attention_views() {
+  if (env_off("VLAC_QKV_VIEWS")) return Status::ok();
+  const ir::Graph& g = graph_;
+  const size_t nv = g.values().size();
+  const std::vector<uint8_t> is_out = output_roots();
+  const auto readers = readers_by_root();
+  for (NodeId id : order_) {
+    const Node& n = g.node(id);
+    NodePlan& p = plans_[size_t(id)];
+    if (n.op != OpKind::Linear || memo_.node[size_t(id)] || p.gemm.m <= 0 || p.gemm.in != DType::BF16 ||
+        p.gemm.out != DType::F32 || (p.gemm.epilogue != Epilogue::None && p.gemm.epilogue != Epilogue::Bias) ||
+        p.gemm.accumulate || p.gemm.k_parts > 1 || !bias_is_weight(n))
+      continue;
+    const ValueId o = n.outputs[0];
+    const ValueInfo& oi = g.info(o);
+    if (root_[size_t(o)] != o || is_out[size_t(o)] || oi.shape.size() != 2 || readers[size_t(o)].empty()) continue;
+    const int64_t rows = oi.shape[0], w = oi.shape[1];
+    bool ok = true;
+    for (const auto& [sid, si] : readers[size_t(o)]) {
+      const Node& sl = g.node(sid);
+      const NodePlan& sp = plans_[size_t(sid)];
+      int64_t axis = sl.op == OpKind::Slice ? sl.attrs.get_int("axis", 0) : -1;
+      if (axis < 0) axis += 2;
+      ok = sl.op == OpKind::Slice && si == 0 && axis == 1 && !sp.view && !sp.into_concat && !memo_.node[size_t(sid)] &&
+           sl.outputs.size() == 1 && root_[size_t(sl.outputs[0])] == sl.outputs[0] && !is_out[size_t(sl.outputs[0])] &&
+           (sl.attrs.get_int("start", 0) * 2) % 16 == 0;
+      if (!ok) break;
+      const ValueId so = sl.outputs[0];
+      for (size_t v = 0; v < nv && ok; ++v)  // every alias keeps the rows (a Reshape splits the last dim)
+        if (root_[v] == so) ok = !g.info(ValueId(v)).shape.empty() && g.info(ValueId(v)).shape[0] == rows && !is_out[v];
+      ok = ok && !readers[size_t(so)].empty();
+      for (const auto& [rd, i] : readers[size_t(so)])
+        ok = ok && g.node(rd).op == OpKind::Attention && i < 3 && plans_[size_t(rd)].bf16 && !memo_.node[size_t(rd)];
+      if (!ok) break;
+    }
+    if (!ok || (w * 2) % 16 != 0) continue;
+    const GemmDesc before = p.gemm;
+    p.gemm.out = DType::BF16;
+    if (!replan_gemm(id, before)) continue;
+    if (p.gemm.epilogue == Epilogue::Bias) VLAC_RETURN_IF_ERROR(bf16_bias_copy(id));
+    bf16_gemm_out_[size_t(o)] = 1;
+    for (const auto& [sid, si] : readers[size_t(o)]) {
+      const Node& sl = g.node(sid);
+      const ValueId so = sl.outputs[0];
+      const uint64_t off = uint64_t(sl.attrs.get_int("start", 0)) * 2;
+      for (size_t v = 0; v < nv; ++v)
+        if (root_[v] == so) root_[v] = o, view_off_[v] = off, view_stride_[v] = w;
+      plans_[size_t(sid)].view = true;
     }
   }
   return Status::ok();
@@ -1318,8 +1526,8 @@ Status CudaExecutable::run_node(NodeId id) {
         VLAC_RETURN_IF_ERROR(cast(s, xin, DType::F32, scratch_at(p.cast_off), DType::BF16, x.numel()));
         xin = scratch_at(p.cast_off);
       }
-      return ctx_->gemm().run(s, p.gemm, xin, ptr(n.inputs[1]), n.inputs.size() == 3 ? ptr(n.inputs[2]) : nullptr, out,
-                              ctx_->workspace());
+      const void* bias = p.bias_bf16 ? p.bias_bf16 : n.inputs.size() == 3 ? ptr(n.inputs[2]) : nullptr;
+      return ctx_->gemm().run(s, p.gemm, xin, ptr(n.inputs[1]), bias, out, ctx_->workspace());
     }
     case OpKind::PatchEmbed: {
       const auto& w = info(n.inputs[1]).shape;
@@ -1358,6 +1566,7 @@ Status CudaExecutable::run_node(NodeId id) {
       return memcpy_d2d(ptr(n.outputs[1]), f(1) + 2 * d, uint64_t(d) * 4);  // the gate: mod[2D:3D] (none if a view)
     }
     case OpKind::GeluTanh:
+      if (p.gelu_in_gemm) return Status::ok();  // its Linear's epilogue wrote it (plan_gemm_gelu)
       return gelu_tanh(s, f(0), DType::F32, out, od, x.numel());
     case OpKind::SiLU:
       return silu(s, f(0), outf, x.numel());
@@ -1370,6 +1579,26 @@ Status CudaExecutable::run_node(NodeId id) {
     case OpKind::RoPE: {
       const int64_t row = x.shape[1] * x.shape[2];  // out of place: no copy of x first
       const int64_t xs = view_stride_[size_t(n.inputs[0])] ? view_stride_[size_t(n.inputs[0])] : row;
+      if (p.qkv_att >= 0) {  // plan_prefix_qkv: k, v and their bf16 copies for the attention too
+        const Node& kn = g.node(NodeId(p.qkv_k));
+        const Node& vn = g.node(NodeId(p.qkv_v));
+        const NodePlan& ap = plans_[size_t(p.qkv_att)];
+        const ValueInfo& xk = info(kn.inputs[0]);
+        const ValueInfo& vi = info(vn.inputs[0]);
+        const int64_t krow = xk.shape[1] * xk.shape[2];
+        const int64_t vstart = vn.attrs.get_int("start", 0), vc = vn.attrs.get_int("end", vi.shape[1]) - vstart;
+        RopeQkvJob j;
+        j.q = f(0), j.q_stride = xs, j.qo = static_cast<uint16_t*>(out), j.qo_stride = row, j.hq = x.shape[1];
+        j.k = static_cast<const float*>(ptr(kn.inputs[0]));
+        j.k_stride = view_stride_[size_t(kn.inputs[0])] ? view_stride_[size_t(kn.inputs[0])] : krow;
+        j.ko = static_cast<float*>(ptr(kn.outputs[0])), j.ko_stride = krow;
+        j.kb = reinterpret_cast<uint16_t*>(scratch_at(ap.k_off)), j.kb_stride = krow, j.hk = xk.shape[1];
+        j.v = static_cast<const float*>(ptr(vn.inputs[0])) + vstart, j.v_stride = vi.shape[1];
+        j.vo = static_cast<float*>(ptr(vn.outputs[0])), j.vo_stride = vc;
+        j.vb = reinterpret_cast<uint16_t*>(scratch_at(ap.v_off)), j.vb_stride = vc, j.vc = vc;
+        return rope_qkv_to(s, j, static_cast<const int64_t*>(ptr(n.inputs[1])), x.shape[0], x.shape[2],
+                           float(n.attrs.get_float("base", 10000.0)));
+      }
       if (p.rope_pair >= 0) {  // plan_rope_pairs: the next RoPE too
         const Node& nb = g.node(NodeId(p.rope_pair));
         const ValueInfo& xb = info(nb.inputs[0]);
@@ -1391,7 +1620,10 @@ Status CudaExecutable::run_node(NodeId id) {
                      x.shape[1], x.shape[2], float(n.attrs.get_float("base", 10000.0)));
     }
     case OpKind::Attention: {
-      const AttentionShape& sh = p.att;
+      AttentionShape sh = p.att;  // q/k/v read as views of a fused output take its width as their row stride
+      if (view_stride_[size_t(n.inputs[0])]) sh.q_stride = view_stride_[size_t(n.inputs[0])];
+      if (view_stride_[size_t(n.inputs[1])]) sh.k_stride = view_stride_[size_t(n.inputs[1])];
+      if (view_stride_[size_t(n.inputs[2])]) sh.v_stride = view_stride_[size_t(n.inputs[2])];
       AttentionMask mask;
       if (n.inputs.size() == 4) {
         if (info(n.inputs[3]).dtype == DType::F32) mask.add = f(3);
@@ -1409,6 +1641,10 @@ Status CudaExecutable::run_node(NodeId id) {
         for (size_t i = 0; i < 3; ++i) {
           if (bf16_stored(n.inputs[i])) {
             qkv[i] = ptr(n.inputs[i]);
+            continue;
+          }
+          if (p.kv_ready && i > 0) {  // written in bf16 by the q RoPE's launch (plan_prefix_qkv)
+            qkv[i] = scratch_at(offs[i]);
             continue;
           }
           VLAC_RETURN_IF_ERROR(cast(s, f(i), DType::F32, scratch_at(offs[i]), DType::BF16, counts[i]));

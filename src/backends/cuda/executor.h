@@ -71,12 +71,22 @@ class CudaExecutable final : public Executable {
   void plan_bf16_stores();
   Status plan_bf16_gemm_outputs();
   Status plan_geglu_in_place();
+  Status plan_gemm_gelu();
+  Status plan_qkv_attention_views();
+  /// Re-plans a Linear's GEMM after a rewrite changed its descriptor; false (and the descriptor
+  /// as it was) where cuBLASLt has no algorithm for the new one.
+  bool replan_gemm(ir::NodeId id, const GemmDesc& before);
+  /// A bf16 copy of a Linear's f32 bias on the device (cuBLASLt's bf16-output epilogues take the
+  /// bias in the output's dtype), made once at plan time.
+  Status bf16_bias_copy(ir::NodeId id);
+  bool bias_is_weight(const ir::Node& n) const;  // no bias, or a bound weight (not computed)
   /// Bytes a root's block holds: half its f32 size when stored in bf16.
   uint64_t stored_bytes(ir::ValueId r) const;
   void plan_slice_views();
   std::vector<int64_t> residual_norm_lifetimes() const;
   void plan_residual_norms();
   void plan_rope_pairs();
+  void plan_prefix_qkv();
   /// The expert's down_proj (M <= 64, read only by the gated residual) as K parts summed by the
   /// fused norm (VLAC_DOWN_KPARTS): chosen before the arena (its block holds the parts), kept
   /// only where plan_residual_norms then fused that norm.
@@ -133,6 +143,8 @@ class CudaExecutable final : public Executable {
     ir::ValueId f_h = 0, f_branch = 0, f_sum = 0, f_gate = 0;
     bool f_has_gate = false;
     bool view = false;           // a Slice read in place by its readers (plan_slice_views)
+    bool gelu_in_gemm = false;   // a GeluTanh computed by its Linear's GEMM epilogue (plan_gemm_gelu)
+    void* bias_bf16 = nullptr;   // a Linear's bias rounded to bf16 for its bf16-output GEMM (own_blocks_)
     // A Concat over stable inputs (ExecOptions::stable_inputs): its output lives in a buffer of
     // its own, and the pieces flagged here are written only when those inputs changed.
     uint32_t stable_pieces = 0;
@@ -143,6 +155,10 @@ class CudaExecutable final : public Executable {
     int64_t rope_pair = -1;
     // ... and a column Slice written into a concatenation (its node id; the v of q|k|v).
     int64_t rope_copy = -1;
+    // plan_prefix_qkv: this (q) RoPE also runs the k RoPE and the v Slice (node ids) that feed
+    // the attention qkv_att, writing their bf16 copies into its scratch (kv_ready there).
+    int64_t qkv_k = -1, qkv_v = -1, qkv_att = -1;
+    bool kv_ready = false;
     // plan_k_parts: this fused norm's branch is a GEMM's K parts (GemmDesc::k_parts), summed here.
     int f_branch_parts = 1;
     int64_t f_part_stride = 0;

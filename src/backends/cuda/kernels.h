@@ -144,6 +144,33 @@ struct RowCopyJob {
 Status rope_pair_to(cudaStream_t stream, const RopeJob& a, const RopeJob& b, DType xt, DType yt, const int64_t* pos,
                     int64_t t, int64_t dh, float base, const RowCopyJob* copy = nullptr);
 
+/// The prefix LM's q, k and v of one layer in one launch: q's heads rotated into bf16 (what the
+/// bf16 attention reads), k's rotated into f32 (the K cache the expert reads) and into a bf16
+/// copy, v's rows copied into f32 (the V cache) and a bf16 copy. The same bits as rope_to (q),
+/// rope_to + cast (k) and a slice copy + cast (v). All inputs f32 rows of a fused q|k|v output.
+struct RopeQkvJob {
+  const float* q = nullptr;  // q rows (hq heads), q_stride apart
+  int64_t q_stride = 0;
+  uint16_t* qo = nullptr;    // bf16, qo_stride apart
+  int64_t qo_stride = 0;
+  int64_t hq = 0;
+  const float* k = nullptr;  // k rows (hk heads)
+  int64_t k_stride = 0;
+  float* ko = nullptr;       // f32, ko_stride apart
+  int64_t ko_stride = 0;
+  uint16_t* kb = nullptr;    // bf16 copy, kb_stride apart
+  int64_t kb_stride = 0;
+  int64_t hk = 0;
+  const float* v = nullptr;  // v rows of vc columns
+  int64_t v_stride = 0;
+  float* vo = nullptr;
+  int64_t vo_stride = 0;
+  uint16_t* vb = nullptr;
+  int64_t vb_stride = 0;
+  int64_t vc = 0;
+};
+Status rope_qkv_to(cudaStream_t stream, const RopeQkvJob& job, const int64_t* pos, int64_t t, int64_t dh, float base);
+
 // ---------------------------------------------------------------------------------------------
 // Embeddings
 
