@@ -267,113 +267,112 @@ __global__ void __launch_bounds__(kThreads * kSub) attn_bf16_kernel(Params p) {
     for (int n = 0; n < kBN / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
     if (have) {
 #pragma unroll
-    for (int kk = 0; kk < G::DK / 16; ++kk) {
-      const uint16_t* qa = Qs + (warp * 16 + g) * G::LD + kk * 16 + tq * 2;
-      const uint32_t a[4] = {lds32(qa), lds32(qa + 8 * G::LD), lds32(qa + 8), lds32(qa + 8 * G::LD + 8)};
+      for (int kk = 0; kk < G::DK / 16; ++kk) {
+        const uint16_t* qa = Qs + (warp * 16 + g) * G::LD + kk * 16 + tq * 2;
+        const uint32_t a[4] = {lds32(qa), lds32(qa + 8 * G::LD), lds32(qa + 8), lds32(qa + 8 * G::LD + 8)};
 #pragma unroll
-      for (int n = 0; n < kBN / 8; ++n) {
-        const uint16_t* kb = Ks + (n * 8 + g) * G::LD + kk * 16 + tq * 2;
-        mma_bf16(s[n], a, lds32(kb), lds32(kb + 8));
+        for (int n = 0; n < kBN / 8; ++n) {
+          const uint16_t* kb = Ks + (n * 8 + g) * G::LD + kk * 16 + tq * 2;
+          mma_bf16(s[n], a, lds32(kb), lds32(kb + 8));
+        }
       }
-    }
     }  // have
     __syncthreads();  // every warp is done with this K tile
     if (more) load_rows<D>(Ks, kbase + (kt + kStep) * p.ks, p.ks, int(k_end - kt - kStep), tid);
     cp_commit();  // (an empty group at the last tile keeps the wait counts uniform)
     uint32_t pa[kBN / 16][4];
     if (have) {
-
-    // Scale and mask in fp32 (the CPU's order: s·scale, then + mask), then the online softmax.
-    // The mask kind is uniform over the block, so its branch sits outside the element loops.
-    const int nvalid = int(min(k_end - kt, int64_t(kBN)));
-    if (p.allow_pairs && nvalid == kBN) {
-      // Keys kofs, kofs + 1 of a pair are adjacent bytes at an even offset: one 16-bit load.
+      // Scale and mask in fp32 (the CPU's order: s·scale, then + mask), then the online softmax.
+      // The mask kind is uniform over the block, so its branch sits outside the element loops.
+      const int nvalid = int(min(k_end - kt, int64_t(kBN)));
+      if (p.allow_pairs && nvalid == kBN) {
+        // Keys kofs, kofs + 1 of a pair are adjacent bytes at an even offset: one 16-bit load.
 #pragma unroll
-      for (int n = 0; n < kBN / 8; ++n)
+        for (int n = 0; n < kBN / 8; ++n)
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const uint16_t pair = *reinterpret_cast<const uint16_t*>(allow_row[i] + kt + n * 8 + tq * 2);
-          s[n][2 * i] = s[n][2 * i] * p.scale + ((pair & 0xffu) ? 0.0f : kMaskValue);
-          s[n][2 * i + 1] = s[n][2 * i + 1] * p.scale + ((pair >> 8) ? 0.0f : kMaskValue);
-        }
-    } else if (allow_row[0]) {
+          for (int i = 0; i < 2; ++i) {
+            const uint16_t pair = *reinterpret_cast<const uint16_t*>(allow_row[i] + kt + n * 8 + tq * 2);
+            s[n][2 * i] = s[n][2 * i] * p.scale + ((pair & 0xffu) ? 0.0f : kMaskValue);
+            s[n][2 * i + 1] = s[n][2 * i + 1] * p.scale + ((pair >> 8) ? 0.0f : kMaskValue);
+          }
+      } else if (allow_row[0]) {
 #pragma unroll
-      for (int n = 0; n < kBN / 8; ++n)
+        for (int n = 0; n < kBN / 8; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int kofs = min(n * 8 + tq * 2 + (e & 1), nvalid - 1);
-          s[n][e] = s[n][e] * p.scale + (allow_row[e >> 1][kt + kofs] ? 0.0f : kMaskValue);
-        }
-    } else if (add_row[0]) {
+          for (int e = 0; e < 4; ++e) {
+            const int kofs = min(n * 8 + tq * 2 + (e & 1), nvalid - 1);
+            s[n][e] = s[n][e] * p.scale + (allow_row[e >> 1][kt + kofs] ? 0.0f : kMaskValue);
+          }
+      } else if (add_row[0]) {
 #pragma unroll
-      for (int n = 0; n < kBN / 8; ++n)
+        for (int n = 0; n < kBN / 8; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int kofs = min(n * 8 + tq * 2 + (e & 1), nvalid - 1);
-          s[n][e] = s[n][e] * p.scale + add_row[e >> 1][kt + kofs];
-        }
-    } else {
+          for (int e = 0; e < 4; ++e) {
+            const int kofs = min(n * 8 + tq * 2 + (e & 1), nvalid - 1);
+            s[n][e] = s[n][e] * p.scale + add_row[e >> 1][kt + kofs];
+          }
+      } else {
 #pragma unroll
-      for (int n = 0; n < kBN / 8; ++n)
+        for (int n = 0; n < kBN / 8; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) s[n][e] *= p.scale;
-    }
-    if (nvalid < kBN) {  // the split's last, partial tile: keys past its end get no weight at all
-#pragma unroll
-      for (int n = 0; n < kBN / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          if (n * 8 + tq * 2 + (e & 1) >= nvalid) s[n][e] = -INFINITY;
-    }
-    float m_use[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int n = 0; n < kBN / 8; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * i], s[n][2 * i + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(m[i], mx);
-      m_use[i] = m_new == -INFINITY ? 0.0f : m_new;  // all keys absent so far: keep exp() finite
-      const float corr = exp2f((m[i] - m_use[i]) * kLog2e);
-      m[i] = m_new;
-      l[i] *= corr;
-#pragma unroll
-      for (int j = 0; j < G::NT; ++j) o[j][2 * i] *= corr, o[j][2 * i + 1] *= corr;
-    }
-#pragma unroll
-    for (int n = 0; n < kBN / 8; ++n) {
-      float e4[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        e4[e] = exp2f((s[n][e] - m_use[e >> 1]) * kLog2e);
-        l[e >> 1] += e4[e];
+          for (int e = 0; e < 4; ++e) s[n][e] *= p.scale;
       }
-      // C fragment of n-tile n -> half of the A fragment of key step n/2 (lerobot's rounding of P).
-      pa[n / 2][(n & 1) * 2 + 0] = pack_bf16(e4[0], e4[1]);
-      pa[n / 2][(n & 1) * 2 + 1] = pack_bf16(e4[2], e4[3]);
-    }
+      if (nvalid < kBN) {  // the split's last, partial tile: keys past its end get no weight at all
+#pragma unroll
+        for (int n = 0; n < kBN / 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            if (n * 8 + tq * 2 + (e & 1) >= nvalid) s[n][e] = -INFINITY;
+      }
+      float m_use[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < kBN / 8; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * i], s[n][2 * i + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m[i], mx);
+        m_use[i] = m_new == -INFINITY ? 0.0f : m_new;  // all keys absent so far: keep exp() finite
+        const float corr = exp2f((m[i] - m_use[i]) * kLog2e);
+        m[i] = m_new;
+        l[i] *= corr;
+#pragma unroll
+        for (int j = 0; j < G::NT; ++j) o[j][2 * i] *= corr, o[j][2 * i + 1] *= corr;
+      }
+#pragma unroll
+      for (int n = 0; n < kBN / 8; ++n) {
+        float e4[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          e4[e] = exp2f((s[n][e] - m_use[e >> 1]) * kLog2e);
+          l[e >> 1] += e4[e];
+        }
+        // C fragment of n-tile n -> half of the A fragment of key step n/2 (lerobot's rounding of P).
+        pa[n / 2][(n & 1) * 2 + 0] = pack_bf16(e4[0], e4[1]);
+        pa[n / 2][(n & 1) * 2 + 1] = pack_bf16(e4[2], e4[3]);
+      }
     }  // have
     if (more) cp_wait<1>(); else cp_wait<0>();  // this V tile has landed
     __syncthreads();
     if (have) {
 #pragma unroll
-    for (int kk = 0; kk < kBN / 16; ++kk) {
-      // ldmatrix.trans: lanes 0-7 address keys 0-7, 8-15 keys 8-15 (cols j..j+7), 16-31 the same for cols +8.
-      const uint16_t* vb = Vs + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * G::LD + (lane >> 4) * 8;
+      for (int kk = 0; kk < kBN / 16; ++kk) {
+        // ldmatrix.trans: lanes 0-7 address keys 0-7, 8-15 keys 8-15 (cols j..j+7), 16-31 the same for cols +8.
+        const uint16_t* vb = Vs + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * G::LD + (lane >> 4) * 8;
 #pragma unroll
-      for (int j = 0; j + 1 < G::NT; j += 2) {
-        uint32_t b0, b1, b2, b3;
-        ldsm_x4_t(vb + j * 8, b0, b1, b2, b3);
-        mma_bf16(o[j], pa[kk], b0, b1);
-        mma_bf16(o[j + 1], pa[kk], b2, b3);
+        for (int j = 0; j + 1 < G::NT; j += 2) {
+          uint32_t b0, b1, b2, b3;
+          ldsm_x4_t(vb + j * 8, b0, b1, b2, b3);
+          mma_bf16(o[j], pa[kk], b0, b1);
+          mma_bf16(o[j + 1], pa[kk], b2, b3);
+        }
+        if constexpr (G::NT % 2 == 1) {
+          uint32_t b0, b1;
+          ldsm_x2_t(Vs + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * G::LD + (G::NT - 1) * 8, b0, b1);
+          mma_bf16(o[G::NT - 1], pa[kk], b0, b1);
+        }
       }
-      if constexpr (G::NT % 2 == 1) {
-        uint32_t b0, b1;
-        ldsm_x2_t(Vs + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * G::LD + (G::NT - 1) * 8, b0, b1);
-        mma_bf16(o[G::NT - 1], pa[kk], b0, b1);
-      }
-    }
     }  // have
     __syncthreads();  // every warp is done with this V tile
     if (more) load_rows<D>(Vs, vbase + (kt + kStep) * p.vs, p.vs, int(k_end - kt - kStep), tid);
