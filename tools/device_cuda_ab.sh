@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# On the GPU machine (one device call, ~5 min): unpacks tools/make_cuda_bench_bundle.sh's bundle
+# from DIR, runs test_cuda (xml and log under $OUT), the acceptance benchmark
+# (tools/bench_cuda_vs_lerobot.py --dtype bf16-all, lerobot too unless SKIP_LEROBOT=1), then one
+# pi05_chunk_bench process per A/B setting on the benchmark's package: each argument is NAME or
+# NAME:VAR=VALUE[,VAR=VALUE...] (environment for that process), printed as one line each and kept
+# in $OUT/ab.tar. lerobot's wheels come from .whl (docs/cuda.md). Session 12 used it as
+#   bash tools/device_cuda_ab.sh .devcarry base prefix_qkv_off:VLAC_PREFIX_QKV=0 sub1:VLAC_ATTN_SUB=1 base2
+set -uo pipefail
+d="${1:?usage: device_cuda_ab.sh DIR [NAME[:VAR=VALUE,...]]...}"
+shift
+out="${OUT:-/tmp/vlac_ab_out}"
+t0=$(date +%s)
+el() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
+mkdir -p /tmp/vb "$out"
+tar xJf "$d/bundle.tar.xz" -C /tmp/vb
+lt="$(find /usr/local /opt /usr/lib -name 'libcublasLt.so.13' 2>/dev/null | head -1)"
+export LD_LIBRARY_PATH="/tmp/vb/lib:${lt:+$(dirname "$lt"):}/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site VLAC_SOURCE_DIR="$PWD"
+nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm,clocks.max.sm --format=csv
+el "test_cuda"
+timeout "${TEST_TIMEOUT:-150}" /tmp/vb/bin/test_cuda --gtest_output="xml:$out/test_cuda.xml" > "$out/test_cuda.log" 2>&1
+el "test_cuda rc=$?"
+grep -E '^\[  (FAILED|PASSED) |Failure|Expected|Which is|actual|^\[==' "$out/test_cuda.log" | tail -30
+skip=(); [ "${SKIP_LEROBOT:-0}" = 1 ] && skip=(--skip-lerobot)
+el "bench_cuda_vs_lerobot ${skip[*]}"
+timeout "${BENCH_TIMEOUT:-330}" python3 /tmp/vb/tools/bench_cuda_vs_lerobot.py --bin /tmp/vb/bin --work /tmp/bw --dtype bf16-all \
+  "${skip[@]}" --out "$out/bench_cuda.json" > "$out/bench.log" 2>&1
+el "bench rc=$?"; tail -3 "$out/bench.log"
+pkg=/tmp/bw/policy.vlac; obs=/tmp/bw/obs.safetensors; noise=/tmp/bw/noise.safetensors
+for spec in "$@"; do
+  name="${spec%%:*}"; envs=(); [[ "$spec" == *:* ]] && IFS=',' read -r -a envs <<< "${spec#*:}"
+  env "${envs[@]}" timeout 60 /tmp/vb/bin/pi05_chunk_bench "$pkg" --obs "$obs" --noise "$noise" --warmup 5 --rounds 3 \
+    --chunks 50 --out "/tmp/ab_$name.json" > "/tmp/ab_$name.log" 2>&1
+  python3 - "$name" "/tmp/ab_$name.json" <<'PY'
+import json, sys
+name, f = sys.argv[1], sys.argv[2]
+try:
+    d = json.load(open(f))
+except Exception as e:
+    print(f"{name:28s} failed: {e}"); sys.exit()
+s = d.get("summary", {}); r = (d.get("recorded_chunk") or {}).get("summary", {})
+g = lambda k: (s.get(k) or {}).get("median_ms", float("nan"))
+steps = sum(g(f"step.{i}") for i in range(10))
+print(f"{name:28s} recorded {r.get('median_ms', float('nan')):7.3f} (min {r.get('min_ms', float('nan')):7.3f})  "
+      f"eager: vision {g('vision'):6.3f} prefix_lm {g('prefix_lm'):6.3f} steps {steps:6.3f}")
+PY
+done
+el "A/B done"
+(cd /tmp && ls ab_*.json >/dev/null 2>&1 && tar cf "$out/ab.tar" ab_*.json)
+exit 0
