@@ -191,42 +191,6 @@ TEST_F(SeamOps, LinearBf16Weights) {
   }
 }
 
-// The fused gate|up GEMM read only by GeGLU (through its two slice views) writes bf16 itself
-// (plan_bf16_gemm_outputs: torch's bf16 rounding of gate_proj/up_proj, one more than the CPU's
-// f32 graph has), GeGLU writes over the gate half and down_proj reads rows 2F apart: within bf16
-// tolerance of the CPU, and the arena holds only the [M, 2F] bf16 block and down_proj's output.
-TEST_F(SeamOps, GateUpGemmInBf16FeedsGeglu) {
-  struct S { int64_t m, k, f; const char* what; };
-  for (S s : {S{50, 1024, 4096, "expert 50x1024, F 4096"}, S{968, 256, 2048, "prefix rows 968x256, F 2048"},
-              S{13, 40, 24, "odd 13x40, F 24"}}) {
-    OpCase c;
-    const ValueId x = c.input_f32("x", {s.m, s.k});
-    const ValueId gu = c.op(OpKind::Linear, {x, c.weight("gate_up", {2 * s.f, s.k}, DType::BF16)});
-    const ValueId gate = c.op(OpKind::Slice, {gu}, ir::Attrs{{"axis", int64_t{-1}}, {"start", int64_t{0}}, {"end", s.f}});
-    const ValueId up = c.op(OpKind::Slice, {gu}, ir::Attrs{{"axis", int64_t{-1}}, {"start", s.f}, {"end", 2 * s.f}});
-    const ValueId m = c.op(OpKind::GeGLU, {gate, up});
-    c.g.mark_output(c.op(OpKind::Linear, {m, c.weight("down", {s.k, s.f}, DType::BF16)}));
-    check(std::string("gate|up bf16 out -> geglu -> down ") + s.what, c, 1e-2);
-
-    auto b = backend_registry().get("cuda", "seam op test");
-    ASSERT_TRUE(b.is_ok());
-    WeightBinding wb;
-    wb.refs = c.g.weights();
-    wb.run_dtypes = c.run_dtypes;
-    wb.gather_only = c.gather;
-    wb.files.push_back({c.file.data(), c.file.size(), "op case", nullptr});
-    auto w = (*b)->runtime().bind_weights(wb);
-    ASSERT_TRUE(w.is_ok()) << w.status().message();
-    ExecOptions o;
-    o.label = "op case";
-    auto ex = (*b)->runtime().plan(c.g, **w, o);
-    ASSERT_TRUE(ex.is_ok()) << ex.status().message();
-    // The [M, 2F] output in bf16, GeGLU's result written over its gate half (plan_geglu_in_place),
-    // and down_proj's f32 output: 4·M·F + 4·M·K (all f32 and apart: 8·M·F + 4·M·F + 4·M·K).
-    EXPECT_LE((*ex)->memory().arena_bytes, uint64_t(s.m * s.f) * 4 + uint64_t(s.m * s.k) * 4 + 4096) << s.what;
-  }
-}
-
 // Planned arena bytes of `c` on the cuda backend (fast_vision as given).
 uint64_t cuda_arena_bytes(const OpCase& c, bool fast_vision) {
   auto b = backend_registry().get("cuda", "seam op test");
@@ -246,6 +210,28 @@ uint64_t cuda_arena_bytes(const OpCase& c, bool fast_vision) {
   auto ex = (*b)->runtime().plan(c.g, **w, o);
   EXPECT_TRUE(ex.is_ok()) << ex.status().message();
   return ex.is_ok() ? (*ex)->memory().arena_bytes : 0;
+}
+
+// The fused gate|up GEMM read only by GeGLU (through its two slice views) writes bf16 itself
+// (plan_bf16_gemm_outputs: torch's bf16 rounding of gate_proj/up_proj, one more than the CPU's
+// f32 graph has), GeGLU writes over the gate half and down_proj reads rows 2F apart: within bf16
+// tolerance of the CPU, and the arena holds only the [M, 2F] bf16 block and down_proj's output.
+TEST_F(SeamOps, GateUpGemmInBf16FeedsGeglu) {
+  struct S { int64_t m, k, f; const char* what; };
+  for (S s : {S{50, 1024, 4096, "expert 50x1024, F 4096"}, S{968, 256, 2048, "prefix rows 968x256, F 2048"},
+              S{13, 40, 24, "odd 13x40, F 24"}}) {
+    OpCase c;
+    const ValueId x = c.input_f32("x", {s.m, s.k});
+    const ValueId gu = c.op(OpKind::Linear, {x, c.weight("gate_up", {2 * s.f, s.k}, DType::BF16)});
+    const ValueId gate = c.op(OpKind::Slice, {gu}, ir::Attrs{{"axis", int64_t{-1}}, {"start", int64_t{0}}, {"end", s.f}});
+    const ValueId up = c.op(OpKind::Slice, {gu}, ir::Attrs{{"axis", int64_t{-1}}, {"start", s.f}, {"end", 2 * s.f}});
+    const ValueId m = c.op(OpKind::GeGLU, {gate, up});
+    c.g.mark_output(c.op(OpKind::Linear, {m, c.weight("down", {s.k, s.f}, DType::BF16)}));
+    check(std::string("gate|up bf16 out -> geglu -> down ") + s.what, c, 1e-2);
+    // The [M, 2F] output in bf16, GeGLU's result written over its gate half (plan_geglu_in_place),
+    // and down_proj's f32 output: 4·M·F + 4·M·K (all f32 and apart: 8·M·F + 4·M·F + 4·M·K).
+    EXPECT_LE(cuda_arena_bytes(c, false), uint64_t(s.m * s.f) * 4 + uint64_t(s.m * s.k) * 4 + 4096) << s.what;
+  }
 }
 
 // SigLIP's fc1 -> GELU -> fc2 with bf16 weights: fc1's GEMM applies bias + GELU in its epilogue

@@ -650,6 +650,36 @@ int subgroups(const Params& p, int d, int sms) {
   return d == 256 && blocks <= sms ? 2 : 1;
 }
 
+// The splits of each row tile as one thread-block cluster (cluster_combine merges them), with
+// programmatic dependent launch where it is on.
+template <typename K>
+Status launch_cluster(K kernel, dim3 grid, int threads, size_t smem, cudaStream_t stream, const Params& p,
+                      const char* what) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(unsigned(threads));
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute at[2];
+  at[0].id = cudaLaunchAttributeClusterDimension;
+  at[0].val.clusterDim.x = 1, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = unsigned(p.splits);
+  at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  at[1].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = at;
+  cfg.numAttrs = pdl_enabled() ? 2 : 1;
+  (void)cudaLaunchKernelEx(&cfg, kernel, p);
+  return launch_status(what);
+}
+
+// The combine kernel over the splits' partials (splits > 1, no cluster).
+template <int D, typename To>
+Status launch_combine(cudaStream_t stream, const Params& p) {
+  if (p.splits <= 1) return Status::ok();
+  launch(attn_combine_kernel<To>, dim3(unsigned(p.rows), unsigned(p.hk)), 256, 0, stream,
+      p.part_o, p.part_ml, static_cast<To*>(p.out), p.rows, p.hk, p.group, D, p.os, p.splits);
+  return launch_status("attention_combine");
+}
+
 template <int D, typename To>
 Status launch_bf16(cudaStream_t stream, Params p, int sms) {
   using G = Geom<D>;
@@ -676,30 +706,13 @@ Status launch_bf16(cudaStream_t stream, Params p, int sms) {
           (void)cudaGetLastError();
           return Status(StatusCode::Backend, std::string("attention_bf16 (cluster, 2 key groups): ") + cudaGetErrorString(attr_c));
         }
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = grid;
-        cfg.blockDim = dim3(2 * kThreads);
-        cfg.dynamicSmemBytes = G::smem(2);
-        cfg.stream = stream;
-        cudaLaunchAttribute at[2];
-        at[0].id = cudaLaunchAttributeClusterDimension;
-        at[0].val.clusterDim.x = 1, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = unsigned(p.splits);
-        at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        at[1].val.programmaticStreamSerializationAllowed = 1;
-        cfg.attrs = at;
-        cfg.numAttrs = pdl_enabled() ? 2 : 1;
-        (void)cudaLaunchKernelEx(&cfg, attn_bf16_kernel<D, To, true, 2>, p);
-        return launch_status("attention_bf16 (cluster, 2 key groups)");
+        return launch_cluster(attn_bf16_kernel<D, To, true, 2>, grid, 2 * kThreads, G::smem(2), stream, p,
+                              "attention_bf16 (cluster, 2 key groups)");
       }
     }
     launch(attn_bf16_kernel<D, To, false, 2>, grid, 2 * kThreads, G::smem(2), stream, p);
     VLAC_RETURN_IF_ERROR(launch_status("attention_bf16 (2 key groups)"));
-    if (p.splits > 1) {
-      launch(attn_combine_kernel<To>, dim3(unsigned(p.rows), unsigned(p.hk)), 256, 0, stream,
-          p.part_o, p.part_ml, static_cast<To*>(p.out), p.rows, p.hk, p.group, D, p.os, p.splits);
-      VLAC_RETURN_IF_ERROR(launch_status("attention_combine"));
-    }
-    return Status::ok();
+    return launch_combine<D, To>(stream, p);
   }
   const bool cluster = p.splits > 1 && cluster_combine_available() && p.splits <= max_cluster_splits();
   static const cudaError_t attr = [] {
@@ -720,29 +733,11 @@ Status launch_bf16(cudaStream_t stream, Params p, int sms) {
   const dim3 grid(unsigned(cdiv(p.rows, kBM)), unsigned(p.hk), unsigned(p.splits));
   if (cluster) {
     static_assert(size_t(kBM) * D * 4 + size_t(kBM) * 8 <= G::kSmem, "the partials fit in the tiles' space");
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = G::kSmem;
-    cfg.stream = stream;
-    cudaLaunchAttribute at[2];
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = 1, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = unsigned(p.splits);
-    at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[1].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = pdl_enabled() ? 2 : 1;
-    (void)cudaLaunchKernelEx(&cfg, attn_bf16_kernel<D, To, true>, p);
-    return launch_status("attention_bf16 (cluster)");
+    return launch_cluster(attn_bf16_kernel<D, To, true>, grid, kThreads, G::kSmem, stream, p, "attention_bf16 (cluster)");
   }
   launch(attn_bf16_kernel<D, To, false>, grid, kThreads, G::kSmem, stream, p);
   VLAC_RETURN_IF_ERROR(launch_status("attention_bf16"));
-  if (p.splits > 1) {
-    launch(attn_combine_kernel<To>, dim3(unsigned(p.rows), unsigned(p.hk)), 256, 0, stream,
-        p.part_o, p.part_ml, static_cast<To*>(p.out), p.rows, p.hk, p.group, D, p.os, p.splits);
-    VLAC_RETURN_IF_ERROR(launch_status("attention_combine"));
-  }
-  return Status::ok();
+  return launch_combine<D, To>(stream, p);
 }
 
 }  // namespace

@@ -1042,8 +1042,16 @@ Status CudaExecutable::bf16_bias_copy(NodeId id) {
   return Status::ok();
 }
 
-bool CudaExecutable::bias_is_weight(const Node& n) const {
-  return n.inputs.size() < 3 || graph_.node(graph_.value(root_[size_t(n.inputs[2])]).producer).op == OpKind::Weight;
+// A bf16-weight Linear with an f32 output and no epilogue but its bias (a bound weight), not
+// memoized: what plan_gemm_gelu and plan_qkv_attention_views may give another epilogue or output.
+bool CudaExecutable::bf16_gemm_rewritable(NodeId id) const {
+  const Node& n = graph_.node(id);
+  const NodePlan& p = plans_[size_t(id)];
+  const bool bias_is_weight =
+      n.inputs.size() < 3 || graph_.node(graph_.value(root_[size_t(n.inputs[2])]).producer).op == OpKind::Weight;
+  return n.op == OpKind::Linear && !memo_.node[size_t(id)] && p.gemm.m > 0 && p.gemm.in == DType::BF16 &&
+         p.gemm.out == DType::F32 && (p.gemm.epilogue == Epilogue::None || p.gemm.epilogue == Epilogue::Bias) &&
+         !p.gemm.accumulate && p.gemm.k_parts <= 1 && bias_is_weight;
 }
 
 // GELU in the GEMM (VLAC_GEMM_GELU=0 turns it off): a bf16-weight Linear read only by a GeluTanh
@@ -1064,10 +1072,7 @@ Status CudaExecutable::plan_gemm_gelu() {
   for (NodeId id : order_) {
     const Node& n = g.node(id);
     NodePlan& p = plans_[size_t(id)];
-    if (n.op != OpKind::Linear || memo_.node[size_t(id)] || p.gemm.m <= 0 || p.gemm.in != DType::BF16 ||
-        p.gemm.out != DType::F32 || (p.gemm.epilogue != Epilogue::None && p.gemm.epilogue != Epilogue::Bias) ||
-        p.gemm.accumulate || p.gemm.k_parts > 1 || !bias_is_weight(n))
-      continue;
+    if (!bf16_gemm_rewritable(id)) continue;
     const ValueId o = n.outputs[0];
     if (root_[size_t(o)] != o || is_out[size_t(o)] || readers[size_t(o)].size() != 1) continue;
     const NodeId gid = readers[size_t(o)][0].first;
@@ -1109,10 +1114,7 @@ Status CudaExecutable::plan_qkv_attention_views() {
   for (NodeId id : order_) {
     const Node& n = g.node(id);
     NodePlan& p = plans_[size_t(id)];
-    if (n.op != OpKind::Linear || memo_.node[size_t(id)] || p.gemm.m <= 0 || p.gemm.in != DType::BF16 ||
-        p.gemm.out != DType::F32 || (p.gemm.epilogue != Epilogue::None && p.gemm.epilogue != Epilogue::Bias) ||
-        p.gemm.accumulate || p.gemm.k_parts > 1 || !bias_is_weight(n))
-      continue;
+    if (!bf16_gemm_rewritable(id)) continue;
     const ValueId o = n.outputs[0];
     const ValueInfo& oi = g.info(o);
     if (root_[size_t(o)] != o || is_out[size_t(o)] || oi.shape.size() != 2 || readers[size_t(o)].empty()) continue;

@@ -79,7 +79,7 @@ class CudaExecutable final : public Executable {
   /// A bf16 copy of a Linear's f32 bias on the device (cuBLASLt's bf16-output epilogues take the
   /// bias in the output's dtype), made once at plan time.
   Status bf16_bias_copy(ir::NodeId id);
-  bool bias_is_weight(const ir::Node& n) const;  // no bias, or a bound weight (not computed)
+  bool bf16_gemm_rewritable(ir::NodeId id) const;
   /// Bytes a root's block holds: half its f32 size when stored in bf16.
   uint64_t stored_bytes(ir::ValueId r) const;
   void plan_slice_views();
