@@ -194,6 +194,18 @@ TEST(CudaAttentionPlan, ExpertShapeSplitsTheKeys) {
   EXPECT_EQ(attention_splits(a, DType::BF16, 132), 1);  // 484 row tiles fill the GPU already
 }
 
+// Head dim 256 runs two key groups per block, so the expert's 1018 keys (16 tiles) are cut into 8
+// splits of 2 tiles; with the groups off (VLAC_ATTN_SUB=1), 16 splits of one tile as before.
+TEST(CudaAttentionPlan, TwoKeyGroupsHalveTheExpertSplits) {
+  AttentionShape a;
+  a.t = 50, a.h = 8, a.hk = 1, a.s = 1018, a.dh = a.dv = 256;
+  unsetenv("VLAC_ATTN_SUB");
+  EXPECT_EQ(attention_splits(a, DType::BF16, 132), 8);
+  setenv("VLAC_ATTN_SUB", "1", 1);
+  EXPECT_EQ(attention_splits(a, DType::BF16, 132), 16);
+  unsetenv("VLAC_ATTN_SUB");
+}
+
 TEST(CudaAttentionPlan, UnsupportedHeadDimIsAStatus) {
   AttentionShape a;
   a.t = 4, a.h = 2, a.hk = 1, a.s = 4, a.dh = a.dv = 64;
