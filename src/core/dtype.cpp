@@ -65,6 +65,24 @@ float f8e4m3_to_f32(uint8_t v) {  // e4m3fn: bias 7, no Inf, S.1111.111 is NaN
   return sign * std::ldexp(1.0f + static_cast<float>(mant) / 8.0f, exp - 7);
 }
 
+uint8_t f32_to_f8e4m3(float f) {
+  const uint8_t sign = std::signbit(f) ? 0x80 : 0x00;
+  if (std::isnan(f)) return sign | 0x7F;
+  const double a = std::fabs(static_cast<double>(f));  // exact; every step below is exact in double
+  if (a >= 448.0) return sign | 0x7E;                   // saturate (includes Inf)
+  if (a < std::ldexp(1.0, -6)) {                        // subnormal: multiples of 2^-9
+    const double q = std::nearbyint(std::ldexp(a, 9));  // ties to even (the default rounding mode)
+    return sign | static_cast<uint8_t>(q);              // q == 8 is the smallest normal, code 0x08
+  }
+  int e = 0;
+  const double m = std::frexp(a, &e);  // a = m · 2^e, m in [0.5, 1)
+  double q = std::nearbyint((m * 2.0 - 1.0) * 8.0);  // mantissa in eighths, ties to even
+  int exp = e - 1 + 7;
+  if (q == 8.0) q = 0.0, ++exp;                       // rounded up into the next binade
+  if (exp > 15 || (exp == 15 && q == 7.0)) return sign | 0x7E;  // above 448: saturate, never the NaN code
+  return sign | static_cast<uint8_t>((exp << 3) | static_cast<int>(q));
+}
+
 float f8e5m2_to_f32(uint8_t v) {  // IEEE-like: bias 15, Inf and NaN
   return f16_to_f32(static_cast<uint16_t>(v) << 8);
 }

@@ -39,6 +39,11 @@ uint16_t f32_to_f16(float f);
 float f16_to_f32(uint16_t h);
 float f8e4m3_to_f32(uint8_t v);
 float f8e5m2_to_f32(uint8_t v);
+/// float32 -> FP8 E4M3 ("fn": bias 7, no Inf, max 448, S.1111.111 NaN), round to nearest even,
+/// saturating: |f| beyond 448 gives ±448 (what FP8 weights with per-channel scales need: the
+/// scale maps a row's largest magnitude to 448, and rounding must never make it a NaN). NaN stays
+/// NaN; subnormals (2^-9 steps below 2^-6) are kept. f8e4m3_to_f32 inverts it on every finite code.
+uint8_t f32_to_f8e4m3(float f);
 /// double -> float rounded to odd, so that a second rounding to bf16/f16 is exact RNE.
 float f64_to_f32_round_odd(double d);
 

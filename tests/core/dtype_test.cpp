@@ -49,4 +49,31 @@ TEST(DType, F8Decoders) {
   EXPECT_TRUE(std::isinf(f8e5m2_to_f32(0x7C)));
 }
 
+// The E4M3 encoder inverts the decoder on every finite code (both zeros and the subnormals
+// included), rounds to nearest even between neighbours, saturates at ±448 and keeps NaN.
+TEST(DType, F8E4M3Encoder) {
+  for (int c = 0; c < 256; ++c) {
+    if ((c & 0x7F) == 0x7F) continue;  // NaN
+    const float f = f8e4m3_to_f32(uint8_t(c));
+    EXPECT_EQ(f32_to_f8e4m3(f), c) << "code " << c << " value " << f;
+  }
+  for (int c = 0; c < 0x7E; ++c) {  // each pair of positive neighbours: the midpoint and either side
+    const float lo = f8e4m3_to_f32(uint8_t(c)), hi = f8e4m3_to_f32(uint8_t(c + 1));
+    const float mid = (lo + hi) / 2;  // exact: neighbours share at most one binade step
+    EXPECT_EQ(f32_to_f8e4m3(mid), (c % 2 == 0) ? c : c + 1) << "midpoint after code " << c;
+    EXPECT_EQ(f32_to_f8e4m3(std::nextafter(mid, 0.0f)), c) << "below the midpoint after code " << c;
+    EXPECT_EQ(f32_to_f8e4m3(std::nextafter(mid, 1000.0f)), c + 1) << "above the midpoint after code " << c;
+    EXPECT_EQ(f32_to_f8e4m3(-mid), 0x80 | ((c % 2 == 0) ? c : c + 1));
+  }
+  EXPECT_EQ(f32_to_f8e4m3(448.0f), 0x7E);
+  EXPECT_EQ(f32_to_f8e4m3(460.0f), 0x7E);
+  EXPECT_EQ(f32_to_f8e4m3(1e30f), 0x7E);
+  EXPECT_EQ(f32_to_f8e4m3(-INFINITY), 0xFE);
+  EXPECT_EQ(f32_to_f8e4m3(std::ldexp(1.0f, -11)), 0x00);  // below half the smallest subnormal
+  EXPECT_EQ(f32_to_f8e4m3(std::ldexp(3.0f, -10)), 0x02);  // 1.5 steps of 2^-9: to even (2)
+  EXPECT_EQ(f32_to_f8e4m3(std::ldexp(3.0f, -11)), 0x01);  // 0.75 of a step: up to 1
+  EXPECT_EQ(f32_to_f8e4m3(-0.0f), 0x80);
+  EXPECT_EQ(f32_to_f8e4m3(std::nanf("")) & 0x7F, 0x7F);
+}
+
 }  // namespace vlac
