@@ -143,9 +143,7 @@ Status CudaExecutable::plan(const CudaWeights& weights) {
   const std::string label = options_.label.empty() ? std::string("?") : options_.label;
 
   auto in_info = [&](const Node& n, size_t i) -> const ValueInfo& { return g.info(n.inputs[i]); };
-  auto is_weight = [&](const Node& n, size_t i) {
-    return g.node(g.value(root_[size_t(n.inputs[i])]).producer).op == OpKind::Weight;
-  };
+  auto is_weight = [&](const Node& n, size_t i) { return from_weight(n.inputs[i]); };
   auto need_f32 = [&](const Node& n, size_t i) -> Status {
     if (in_info(n, i).dtype != DType::F32) return unsupported(where(n) + ": input " + std::to_string(i) + " must be f32");
     if (is_weight(n, i) && weight_dtype(n.inputs[i]) != DType::F32)
@@ -671,13 +669,6 @@ void CudaExecutable::plan_rope_pairs() {
     const NodeId a = order_[i];
     const Node& na = g.node(a);
     if (na.op != OpKind::RoPE || memo_.node[size_t(a)] || plans_[size_t(a)].skip) continue;
-    // Nodes that run nothing: views, reshapes and the graph's leaves (the depth-first schedule
-    // puts the next layer's prefix K input between the expert's two RoPEs).
-    auto runs_nothing = [&](NodeId m) {
-      const OpKind op = g.node(m).op;
-      return op == OpKind::Reshape || op == OpKind::Input || op == OpKind::Weight || op == OpKind::Constant ||
-             (op == OpKind::Slice && plans_[size_t(m)].view);
-    };
     size_t j = i + 1;
     while (j < order_.size() && runs_nothing(order_[j])) ++j;
     if (j >= order_.size()) continue;
@@ -739,11 +730,6 @@ void CudaExecutable::plan_prefix_qkv() {
   const ir::Graph& g = graph_;
   std::vector<int64_t> at(g.nodes().size(), -1);
   for (size_t i = 0; i < order_.size(); ++i) at[size_t(order_[i])] = int64_t(i);
-  auto runs_nothing = [&](NodeId m) {
-    const OpKind op = g.node(m).op;
-    return op == OpKind::Reshape || op == OpKind::Input || op == OpKind::Weight || op == OpKind::Constant ||
-           (op == OpKind::Slice && plans_[size_t(m)].view);
-  };
   auto producer = [&](ValueId v) -> NodeId { return g.value(root_[size_t(v)]).producer; };
   auto plain = [&](const Node& nn) {  // one output, its own root, not a view, not memoized
     const ValueId o = nn.outputs[0];
@@ -1020,6 +1006,18 @@ Status CudaExecutable::plan_geglu_in_place() {
   return Status::ok();
 }
 
+// Nodes that run nothing: views, reshapes and the graph's leaves (the depth-first schedule puts
+// the next layer's prefix K input between the expert's two RoPEs).
+bool CudaExecutable::runs_nothing(NodeId m) const {
+  const OpKind op = graph_.node(m).op;
+  return op == OpKind::Reshape || op == OpKind::Input || op == OpKind::Weight || op == OpKind::Constant ||
+         (op == OpKind::Slice && plans_[size_t(m)].view);
+}
+
+bool CudaExecutable::from_weight(ValueId v) const {
+  return graph_.node(graph_.value(root_[size_t(v)]).producer).op == OpKind::Weight;
+}
+
 bool CudaExecutable::replan_gemm(NodeId id, const GemmDesc& before) {
   NodePlan& p = plans_[size_t(id)];
   if (ctx_->gemm().plan(p.gemm).is_ok()) return true;
@@ -1030,7 +1028,7 @@ bool CudaExecutable::replan_gemm(NodeId id, const GemmDesc& before) {
 Status CudaExecutable::bf16_bias_copy(NodeId id) {
   const Node& n = graph_.node(id);
   NodePlan& p = plans_[size_t(id)];
-  if (graph_.node(graph_.value(root_[size_t(n.inputs[2])]).producer).op != OpKind::Weight)
+  if (!from_weight(n.inputs[2]))
     return internal_error(where(n) + ": a bf16 bias copy of a value that is not a weight");
   const int64_t cnt = graph_.info(n.inputs[2]).numel();
   VLAC_ASSIGN_OR_RETURN(void* b, device_alloc(uint64_t(cnt) * 2, where(n) + ": its bias in bf16 (constants)"));
@@ -1047,8 +1045,7 @@ Status CudaExecutable::bf16_bias_copy(NodeId id) {
 bool CudaExecutable::bf16_gemm_rewritable(NodeId id) const {
   const Node& n = graph_.node(id);
   const NodePlan& p = plans_[size_t(id)];
-  const bool bias_is_weight =
-      n.inputs.size() < 3 || graph_.node(graph_.value(root_[size_t(n.inputs[2])]).producer).op == OpKind::Weight;
+  const bool bias_is_weight = n.inputs.size() < 3 || from_weight(n.inputs[2]);
   return n.op == OpKind::Linear && !memo_.node[size_t(id)] && p.gemm.m > 0 && p.gemm.in == DType::BF16 &&
          p.gemm.out == DType::F32 && (p.gemm.epilogue == Epilogue::None || p.gemm.epilogue == Epilogue::Bias) &&
          !p.gemm.accumulate && p.gemm.k_parts <= 1 && bias_is_weight;

@@ -80,6 +80,8 @@ class CudaExecutable final : public Executable {
   /// bias in the output's dtype), made once at plan time.
   Status bf16_bias_copy(ir::NodeId id);
   bool bf16_gemm_rewritable(ir::NodeId id) const;
+  bool runs_nothing(ir::NodeId id) const;   // a view, a reshape or a leaf: launches nothing
+  bool from_weight(ir::ValueId v) const;     // v's storage is a bound weight's
   /// Bytes a root's block holds: half its f32 size when stored in bf16.
   uint64_t stored_bytes(ir::ValueId r) const;
   void plan_slice_views();
