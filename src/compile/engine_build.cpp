@@ -8,9 +8,11 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <set>
 
 #include "core/atomic_file.h"
 #include "core/bytes.h"
+#include "core/quant.h"
 #include "ir/serialize.h"
 #include "ir/walk.h"
 #include "partition/partition.h"
@@ -78,7 +80,14 @@ Result<std::vector<std::string>> EngineBuilder::add_stage(const ir::Graph& given
   auto log = [&](const std::string& s) {
     if (opt_.log) opt_.log(s);
   };
-  auto run_dtype = [&](const ir::WeightRef& r) { return opt_.run_dtype ? opt_.run_dtype(r) : r.dtype; };
+  // 8-bit weights (core/quant.h) are for a Linear's W and a gathered table (rows with their
+  // scales): a weight with any other use that the option would quantize is stored bf16 instead.
+  std::set<std::string> not_linear_w;
+  auto run_dtype = [&](const ir::WeightRef& r) {
+    const DType d = opt_.run_dtype ? opt_.run_dtype(r) : r.dtype;
+    if (is_quant_dtype(d) && (r.shape.size() != 2 || not_linear_w.count(r.name))) return DType::BF16;
+    return d;
+  };
   // The backend's own rewrite of the stage (e.g. fused projections), before partitioning.
   VLAC_ASSIGN_OR_RETURN(std::optional<LoweredGraph> lowered, compiler_.lower(given));
   std::map<ir::ValueId, std::string> lowered_named;
@@ -93,6 +102,13 @@ Result<std::vector<std::string>> EngineBuilder::add_stage(const ir::Graph& given
   }
   const ir::Graph& g = lowered ? lowered->graph : given;
   const std::map<ir::ValueId, std::string>& named = lowered ? lowered_named : given_named;
+  for (const ir::Node& n : g.nodes())
+    for (size_t slot = 0; slot < n.inputs.size(); ++slot) {
+      const ir::Node& p = g.node(g.value(n.inputs[slot]).producer);
+      if (p.op == ir::OpKind::Weight && !(n.op == ir::OpKind::Linear && slot == 1) &&
+          !(n.op == ir::OpKind::Embedding && slot == 0))
+        not_linear_w.insert(g.weights()[size_t(p.weight)].name);
+    }
   // A fused weight is stored in one dtype: its parts must agree with it.
   for (const ir::WeightRef& r : g.weights())
     for (const ir::WeightRef& part : r.parts)
@@ -100,7 +116,7 @@ Result<std::vector<std::string>> EngineBuilder::add_stage(const ir::Graph& given
         return unsupported("compile: fused weight '" + r.name + "' would run in " + dtype_name(run_dtype(r)) +
                            " but its part '" + part.name + "' in " + dtype_name(run_dtype(part)));
   auto packed_bytes = [&](const ir::WeightRef& r) {
-    return uint64_t(ir::ValueInfo{run_dtype(r), r.shape}.numel()) * dtype_size(run_dtype(r));
+    return stored_weight_bytes(run_dtype(r), r.shape);
   };
   // The backend must run every node the stage schedules (the partitioner keeps one backend).
   VLAC_ASSIGN_OR_RETURN(std::vector<ir::NodeId> order, ir::schedule(g));

@@ -11,6 +11,7 @@
 #include "core/atomic_file.h"
 #include "core/bytes.h"
 #include "core/mapped_file.h"
+#include "core/quant.h"
 #include "ir/backend.h"
 #include "ir/serialize.h"
 #include "models/pi05_builder.h"
@@ -93,10 +94,14 @@ Result<Pi05CompileSummary> compile_pi05(const std::string& policy_dir, const Pi0
   EngineBuildOptions bo;
   bo.engine_cap = opt.engine_cap;
   const bool all = bf16 && opt.bf16_all_matrices;
-  bo.run_dtype = [bf16, all](const ir::WeightRef& r) {
+  const DType quant = opt.weight_quant;
+  if (quant != DType::F32 && (!all || !is_quant_dtype(quant)))
+    return invalid_argument("compile: 8-bit weights (I8, F8_E4M3) go with bf16 on every matrix (--dtype int8 / fp8)");
+  bo.run_dtype = [bf16, all, quant](const ir::WeightRef& r) {
     const bool matrix = r.shape.size() == 2 && r.name.find("paligemma_with_expert") != std::string::npos &&
                         r.name.find("position_embedding") == std::string::npos;
-    return all && matrix ? DType::BF16 : Pi05Model::run_dtype(r, bf16);
+    if (all && matrix) return quant != DType::F32 ? quant : DType::BF16;  // embed_tokens too
+    return Pi05Model::run_dtype(r, bf16);
   };
   bo.log = opt.log;
   bo.on_stage = opt.on_stage;
@@ -129,7 +134,11 @@ Result<Pi05CompileSummary> compile_pi05(const std::string& policy_dir, const Pi0
   manifest.policy = json::object({
       {"type", "pi05"},
       {"dtype", bf16 ? "bf16" : "fp32"},
-      {"precision", !bf16 ? "fp32" : all ? "bf16-all-matrices" : "bf16-lerobot"},
+      {"precision", !bf16                   ? "fp32"
+                    : quant == DType::I8      ? "int8-weights"
+                    : quant == DType::F8_E4M3 ? "fp8-weights"
+                    : all                     ? "bf16-all-matrices"
+                                              : "bf16-lerobot"},
       {"files", std::move(side)},
       {"stages", std::move(stage_engines)},
       {"cameras", std::move(cams)},

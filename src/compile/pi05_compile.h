@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "compile/engine_build.h"
+#include "core/dtype.h"
 #include "core/status.h"
 
 namespace vlac {
@@ -23,6 +24,10 @@ struct Pi05CompileOptions {
   /// heads fp32: what a GPU needs to fit and to run SigLIP on bf16 tensor cores. Not lerobot's
   /// rounding points (the manifest's policy "precision" says which).
   bool bf16_all_matrices = false;
+  /// With bf16_all_matrices: I8 or F8_E4M3 stores every such matrix that a Linear reads as 8-bit
+  /// codes with one fp32 scale per output row (core/quant.h; "int8" / "fp8" packages: W8A16, the
+  /// activations as in bf16-all). F32 (the default): none. Gathered tables stay bf16.
+  DType weight_quant = DType::F32;
   uint64_t engine_cap = 512ull << 20;   // packed weight bytes per engine
   std::string engine_dir;               // "" = a temporary folder next to OUT, removed after
   bool keep_engine_files = false;       // keep the engine files in engine_dir after packaging

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "backends/registry.h"
+#include "core/quant.h"
 #include "exec/memo_plan.h"
 #include "ir/serialize.h"
 #include "ir/walk.h"
@@ -70,8 +71,8 @@ Result<PackageEngines> PackageEngines::open(const Package& pkg, PackageRunOption
       ir::WeightRef r;
       r.name = w["name"].get<std::string>();
       auto dt = dtype_from_name(w["dtype"].get<std::string>());
-      if (!dt || (*dt != DType::F32 && *dt != DType::BF16))
-        return invalid_format(ew + ": weight '" + r.name + "' has a dtype the runtime does not bind (F32, BF16)");
+      if (!dt || (*dt != DType::F32 && *dt != DType::BF16 && !is_quant_dtype(*dt)))
+        return invalid_format(ew + ": weight '" + r.name + "' has a dtype the runtime does not bind (F32, BF16, I8, F8_E4M3)");
       r.dtype = *dt;
       for (const json& s : w["shape"]) {
         if (!s.is_number_integer() || s.get<int64_t>() < 0 || s.get<int64_t>() > (int64_t(1) << 40))
@@ -79,8 +80,9 @@ Result<PackageEngines> PackageEngines::open(const Package& pkg, PackageRunOption
         r.shape.push_back(s.get<int64_t>());
       }
       if (r.shape.size() > 8) return invalid_format(ew + ": weight '" + r.name + "' has a bad shape");
-      ir::ValueInfo vi{r.dtype, r.shape};
-      r.bytes = vi.bytes();
+      if (is_quant_dtype(r.dtype) && r.shape.size() != 2)
+        return invalid_format(ew + ": weight '" + r.name + "' is " + dtype_name(r.dtype) + " but not a matrix");
+      r.bytes = stored_weight_bytes(r.dtype, r.shape);
       r.offset = w["offset"].get<uint64_t>();
       const PackageSegment* seg = pkg.find(w["segment"].get<std::string>());
       if (!seg || seg->kind != package::SegmentKind::Engine)

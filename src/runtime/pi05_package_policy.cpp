@@ -98,8 +98,9 @@ Status Pi05PackagePolicy::load_manifest() {
   for (int64_t l = 0; l < depth_; ++l)
     for (const char* kv : {"prefix.k.", "prefix.v."}) ro.stable_inputs.push_back(kv + std::to_string(l));
   ro.backend = options_.backend;
-  fast_vision_ = options_.fast_vision.value_or(
-      pkg_->manifest().policy.value("precision", std::string()) == "bf16-all-matrices");
+  const std::string precision = pkg_->manifest().policy.value("precision", std::string());
+  fast_vision_ = options_.fast_vision.value_or(precision == "bf16-all-matrices" || precision == "int8-weights" ||
+                                               precision == "fp8-weights");
   ro.fast_vision = fast_vision_;
   VLAC_ASSIGN_OR_RETURN(PackageEngines engines, PackageEngines::open(*pkg_, std::move(ro)));
   engines_ = std::make_unique<PackageEngines>(std::move(engines));

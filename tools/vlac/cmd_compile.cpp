@@ -31,10 +31,11 @@ struct CompileFlags {
 Status compile_policy(const CompileFlags& f, MemMeter& meter) {
   Pi05CompileOptions o;
   o.out = f.out;
-  if (f.dtype != "bf16" && f.dtype != "fp32" && f.dtype != "bf16-all")
-    return invalid_argument("--dtype must be bf16, bf16-all or fp32, got '" + f.dtype + "'");
+  if (f.dtype != "bf16" && f.dtype != "fp32" && f.dtype != "bf16-all" && f.dtype != "int8" && f.dtype != "fp8")
+    return invalid_argument("--dtype must be bf16, bf16-all, int8, fp8 or fp32, got '" + f.dtype + "'");
   o.bf16 = f.dtype != "fp32";
-  o.bf16_all_matrices = f.dtype == "bf16-all";
+  o.bf16_all_matrices = f.dtype == "bf16-all" || f.dtype == "int8" || f.dtype == "fp8";
+  o.weight_quant = f.dtype == "int8" ? DType::I8 : f.dtype == "fp8" ? DType::F8_E4M3 : DType::F32;
   {
     auto cap = parse_size(f.engine_cap);
     if (!cap.is_ok()) return cap.status().with_context("--engine-cap");
@@ -98,7 +99,7 @@ void register_compile(CLI::App& app) {
   auto* sub = app.add_subcommand("compile", "compile a pi0.5 policy folder into one .vlac package (CPU engines)");
   sub->add_option("policy", f->policy, "policy folder (config.json + model.safetensors, fp32 or bf16)")->required();
   sub->add_option("-o,--out", f->out, "output package OUT.vlac (written atomically)")->required();
-  sub->add_option("--dtype", f->dtype, "engine precision: bf16 (lerobot's bf16 split, default), bf16-all (every weight matrix bf16, also SigLIP, projector and adaRMS denses: for GPUs) or fp32");
+  sub->add_option("--dtype", f->dtype, "engine precision: bf16 (lerobot's bf16 split, default), bf16-all (every weight matrix bf16, also SigLIP, projector and adaRMS denses: for GPUs), int8 / fp8 (those matrices as 8-bit codes with one scale per output row, activations bf16: half the weight bytes) or fp32");
   sub->add_option("--engine-cap", f->engine_cap, "weight bytes per engine, e.g. 512MiB (default), 64KiB");
   sub->add_option("--engine-dir", f->engine_dir, "folder for engine files (default: a temporary one beside OUT)");
   sub->add_flag("--keep-engines", f->keep_engines, "keep the engine files in --engine-dir");

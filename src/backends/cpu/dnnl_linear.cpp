@@ -22,6 +22,8 @@
 #include "backends/cpu/bf16_gemm.h"
 #include "backends/cpu/cpu_isa.h"
 #include "backends/cpu/kernels.h"
+#include "backends/cpu/quant_gemm.h"
+#include "core/quant.h"
 #include "core/dtype.h"
 
 namespace vlac::cpu {
@@ -41,6 +43,8 @@ struct DnnlLinear::Impl {
   // weights, an fp32 matmul over W widened once (`f32_src`: x is rounded to bf16 in fp32).
   bool blocked = false, f32_src = false;
   bool micro = false;  // blocked on bf16_gemm_nk (AVX2): x staged in its layout, no W blocks
+  // 8-bit weights (core/quant.h): I8 or F8_E4M3 codes + per-row scales, gemv or blocked.
+  DType quant = DType::F32;  // F32: none
   WeightLayout layout = WeightLayout::NK;
   int64_t nb = 0, threads = 1;   // blocked: W rows per block, threads planned at create
   uint64_t block_bytes = 0;      // blocked: one thread's widened block (aligned)
@@ -60,9 +64,24 @@ DnnlLinear::~DnnlLinear() = default;
 Result<DnnlLinear> DnnlLinear::create(int64_t m, int64_t k, int64_t n, DType w_dtype, bool has_bias,
                                       WeightLayout layout, const void* pack_from) {
   VLAC_RETURN_IF_ERROR(cpu_isa_status());
-  if (w_dtype != DType::F32 && w_dtype != DType::BF16)
+  if (w_dtype != DType::F32 && w_dtype != DType::BF16 && !is_quant_dtype(w_dtype))
     return unsupported(std::string("dnnl linear: weight dtype ") + dtype_name(w_dtype));
   if (m <= 0 || k <= 0 || n <= 0) return invalid_argument("dnnl linear: empty shape");
+  if (is_quant_dtype(w_dtype)) {
+    // W8A16: the activations rounded to bf16 like the bf16 Linear's, codes widened per block of
+    // rows (exact), fp32 sums scaled per output. Weights stay 8-bit in place (never packed).
+    if (layout != WeightLayout::NK) return unsupported("dnnl linear: 8-bit weights must be [N, K]");
+    auto p = std::make_unique<Impl>();
+    p->m = m, p->k = k, p->n = n, p->bias = has_bias, p->quant = w_dtype;
+    if (m == 1) {
+      p->gemv = true;
+      p->impl = std::string("vlac:") + dtype_name(w_dtype) + " gemv";
+      p->staging_bytes = align_up(uint64_t(k) * 4);
+      return DnnlLinear(std::move(p));
+    }
+    plan_blocked(*p);
+    return DnnlLinear(std::move(p));
+  }
   try {
     using dt = dnnl::memory::data_type;
     using tag = dnnl::memory::format_tag;
@@ -131,6 +150,13 @@ uint64_t DnnlLinear::scratch_bytes() const { return kAlign + impl_->staging_byte
 Status DnnlLinear::run(const float* x, const void* w, const float* b, float* y, void* scratch) const {
   const Impl& p = *impl_;
   auto* base = reinterpret_cast<uint8_t*>(align_up(reinterpret_cast<uintptr_t>(scratch)));
+  if (p.gemv && p.quant != DType::F32) {
+    auto* xr = reinterpret_cast<float*>(base);
+    round_to_bf16_f32(x, xr, p.k);
+    const auto* codes = static_cast<const uint8_t*>(w);
+    quant_gemv(xr, codes, reinterpret_cast<const float*>(codes + quant_scales_offset(p.n, p.k)), p.quant, b, y, p.k, p.n);
+    return Status::ok();
+  }
   if (p.gemv) {
     const float* xv = x;
     if (p.bf16) {  // the same bf16 rounding of the activations as the matmul path
@@ -163,7 +189,7 @@ Status DnnlLinear::run(const float* x, const void* w, const float* b, float* y, 
 
 Status DnnlLinear::run_bf16_src(const uint16_t* x, const void* w, const float* b, float* y, void* scratch) const {
   const Impl& p = *impl_;
-  VLAC_CHECK(p.bf16 && !p.gemv);
+  VLAC_CHECK((p.bf16 || p.quant != DType::F32) && !p.gemv);
   auto* base = reinterpret_cast<uint8_t*>(align_up(reinterpret_cast<uintptr_t>(scratch)));
   if (p.micro) {
     auto* xs = reinterpret_cast<float*>(base);
@@ -190,7 +216,7 @@ void DnnlLinear::plan_blocked(Impl& p) {
   constexpr int64_t kBlockBytes = 256 * 1024, kWideRows = 512, kWideBytes = 4 << 20, kFewRows = 64;
   p.blocked = true;
   p.threads = std::max(1, omp_get_max_threads());
-  if (p.layout == WeightLayout::NK && bf16_gemm_available()) {
+  if (p.layout == WeightLayout::NK && p.quant == DType::F32 && bf16_gemm_available()) {
     p.micro = true;
     p.staging_bytes = align_up(bf16_gemm_x_bytes(p.m, p.k));
     p.impl = "vlac:bf16 avx2 register-blocked";
@@ -203,7 +229,8 @@ void DnnlLinear::plan_blocked(Impl& p) {
   p.nb = std::min(nb, p.n);
   p.block_bytes = align_up(uint64_t(p.nb * p.k) * 4);
   p.staging_bytes = align_up(uint64_t(p.m * p.k) * 4) + uint64_t(p.threads) * p.block_bytes;
-  p.impl = "vlac:bf16 blocked(nb=" + std::to_string(p.nb) + ")+sgemm";
+  p.impl = std::string("vlac:") + (p.quant == DType::F32 ? "bf16" : dtype_name(p.quant)) + " blocked(nb=" +
+           std::to_string(p.nb) + ")+sgemm";
 }
 
 Status DnnlLinear::run_blocked(const float* xr, const void* w, const float* b, float* y, uint8_t* base) const {
@@ -219,7 +246,14 @@ Status DnnlLinear::run_blocked(const float* xr, const void* w, const float* b, f
   for (int64_t bi = 0; bi < blocks; ++bi) {
     const int64_t n0 = bi * p.nb, nb = std::min(p.nb, n - n0);
     auto* wf = reinterpret_cast<float*>(blocks_base + uint64_t(omp_get_thread_num()) * p.block_bytes);
-    if (p.layout == WeightLayout::NK) {  // rows n0..n0+nb of W[N,K] are contiguous
+    if (p.quant != DType::F32) {  // codes of rows n0..n0+nb, then each column times its scale
+      const auto* codes = static_cast<const uint8_t*>(w);
+      const auto* scales = reinterpret_cast<const float*>(codes + quant_scales_offset(n, k));
+      widen_codes(codes + n0 * k, p.quant, wf, nb * k);
+      ok = ok && dnnl_sgemm('N', 'T', m, nb, k, 1.0f, xr, k, wf, k, 0.0f, y + n0, n) == dnnl_success;
+      for (int64_t r = 0; r < m; ++r)
+        for (int64_t j = n0; j < n0 + nb; ++j) y[r * n + j] *= scales[j];
+    } else if (p.layout == WeightLayout::NK) {  // rows n0..n0+nb of W[N,K] are contiguous
       widen_bf16(wb + n0 * k, wf, nb * k);
       ok = ok && dnnl_sgemm('N', 'T', m, nb, k, 1.0f, xr, k, wf, k, 0.0f, y + n0, n) == dnnl_success;
     } else {  // columns n0..n0+nb of W[K,N]: one strided run per k

@@ -1,9 +1,10 @@
-// Embedding gather (fp32/bf16 tables) and patch embedding (conv stride = kernel as im2col +
+// Embedding gather (fp32/bf16/8-bit tables) and patch embedding (conv stride = kernel as im2col +
 // sgemm). Never allocates; token ids are checked because they come from observation files.
 #include <string>
 
 #include "backends/cpu/kernels.h"
 #include "core/dtype.h"
+#include "core/quant.h"
 
 namespace vlac::cpu {
 namespace {
@@ -31,6 +32,19 @@ Status embedding_bf16(const uint16_t* table, int64_t v, int64_t d, const int64_t
     if (ids[i] < 0 || ids[i] >= v) return bad_id(i, ids[i], v);
     const uint16_t* row = table + ids[i] * d;
     for (int64_t j = 0; j < d; ++j) out[i * d + j] = bf16_to_f32(row[j]) * scale;
+  }
+  return Status::ok();
+}
+
+Status embedding_quant(const uint8_t* blob, DType dt, int64_t v, int64_t d, const int64_t* ids, int64_t t, float scale,
+                       float* out) {
+  const float* scales = reinterpret_cast<const float*>(blob + quant_scales_offset(v, d));
+  const float* table = quant_table(dt);
+  for (int64_t i = 0; i < t; ++i) {
+    if (ids[i] < 0 || ids[i] >= v) return bad_id(i, ids[i], v);
+    const uint8_t* row = blob + ids[i] * d;
+    const float s = scales[ids[i]];
+    for (int64_t j = 0; j < d; ++j) out[i * d + j] = table[row[j]] * s * scale;
   }
   return Status::ok();
 }

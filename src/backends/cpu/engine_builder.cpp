@@ -10,6 +10,8 @@
 #include <memory>
 
 #include "core/atomic_file.h"
+#include "core/quant.h"
+#include "ir/quant_write.h"
 
 namespace vlac::cpu {
 
@@ -40,14 +42,27 @@ Result<EngineFile> write_cpu_engine_file(const std::string& path, const std::vec
   for (size_t i = 0; i < store.size(); ++i) {
     const ir::WeightRef& r = store[i].ref;
     const DType want = store[i].run_dtype;
-    if (want != DType::F32 && want != DType::BF16) return internal_error("engine builder: run dtype must be F32 or BF16");
+    if (want != DType::F32 && want != DType::BF16 && !is_quant_matrix(want, r.shape))
+      return internal_error("engine builder: run dtype must be F32, BF16 or (a matrix) I8 / F8_E4M3");
     if (r.dtype != DType::F32 && r.dtype != DType::BF16 && r.dtype != DType::F16)
       return unsupported("tensor '" + r.name + "' has dtype " + dtype_name(r.dtype) + " (the CPU backend reads F32, BF16, F16)");
     if (want == DType::BF16 && r.dtype == DType::F16) return unsupported("tensor '" + r.name + "': no F16 -> BF16 path");
-    VLAC_ASSIGN_OR_RETURN(const uint8_t* base, source.map(r));
     const uint64_t pad = (kEngineAlign - end % kEngineAlign) % kEngineAlign;
     if (pad) VLAC_RETURN_IF_ERROR(out.pwrite(kZeros, pad, end));
     end += pad;
+    if (is_quant_matrix(want, r.shape)) {  // codes + per-row scales, streamed row by row
+      VLAC_ASSIGN_OR_RETURN(uint64_t bytes,
+                            ir::write_quant_matrix(out, source, r, want, end, buf.get(), chunk_bytes, [&](uint64_t at) {
+                              if (at - flushed >= (32ull << 20)) {
+                                flush_behind(out.fd(), flushed, at / 4096 * 4096);
+                                flushed = at / 4096 * 4096;
+                              }
+                            }));
+      ef.weights.push_back(EngineWeight{r.name, want, r.shape, end, bytes});
+      end += bytes;
+      continue;
+    }
+    VLAC_ASSIGN_OR_RETURN(const uint8_t* base, source.map(r));
     const uint64_t in_size = dtype_size(r.dtype), out_size = dtype_size(want);
     const uint64_t n = r.bytes / in_size;
     EngineWeight w{r.name, want, r.shape, end, n * out_size};

@@ -14,6 +14,7 @@
 
 #include "backends/cpu/dnnl_linear.h"
 #include "backends/cpu/kernels.h"
+#include "core/quant.h"
 #include "exec/arena_plan.h"
 #include "ir/walk.h"
 
@@ -28,6 +29,8 @@ using ir::ValueInfo;
 namespace {
 
 constexpr uint64_t kAlign = exec::kArenaAlign;
+
+const uint8_t* src_of(const WeightFile& f, const ir::WeightRef& r) { return f.data + r.offset; }
 uint64_t align_up(uint64_t v) { return exec::align_up(v); }
 
 std::string shape_str(const std::vector<int64_t>& s) {
@@ -64,8 +67,21 @@ Result<CpuWeights> CpuWeights::load(const std::vector<ir::WeightRef>& refs, cons
     if (__builtin_add_overflow(r.offset, r.bytes, &end) || end > f.size)
       return invalid_format(f.path + ": tensor '" + r.name + "' lies outside the file");
     const DType want = run_dtypes[i];
+    if (is_quant_dtype(want)) {  // an 8-bit matrix from a package: codes and scales used in place
+      if (r.dtype != want || !is_quant_matrix(r.dtype, r.shape) || r.bytes != stored_weight_bytes(r.dtype, r.shape))
+        return internal_error("weight '" + r.name + "': " + dtype_name(want) + " weights are bound as compiled, not converted");
+      if (reinterpret_cast<uintptr_t>(src_of(f, r)) % 64 != 0)
+        return invalid_format(f.path + ": " + dtype_name(want) + " weight '" + r.name + "' is not 64-byte aligned");
+      Entry e;
+      e.dtype = want;
+      e.shape = r.shape;
+      e.data = src_of(f, r);
+      w.mapped_bytes_ += r.bytes;
+      w.entries_.emplace(r.name, std::move(e));
+      continue;
+    }
     if (want != DType::F32 && want != DType::BF16)
-      return internal_error("weight '" + r.name + "': run dtype must be F32 or BF16");
+      return internal_error("weight '" + r.name + "': run dtype must be F32, BF16, I8 or F8_E4M3");
     if (r.dtype != DType::F32 && r.dtype != DType::BF16 && r.dtype != DType::F16)
       return unsupported(f.path + ": tensor '" + r.name + "' has dtype " + dtype_name(r.dtype) +
                          " (the CPU backend reads F32, BF16 and F16)");
@@ -166,6 +182,13 @@ Status Executor::plan(const CpuWeights& weights) {
         return unsupported(label(n) + ": input " + std::to_string(i) + " is " + ir::to_string(in(i)) + ", needs f32");
       return Status::ok();
     };
+    // 8-bit weights are codes + scales (core/quant.h): only a Linear's W and a gathered table
+    // read them; anything else would read the blob as floats (a package can say anything).
+    for (size_t i = 0; i < n.inputs.size(); ++i)
+      if (is_weight(i) && is_quant_dtype(weight_dtype_[size_t(root_[size_t(n.inputs[i])])]) &&
+          !(n.op == OpKind::Linear && i == 1) && !(n.op == OpKind::Embedding && i == 0))
+        return invalid_format(label(n) + ": input " + std::to_string(i) + " is an 8-bit weight, which only a linear's "
+                              "weight or an embedding table can be");
     switch (n.op) {
       case OpKind::Weight: {
         const ir::WeightRef& r = g.weights()[size_t(n.weight)];
@@ -665,17 +688,24 @@ Status Executor::run_node(NodeId id) {
     case OpKind::Embedding: {
       const ValueInfo& ids = info(n.inputs[1]);
       const bool rounds = weight_rounds_bf16_[size_t(root_[size_t(n.inputs[0])])];
-      const bool bf16 = rounds || weight_dtype_[size_t(root_[size_t(n.inputs[0])])] == DType::BF16;
+      const DType tdt = weight_dtype_[size_t(root_[size_t(n.inputs[0])])];
+      const bool quant = is_quant_dtype(tdt);
+      const bool bf16 = rounds || tdt == DType::BF16 || quant;  // (an 8-bit table stands in for a bf16 one)
       float mul = float(n.attrs.get_float("scale", 1.0));
       if (bf16 && n.attrs.get_int("round_scale_to_table", 0)) mul = bf16_to_f32(f32_to_bf16(mul));
       const int64_t* tok = static_cast<const int64_t*>(ptr(n.inputs[1]));
+      if (quant && info(n.outputs[0]).dtype == DType::F32)
+        return embedding_quant(static_cast<const uint8_t*>(ptr(n.inputs[0])), tdt, x.shape[0], x.shape[1], tok,
+                               ids.shape[0], mul, out);
       if (info(n.outputs[0]).dtype == DType::BF16) {
         // Rows in the table's dtype (a bf16 checkpoint): the product rounds to bf16, as in torch.
         // Computed into the f32 scratch of the row count first, then narrowed in place.
         uint16_t* o16 = reinterpret_cast<uint16_t*>(out);
         const int64_t d = x.shape[1];
         for (int64_t t0 = 0; t0 < ids.shape[0]; ++t0) {
-          Status st = bf16 ? embedding_bf16(static_cast<const uint16_t*>(ptr(n.inputs[0])), x.shape[0], d, tok + t0, 1,
+          Status st = quant ? embedding_quant(static_cast<const uint8_t*>(ptr(n.inputs[0])), tdt, x.shape[0], d, tok + t0,
+                                              1, mul, scratch_ptr_)
+                      : bf16 ? embedding_bf16(static_cast<const uint16_t*>(ptr(n.inputs[0])), x.shape[0], d, tok + t0, 1,
                                             mul, scratch_ptr_)
                            : embedding_f32(f(0), x.shape[0], d, tok + t0, 1, mul, scratch_ptr_);
           if (!st.is_ok()) return st;

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "backends/cpu/cpu_isa.h"
+#include "core/dtype.h"
 #include "core/status.h"
 
 namespace vlac::cpu {
@@ -154,5 +155,9 @@ Status embedding_f32(const float* table, int64_t v, int64_t d, const int64_t* id
 /// Same for a bf16 table, widened to fp32 before scaling.
 Status embedding_bf16(const uint16_t* table, int64_t v, int64_t d, const int64_t* ids, int64_t t,
                       float scale, float* out);
+/// The same from an 8-bit table (core/quant.h blob of [v, d]): each row decoded times its scale,
+/// then times `scale` (all fp32).
+Status embedding_quant(const uint8_t* blob, DType dt, int64_t v, int64_t d, const int64_t* ids, int64_t t, float scale,
+                       float* out);
 
 }  // namespace vlac::cpu

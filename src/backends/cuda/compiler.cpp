@@ -15,8 +15,10 @@
 #include "backends/cuda/gemm.h"
 #include "backends/cuda/kernels.h"
 #include "core/atomic_file.h"
+#include "core/quant.h"
 #include "exec/arena_plan.h"
 #include "ir/fuse.h"
+#include "ir/quant_write.h"
 
 namespace vlac::cuda {
 
@@ -153,7 +155,7 @@ Result<Estimate> estimate(const Subgraph& sub, uint64_t chunk_bytes) {
       const ir::WeightRef& r = g.weights()[size_t(nd.weight)];
       auto it = uses.find(r.name);
       const DType dt = stored_dtype(it == uses.end() ? WeightUse::Other : it->second, r.dtype);
-      est.e.weights_bytes += exec::align_up(uint64_t(ir::ValueInfo{dt, r.shape}.numel()) * dtype_size(dt), kEngineAlign);
+      est.e.weights_bytes += exec::align_up(stored_weight_bytes(dt, r.shape), kEngineAlign);
     }
     if (nd.op == ir::OpKind::Linear || nd.op == ir::OpKind::PatchEmbed) any_gemm = true;
     if (nd.op == ir::OpKind::Attention) {
@@ -284,8 +286,8 @@ Result<CudaEngineFile> write_cuda_engine_file(const std::string& path, const std
   // Every source is checked before the file is created, so bad input leaves nothing behind.
   for (size_t i = 0; i < store.size(); ++i) {
     const ir::WeightRef& r = store[i].ref;
-    if (dtypes[i] != DType::F32 && dtypes[i] != DType::BF16)
-      return internal_error("cuda compile: weight '" + r.name + "' must be stored F32 or BF16");
+    if (dtypes[i] != DType::F32 && dtypes[i] != DType::BF16 && !is_quant_matrix(dtypes[i], r.shape))
+      return internal_error("cuda compile: weight '" + r.name + "' must be stored F32, BF16 or (a matrix) I8 / F8_E4M3");
     if (!r.parts.empty()) VLAC_RETURN_IF_ERROR(check_parts(r));
     if (!readable(r.dtype))
       return unsupported("tensor '" + (r.parts.empty() ? r.name : r.parts[0].name) + "' has dtype " +
@@ -307,6 +309,18 @@ Result<CudaEngineFile> write_cuda_engine_file(const std::string& path, const std
     const uint64_t pad = (kEngineAlign - end % kEngineAlign) % kEngineAlign;
     if (pad) VLAC_RETURN_IF_ERROR(out.pwrite(kZeros, pad, end));
     end += pad;
+    if (is_quant_matrix(want, r.shape)) {  // codes + per-row scales, the parts' rows in order
+      VLAC_ASSIGN_OR_RETURN(uint64_t bytes,
+                            ir::write_quant_matrix(out, source, r, want, end, buf.get(), chunk_bytes, [&](uint64_t at) {
+                              if (at - flushed >= (32ull << 20)) {
+                                flush_behind(out.fd(), flushed, at / 4096 * 4096);
+                                flushed = at / 4096 * 4096;
+                              }
+                            }));
+      ef.weights.push_back(BlobWeight{r.name, want, r.shape, end, bytes});
+      end += bytes;
+      continue;
+    }
     const uint64_t in_size = dtype_size(r.dtype), out_size = dtype_size(want);
     BlobWeight w{r.name, want, r.shape, end, r.bytes / in_size * out_size};
     const std::vector<ir::WeightRef> single = r.parts.empty() ? std::vector<ir::WeightRef>{r} : std::vector<ir::WeightRef>{};
