@@ -87,6 +87,14 @@ def max_abs(a, b):
     return None if a is None or b is None else float((a.float() - b.float()).abs().max())
 
 
+def mean_cosine(a, b):
+    """Mean over actions (rows) of the cosine similarity: issue 14's FP8 bound (>= 0.999)."""
+    if a is None or b is None:
+        return None
+    a, b = a.float().reshape(-1, a.shape[-1]), b.float().reshape(-1, b.shape[-1])
+    return float(torch.nn.functional.cosine_similarity(a, b, dim=1).mean())
+
+
 # --------------------------------------------------------------------------------------------
 # The folder: sizes from its tensors, cameras in its config
 # --------------------------------------------------------------------------------------------
@@ -408,10 +416,15 @@ def main() -> int:
                     help="cuda: CUDA engines + lerobot on the GPU; cpu: CPU package + lerobot on the CPU (plumbing)")
     ap.add_argument("--size", choices=["full", "medium", "demo"], default="full")
     ap.add_argument("--cameras", type=int, default=3)
-    ap.add_argument("--dtype", choices=["bf16", "bf16-all", "fp32"], default="bf16",
+    ap.add_argument("--extra-dtypes", default="",
+                    help="comma-separated: more packages of the same folder (e.g. fp8,bf16-all), each compiled and "
+                         "run by pi05_chunk_bench after the main one, with its latency, memory and distance from "
+                         "lerobot fp32 (extra.<dtype> in the JSON)")
+    ap.add_argument("--extra-chunks", type=int, default=20, help="chunks per round of each extra dtype")
+    ap.add_argument("--dtype", choices=["bf16", "bf16-all", "int8", "fp8", "fp32"], default="bf16",
                     help="the vlac package's precision (vlac compile --dtype): bf16 = lerobot's bf16 split (SigLIP, "
                          "projector, adaRMS denses fp32: 6.06 GiB of weights on the GPU at full size), bf16-all = "
-                         "every matrix bf16 (5.1 GiB)")
+                         "every matrix bf16 (5.1 GiB), int8 / fp8 = those matrices 8-bit with per-row scales")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=3, help="timed rounds of vlac and of lerobot bf16")
     ap.add_argument("--chunks", type=int, default=50, help="chunks per round of vlac and of lerobot bf16")
@@ -543,6 +556,27 @@ def main() -> int:
         result["vlac"]["memory"]["host_rss_plus_gpu_above_idle_bytes"] = \
             mem["peak_rss_bytes"] + int((peak - idle) * 1048576)
     save()
+    extra_acts = {}
+    for dt in [d for d in args.extra_dtypes.split(",") if d]:
+        xp = work / f"policy-{dt}.vlac"
+        run([vlac, "compile", folder, "-o", xp, "--backend", backend, "--dtype", dt, "--report-json",
+             work / f"compile-{dt}.json", "--quiet"], f"vlac_compile_{dt}")
+        xc = json.loads((work / f"compile-{dt}.json").read_text())
+        run([bench, xp, "--obs", obs_path, "--noise", noise_path, "--warmup", args.warmup, "--rounds", args.rounds,
+             "--chunks", args.extra_chunks, "--threads", args.threads, "--out", work / f"vlac_bench_{dt}.json",
+             "--actions", work / f"vlac_actions_{dt}.safetensors", "--vision", args.vision], f"vlac_run_{dt}")
+        xb = json.loads((work / f"vlac_bench_{dt}.json").read_text())
+        extra_acts[dt] = load_file(str(work / f"vlac_actions_{dt}.safetensors"))["action_normalized"].float()
+        xm = xb["memory"]
+        result.setdefault("extra", {})[dt] = {
+            "package_bytes": xp.stat().st_size, "packed_weight_bytes": xc.get("packed_weight_bytes"),
+            "compile_wall_seconds": xc.get("wall_seconds"), "compile_peak_rss_bytes": xc.get("peak_rss_bytes"),
+            "recorded_chunk": (xb.get("recorded_chunk") or {}).get("summary"), "summary": xb.get("summary"),
+            "cold_start": xb.get("cold_start"),
+            "memory": {"peak_rss_bytes": xm.get("peak_rss_bytes"),
+                       "peak_gpu_above_idle_bytes_meter": xm.get("peak_gpu_above_idle_bytes"),
+                       "sum_bytes": (xm.get("peak_rss_bytes") or 0) + (xm.get("peak_gpu_above_idle_bytes") or 0)}}
+        save()
     if args.skip_lerobot:
         save()
         return 0
@@ -580,8 +614,13 @@ def main() -> int:
             "lerobot_bf16_vs_lerobot_fp32": max_abs(bact, ref),
             "vlac_vs_lerobot_bf16": max_abs(vlac_act, bact),
         },
+        "mean_action_cosine": {"vlac_vs_lerobot_fp32": mean_cosine(vlac_act, ref),
+                               "lerobot_bf16_vs_lerobot_fp32": mean_cosine(bact, ref)},
         "shape": list(ref.shape),
     }
+    for dt, a in extra_acts.items():
+        result["extra"][dt]["accuracy_vs_lerobot_fp32"] = {"max_abs_delta": max_abs(a, ref), "mean_action_cosine": mean_cosine(a, ref)}
+    save_file({"action_normalized": ref.contiguous()}, str(work / "lerobot_fp32_actions.safetensors"))
     acc = result["accuracy"]["max_abs_delta_action_normalized"]
     acc["vlac_within_lerobot_bf16_error"] = (acc["vlac_vs_lerobot_fp32"] is not None and
                                              acc["vlac_vs_lerobot_fp32"] <= acc["lerobot_bf16_vs_lerobot_fp32"])

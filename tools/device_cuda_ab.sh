@@ -4,7 +4,9 @@
 # (tools/bench_cuda_vs_lerobot.py --dtype bf16-all, lerobot too unless SKIP_LEROBOT=1), then one
 # pi05_chunk_bench process per A/B setting on the benchmark's package: each argument is NAME or
 # NAME:VAR=VALUE[,VAR=VALUE...] (environment for that process), printed as one line each and kept
-# in $OUT/ab.tar. lerobot's wheels come from .whl (docs/cuda.md). Session 12 used it as
+# in $OUT/ab.tar. BENCH_DTYPE (default bf16-all) and BENCH_EXTRA (e.g. fp8,bf16-all: more packages
+# of the same folder, each against lerobot fp32), TEST_FILTER (gtest filter of test_cuda).
+# lerobot's wheels come from .whl (docs/cuda.md). Session 12 used it as
 #   bash tools/device_cuda_ab.sh .devcarry base prefix_qkv_off:VLAC_PREFIX_QKV=0 sub1:VLAC_ATTN_SUB=1 base2
 set -uo pipefail
 d="${1:?usage: device_cuda_ab.sh DIR [NAME[:VAR=VALUE,...]]...}"
@@ -20,13 +22,13 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site VLAC_SOURCE_DIR="$PWD"
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm,clocks.max.sm --format=csv
 el "test_cuda"
-timeout "${TEST_TIMEOUT:-150}" /tmp/vb/bin/test_cuda --gtest_output="xml:$out/test_cuda.xml" > "$out/test_cuda.log" 2>&1
+timeout "${TEST_TIMEOUT:-150}" /tmp/vb/bin/test_cuda --gtest_filter="${TEST_FILTER:-*}" --gtest_output="xml:$out/test_cuda.xml" > "$out/test_cuda.log" 2>&1
 el "test_cuda rc=$?"
 grep -E '^\[  (FAILED|PASSED) |Failure|Expected|Which is|actual|^\[==' "$out/test_cuda.log" | tail -30
 skip=(); [ "${SKIP_LEROBOT:-0}" = 1 ] && skip=(--skip-lerobot)
 el "bench_cuda_vs_lerobot ${skip[*]}"
-timeout "${BENCH_TIMEOUT:-330}" python3 /tmp/vb/tools/bench_cuda_vs_lerobot.py --bin /tmp/vb/bin --work /tmp/bw --dtype bf16-all \
-  "${skip[@]}" --out "$out/bench_cuda.json" > "$out/bench.log" 2>&1
+timeout "${BENCH_TIMEOUT:-330}" python3 /tmp/vb/tools/bench_cuda_vs_lerobot.py --bin /tmp/vb/bin --work /tmp/bw \
+  --dtype "${BENCH_DTYPE:-bf16-all}" --extra-dtypes "${BENCH_EXTRA:-}" "${skip[@]}" --out "$out/bench_cuda.json" > "$out/bench.log" 2>&1
 el "bench rc=$?"; tail -3 "$out/bench.log"
 pkg=/tmp/bw/policy.vlac; obs=/tmp/bw/obs.safetensors; noise=/tmp/bw/noise.safetensors
 for spec in "$@"; do

@@ -3,6 +3,7 @@
 // graphs) equal to the eager run, packages compiled for the CPU and for CUDA run on "cuda" agreeing
 // with the folder on the GPU, and 1, 2, 3 and absent cameras against the CPU backend. Skips
 // without a GPU.
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
@@ -13,6 +14,7 @@
 
 #include "backends/cuda/kernels.h"
 #include "compile/pi05_compile.h"
+#include "core/quant.h"
 #include "io/safetensors.h"
 #include "policy/pi05_policy.h"
 #include "runtime/pi05_package_policy.h"
@@ -324,4 +326,101 @@ TEST_F(CudaChain, BadTokenIdIsOneClearError) {
   ASSERT_FALSE(st.is_ok());
   EXPECT_NE(st.message().find("vocabulary"), std::string::npos) << st.message();
   std::printf("[ cuda     ] bad token id: %s\n", st.message().c_str());
+}
+
+// An 8-bit weight blob widened on the GPU (dequant_bf16) equals the host's decode · scale
+// rounded to bf16, for both codes, on the vector path (k % 16 == 0) and the scalar one.
+TEST_F(CudaChain, DequantKernelMatchesTheHostDecode) {
+  for (DType dt : {DType::I8, DType::F8_E4M3})
+    for (int64_t k : {64, 40}) {
+      const int64_t n = 37;
+      std::vector<uint8_t> blob(stored_weight_bytes(dt, {n, k}));
+      auto* scales = reinterpret_cast<float*>(blob.data() + quant_scales_offset(n, k));
+      std::vector<float> row(static_cast<size_t>(k));
+      for (int64_t r = 0; r < n; ++r) {
+        for (int64_t c = 0; c < k; ++c) row[size_t(c)] = std::sin(float(r * k + c)) * float(r + 1);
+        scales[r] = quantize_row(row.data(), k, dt, blob.data() + r * k);
+      }
+      void* dblob = nullptr;
+      void* dout = nullptr;
+      ASSERT_EQ(cudaMalloc(&dblob, blob.size()), cudaSuccess);
+      ASSERT_EQ(cudaMalloc(&dout, size_t(n * k) * 2), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(dblob, blob.data(), blob.size(), cudaMemcpyHostToDevice), cudaSuccess);
+      ASSERT_TRUE(cuda::dequant_bf16(nullptr, dblob, dt, n, k, dout).is_ok());
+      std::vector<uint16_t> got(size_t(n * k));
+      ASSERT_EQ(cudaMemcpy(got.data(), dout, got.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+      int bad = 0;
+      for (int64_t i = 0; i < n * k; ++i)
+        if (got[size_t(i)] != f32_to_bf16(quant_decode(dt, blob[size_t(i)]) * scales[i / k])) ++bad;
+      EXPECT_EQ(bad, 0) << dtype_name(dt) << " k=" << k;
+      cudaFree(dblob);
+      cudaFree(dout);
+    }
+}
+
+// int8 and fp8 packages (8-bit matrices, core/quant.h) compiled for CUDA run on the GPU: recorded
+// chunks equal the eager run, the memo's weights left in the package give the same actions, and
+// the actions agree with the same package compiled for and run on the CPU (the GPU widens each
+// weight to bf16(code · scale), the CPU scales the fp32 sum: bf16-level differences) and stay
+// near lerobot fp32 (the cosine bound; max |Δ| printed).
+TEST_F(CudaChain, EightBitPackagesAgreeWithTheCpuAndLerobot) {
+  for (const char* fx : {"tiny_a", "tiny_b"})
+    for (DType dt : {DType::I8, DType::F8_E4M3}) {
+      const std::string dir = kFixtures + "/" + fx;
+      const std::string name = std::string(fx) + " " + dtype_name(dt);
+      std::string tmpl = (fs::temp_directory_path() / "vlac-quant-XXXXXX").string();
+      const fs::path tmp = mkdtemp(tmpl.data());
+      std::vector<float> out[2];  // cpu, cuda
+      auto folder_pol = Pi05Policy::load(dir + "/policy", {});
+      ASSERT_TRUE(folder_pol.is_ok());
+      auto obs = read_pi05_observation(dir + "/obs.safetensors", folder_pol->model());
+      auto noise = read_pi05_noise(dir + "/noise.safetensors", folder_pol->model());
+      ASSERT_TRUE(obs.is_ok() && noise.is_ok());
+      for (int b = 0; b < 2; ++b) {
+        Pi05CompileOptions co;
+        co.out = (tmp / (std::string(b ? "cuda" : "cpu") + ".vlac")).string();
+        co.backend = b ? "cuda" : "cpu";
+        co.bf16 = true;
+        co.bf16_all_matrices = true;
+        co.weight_quant = dt;
+        co.engine_cap = 64 << 10;
+        auto sum = compile_pi05(dir + "/policy", co);
+        ASSERT_TRUE(sum.is_ok()) << name << ": " << sum.status().message();
+        for (const char* on_demand : {"0", "1"}) {
+          if (!b && on_demand[0] == '1') continue;
+          setenv("VLAC_ON_DEMAND_WEIGHTS", on_demand, 1);
+          Pi05PackageOptions po;
+          po.backend = b ? "cuda" : "cpu";
+          auto pkg = Pi05PackagePolicy::open(co.out, po);
+          ASSERT_TRUE(pkg.is_ok()) << name << ": " << pkg.status().message();
+          std::vector<float> c(noise->size()), first;
+          for (int i = 0; i < 3; ++i) {  // eager, recorded, replayed (on cuda)
+            const Status st = pkg->run_chunk(*obs, noise->data(), c.data());
+            ASSERT_TRUE(st.is_ok()) << name << ": " << st.message();
+            if (i == 0) first = c;
+            else EXPECT_EQ(max_abs_diff(c, first), 0.0) << name << " chunk " << i;
+          }
+          if (!out[b].empty()) {
+            EXPECT_EQ(max_abs_diff(first, out[b]), 0.0) << name << ": on-demand memo weights";
+          }
+          out[b] = first;
+        }
+        unsetenv("VLAC_ON_DEMAND_WEIGHTS");
+      }
+      const std::vector<float> want = read_f32(dir + "/expected.safetensors", "action_normalized");
+      const double gpu_cpu = max_abs_diff(out[1], out[0]), gpu_lr = max_abs_diff(out[1], want);
+      double cos = 0;
+      const size_t width = size_t(folder_pol->model().dims().max_action_dim), rows = want.size() / width;
+      for (size_t r = 0; r < rows; ++r) {
+        double ab = 0, aa = 0, bb = 0;
+        for (size_t j = r * width; j < (r + 1) * width; ++j)
+          ab += double(out[1][j]) * want[j], aa += double(out[1][j]) * out[1][j], bb += double(want[j]) * want[j];
+        cos += ab / std::sqrt(aa * bb) / double(rows);
+      }
+      EXPECT_LE(gpu_cpu, dt == DType::I8 ? 1e-2 : 3e-2) << name;
+      EXPECT_GE(cos, 0.999) << name;
+      std::printf("[ cuda     ] %s package: cuda vs cpu %.3g, vs lerobot fp32 %.3g, mean cosine %.6f\n", name.c_str(),
+                  gpu_cpu, gpu_lr, cos);
+      fs::remove_all(tmp);
+    }
 }

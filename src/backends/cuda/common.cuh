@@ -61,6 +61,10 @@ inline void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cud
   (void)cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...);  // an error stays for launch_status
 }
 
+// A grid-stride loop over [0, n).
+#define VLAC_GRID_LOOP(i, n) \
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)
+
 inline bool is_act(DType t) { return t == DType::F32 || t == DType::BF16; }
 inline Status bad_dtype(const char* kernel) {
   return unsupported(std::string(kernel) + ": activations must be F32 or BF16");

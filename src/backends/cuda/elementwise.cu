@@ -13,8 +13,6 @@ namespace {
 
 constexpr int kThreads = 256;
 
-#define VLAC_GRID_LOOP(i, n) \
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)
 
 __device__ __forceinline__ float gelu_tanh_1(float v) {
   // 0.5·v·(1 + tanh(z)) = v / (1 + e^(−2z)), z = √(2/π)·(v + 0.044715·v³); expf, not __expf:

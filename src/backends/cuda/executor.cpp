@@ -10,6 +10,7 @@
 #include <string>
 
 #include "core/bytes.h"
+#include "core/quant.h"
 #include "core/mapped_file.h"
 #include "exec/arena_plan.h"
 #include "ir/serialize.h"
@@ -54,7 +55,8 @@ struct HostGather {
   const void* const* ids = nullptr;  // -> Input::host_src of the ids input
   void* rows_host = nullptr;
   std::vector<int64_t> last;         // by position: the id whose row is in rows_host, or -1
-  std::vector<uint8_t> f32_row;      // a row read before rounding
+  std::vector<uint8_t> f32_row;      // a row read before rounding (or an 8-bit row's codes)
+  uint64_t scales_at = 0;            // an 8-bit table (core/quant.h): where its row scales start
   std::atomic<int> bad{0};       // 1 + position of the first id outside the table (its row is zeros)
   std::atomic<int> io_error{0};  // errno of a failed read (its row is zeros)
 };
@@ -78,6 +80,28 @@ void CUDART_CB gather_rows(void* p) {
       continue;
     }
     if (g->last[size_t(i)] == id) continue;  // still there from the last gather
+    if (is_quant_dtype(g->table_dtype)) {  // codes and the row's scale, decoded into f32
+      uint8_t* codes = g->f32_row.data();
+      float scale = 0.0f;
+      const uint64_t at = uint64_t(id) * uint64_t(g->d), sat = g->scales_at + uint64_t(id) * 4;
+      if (g->fd >= 0) {
+        if (!read_at(g->fd, codes, uint64_t(g->d), g->file_offset + at) ||
+            !read_at(g->fd, reinterpret_cast<uint8_t*>(&scale), 4, g->file_offset + sat)) {
+          if (!g->io_error) g->io_error = errno ? errno : EIO;
+          std::memset(dst, 0, row);
+          g->last[size_t(i)] = -1;
+          continue;
+        }
+      } else {
+        std::memcpy(codes, g->table + at, size_t(g->d));
+        std::memcpy(&scale, g->table + sat, 4);
+      }
+      const float* table = quant_table(g->table_dtype);
+      auto* df = reinterpret_cast<float*>(dst);
+      for (int64_t j = 0; j < g->d; ++j) df[j] = table[codes[j]] * scale;
+      g->last[size_t(i)] = id;
+      continue;
+    }
     const uint64_t at = uint64_t(id) * src_row;
     const uint8_t* src = g->table + at;
     if (g->fd >= 0) {
@@ -139,6 +163,8 @@ Status CudaExecutable::plan(const CudaWeights& weights) {
   plan_slice_views();
   weight_dtype_.assign(nv, DType::F32);
   weight_entry_.assign(nv, nullptr);
+  quant_src_.assign(nv, nullptr);
+  dequant_bytes_ = 0;
   inputs_.assign(g.inputs().size(), Input{});
   const std::string label = options_.label.empty() ? std::string("?") : options_.label;
 
@@ -163,15 +189,30 @@ Status CudaExecutable::plan(const CudaWeights& weights) {
     ptr_[size_t(n.outputs[0])] = const_cast<void*>(e->data);
     weight_dtype_[size_t(n.outputs[0])] = e->dtype;
     weight_entry_[size_t(n.outputs[0])] = e;
+    if (is_quant_dtype(e->dtype) && !e->host_table) {
+      // An 8-bit matrix is widened to bf16 in the scratch before its GEMM (quant.cu): every plan
+      // below sees a bf16 weight there (bind_memory points the value at it).
+      if (r.shape.size() != 2) return invalid_format(where(n) + ": 8-bit weight '" + r.name + "' is not a matrix");
+      weight_dtype_[size_t(n.outputs[0])] = DType::BF16;
+      quant_src_[size_t(n.outputs[0])] = e->data;
+      ptr_[size_t(n.outputs[0])] = nullptr;  // the scratch's, in bind_memory
+      dequant_bytes_ = std::max(dequant_bytes_, al(uint64_t(r.shape[0] * r.shape[1]) * 2));
+    }
   }
   for (NodeId id : order_) {
     const Node& n = g.node(id);
     NodePlan& p = plans_[size_t(id)];
-    // A host table may only be read by an Embedding.
+    // A host table may only be read by an Embedding, an 8-bit matrix only as a Linear's weight
+    // (a package can say anything: nothing else reads the codes as floats).
     if (n.op != OpKind::Embedding && n.op != OpKind::Weight && n.op != OpKind::Reshape)
       for (size_t i = 0; i < n.inputs.size(); ++i)
         if (is_weight(n, i) && weight_entry_[size_t(root_[size_t(n.inputs[i])])]->host_table)
           return unsupported(where(n) + ": reads a host-mapped gather-only table");
+    if (n.op != OpKind::Weight && n.op != OpKind::Reshape)
+      for (size_t i = 0; i < n.inputs.size(); ++i)
+        if (is_weight(n, i) && widened(root_[size_t(n.inputs[i])]) && !(n.op == OpKind::Linear && i == 1))
+          return invalid_format(where(n) + ": input " + std::to_string(i) +
+                                " is an 8-bit weight, which only a linear's weight can be on the GPU");
     switch (n.op) {
       case OpKind::Input:
       case OpKind::Weight:
@@ -266,6 +307,8 @@ Status CudaExecutable::plan(const CudaWeights& weights) {
         const CudaWeights::Entry* e = weight_entry_[size_t(root_[size_t(n.inputs[0])])];
         const int64_t t = in_info(n, 1).numel();
         max_t = std::max(max_t, t);
+        if (is_quant_dtype(e->dtype) && !e->host_table)
+          return unsupported(where(n) + ": an 8-bit table is gathered on the host only (a gather-only package weight)");
         if (e->host_table) {
           // The ids come from the host (write_input): the input keeps a host copy to check them.
           const ValueId ids = n.inputs[1];
@@ -279,7 +322,7 @@ Status CudaExecutable::plan(const CudaWeights& weights) {
           hg->table = static_cast<const uint8_t*>(e->data);
           hg->table_dtype = e->dtype;
           hg->rounds = e->rounds_to_bf16;
-          hg->rows_dtype = e->rounds_to_bf16 ? DType::BF16 : e->dtype;
+          hg->rows_dtype = e->rounds_to_bf16 ? DType::BF16 : is_quant_dtype(e->dtype) ? DType::F32 : e->dtype;
           hg->vocab = table.shape[0];
           hg->d = table.shape[1];
           hg->t = t;
@@ -287,6 +330,10 @@ Status CudaExecutable::plan(const CudaWeights& weights) {
           hg->fd = e->fd;
           hg->file_offset = e->file_offset;
           if (hg->rounds) hg->f32_row.resize(size_t(hg->d) * 4);
+          if (is_quant_dtype(e->dtype)) {
+            hg->f32_row.resize(size_t(hg->d));
+            hg->scales_at = quant_scales_offset(hg->vocab, hg->d);
+          }
           const uint64_t rows = uint64_t(t) * uint64_t(hg->d) * dtype_size(hg->rows_dtype);
           VLAC_ASSIGN_OR_RETURN(hg->rows_host, host_alloc(rows, "engine '" + label + "': embedding rows"));
           p.cast_off = 0;
@@ -485,6 +532,13 @@ Status CudaExecutable::plan(const CudaWeights& weights) {
     }
     p.split_off = at;
     scratch_bytes_ = std::max(scratch_bytes_, at + al(p.split_bytes));
+  }
+
+  // The widened 8-bit weight of the GEMM about to run: behind everything else in the scratch
+  // (a node's own scratch use, e.g. its x's bf16 copy, lies before it).
+  if (dequant_bytes_) {
+    dequant_off_ = al(scratch_bytes_);
+    scratch_bytes_ = dequant_off_ + dequant_bytes_;
   }
 
   // Activations: one arena from liveness (exec/arena_plan), the CPU executor's plan, each block
@@ -1294,6 +1348,8 @@ void CudaExecutable::bind_memory(void* arena, void* scratch) {
   for (const auto& [v, off] : arena_blocks_) ptr_[size_t(v)] = static_cast<uint8_t*>(arena) + off;
   arena_base_ = static_cast<uint8_t*>(arena);
   scratch_ = scratch;
+  for (size_t v = 0; v < quant_src_.size(); ++v)
+    if (widened(ValueId(v))) ptr_[v] = static_cast<uint8_t*>(scratch) + dequant_off_;
 }
 
 // Memo results that are not graph outputs live in the slot of the current key while a run uses
@@ -1475,7 +1531,8 @@ Status CudaExecutable::fetch_on_demand(NodeId id) {
       return invalid_argument("cuda: engine '" + options_.label + "': the memo missed inside a recorded sequence, and "
                               "weight '" + e->name + "' is read from the package at a miss (run it once unrecorded)");
     VLAC_ASSIGN_OR_RETURN(const void* d, weights_->fetch(*e, slot++, ctx_->stream()));
-    ptr_[r] = const_cast<void*>(d);
+    if (widened(ValueId(r))) quant_src_[r] = d;  // widened from there (run_node)
+    else ptr_[r] = const_cast<void*>(d);
   }
   return Status::ok();
 }
@@ -1493,6 +1550,13 @@ Status CudaExecutable::run_node(NodeId id) {
   const DType od = !n.outputs.empty() && bf16_stored(n.outputs[0]) ? DType::BF16 : DType::F32;
   const ValueInfo& x = info(n.inputs.empty() ? n.outputs[0] : n.inputs[0]);
   if (p.skip) return Status::ok();  // folded into a later residual_norm_to (plan_residual_norms)
+  if (n.op == OpKind::Linear && n.inputs.size() > 1 && from_weight(n.inputs[1])) {
+    const size_t r = size_t(root_[size_t(n.inputs[1])]);
+    if (widened(ValueId(r))) {
+      const ValueInfo& w = info(n.inputs[1]);
+      VLAC_RETURN_IF_ERROR(dequant_bf16(s, quant_src_[r], weight_entry_[r]->dtype, w.shape[0], w.shape[1], ptr_[r]));
+    }
+  }
   if (p.fused) {
     const int64_t d = last_dim(x);
     NormArgs na;
@@ -1657,7 +1721,7 @@ Status CudaExecutable::run_node(NodeId id) {
       const ValueInfo& ids = info(n.inputs[1]);
       const ValueId tv = root_[size_t(n.inputs[0])];
       const CudaWeights::Entry* e = weight_entry_[size_t(tv)];
-      const bool bf16 = e->rounds_to_bf16 || e->dtype == DType::BF16;
+      const bool bf16 = e->rounds_to_bf16 || e->dtype == DType::BF16 || is_quant_dtype(e->dtype);  // as the CPU's
       float mul = float(n.attrs.get_float("scale", 1.0));
       if (bf16 && n.attrs.get_int("round_scale_to_table", 0)) mul = bf16_to_f32(f32_to_bf16(mul));
       const DType eo = info(n.outputs[0]).dtype;

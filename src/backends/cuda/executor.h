@@ -19,6 +19,7 @@
 #include "backends/cuda/context.h"
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/weights.h"
+#include "core/quant.h"
 #include "exec/memo_plan.h"
 #include "ir/backend.h"
 
@@ -171,6 +172,14 @@ class CudaExecutable final : public Executable {
   DType weight_dtype(ir::ValueId v) const { return weight_dtype_[size_t(root_[size_t(v)])]; }
   std::vector<DType> weight_dtype_;       // by value id (weights)
   std::vector<const CudaWeights::Entry*> weight_entry_;  // by value id (weights)
+  // 8-bit matrices (quant.cu): by value id, the blob (device, or the on-demand fetch buffer) the
+  // GEMM's bf16 weight is widened from into the scratch at dequant_off_; null for other values.
+  std::vector<const void*> quant_src_;
+  bool widened(ir::ValueId v) const {
+    const CudaWeights::Entry* e = size_t(v) < weight_entry_.size() ? weight_entry_[size_t(v)] : nullptr;
+    return e && is_quant_dtype(e->dtype) && !e->host_table;
+  }
+  uint64_t dequant_bytes_ = 0, dequant_off_ = 0;
   const CudaWeights* weights_ = nullptr;
   std::vector<uint8_t> reads_on_demand_;  // by node id: reads a weight left in the file
 

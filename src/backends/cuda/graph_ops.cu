@@ -27,8 +27,6 @@ namespace {
 
 constexpr int kThreads = 256;
 
-#define VLAC_GRID_LOOP(i, n) \
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)
 
 template <int Op>
 __global__ void binary_kernel(const float* a, int64_t na, const float* b, int64_t nb, float* y, int64_t n) {

@@ -10,6 +10,7 @@
 
 #include "backends/cuda/gemm.h"
 #include "core/bytes.h"
+#include "core/quant.h"
 #include "core/mapped_file.h"
 
 namespace vlac::cuda {
@@ -152,9 +153,13 @@ Result<CudaWeights> CudaWeights::upload(CudaContext& ctx, const WeightBinding& b
     if (__builtin_add_overflow(r.offset, r.bytes, &end) || end > f.size)
       return invalid_format(f.path + ": tensor '" + r.name + "' lies outside the file");
     const DType want = b.run_dtypes[i];
-    if (want != DType::F32 && want != DType::BF16)
-      return internal_error("weight '" + r.name + "': run dtype must be F32 or BF16");
-    if (r.dtype != DType::F32 && r.dtype != DType::BF16 && r.dtype != DType::F16)
+    // An 8-bit matrix (core/quant.h) is uploaded as compiled, codes and scales: bytes, no conversion.
+    const bool quant = is_quant_dtype(want);
+    if (quant && (r.dtype != want || !is_quant_matrix(r.dtype, r.shape) || r.bytes != stored_weight_bytes(r.dtype, r.shape)))
+      return internal_error("weight '" + r.name + "': " + dtype_name(want) + " weights are bound as compiled, not converted");
+    if (!quant && want != DType::F32 && want != DType::BF16)
+      return internal_error("weight '" + r.name + "': run dtype must be F32, BF16, I8 or F8_E4M3");
+    if (!quant && r.dtype != DType::F32 && r.dtype != DType::BF16 && r.dtype != DType::F16)
       return unsupported(f.path + ": tensor '" + r.name + "' has dtype " + dtype_name(r.dtype) +
                          " (the CUDA backend reads F32, BF16 and F16)");
     const uint8_t* src = f.data + r.offset;
@@ -166,8 +171,8 @@ Result<CudaWeights> CudaWeights::upload(CudaContext& ctx, const WeightBinding& b
     const bool on_demand = i < b.on_demand.size() && b.on_demand[i] && f.fd >= 0 && want == r.dtype &&
                            r.bytes >= min_on_demand;
     const bool gather = i < b.gather_only.size() && b.gather_only[i] && r.dtype != DType::F16 &&
-                        reinterpret_cast<uintptr_t>(src) % dtype_size(r.dtype) == 0 &&
-                        (want == r.dtype || (want == DType::BF16 && r.dtype == DType::F32));
+                        (quant || (reinterpret_cast<uintptr_t>(src) % dtype_size(r.dtype) == 0 &&
+                                   (want == r.dtype || (want == DType::BF16 && r.dtype == DType::F32))));
     if (gather) {
       e.data = src;
       e.dtype = r.dtype;
@@ -188,7 +193,7 @@ Result<CudaWeights> CudaWeights::upload(CudaContext& ctx, const WeightBinding& b
       e.dtype = want;
       total = align_to(total, kWeightAlign);
       jobs.push_back({i, total});
-      total += uint64_t(ir::ValueInfo{want, r.shape}.numel()) * dtype_size(want);
+      total += quant ? r.bytes : uint64_t(ir::ValueInfo{want, r.shape}.numel()) * dtype_size(want);
     }
     w.entries_.emplace(r.name, std::move(e));
   }
@@ -219,7 +224,8 @@ Result<CudaWeights> CudaWeights::upload(CudaContext& ctx, const WeightBinding& b
     Entry& e = w.entries_.at(r.name);
     uint8_t* dst = static_cast<uint8_t*>(w.base_) + j.offset;
     e.data = dst;
-    const uint64_t n = uint64_t(ir::ValueInfo{r.dtype, r.shape}.numel());
+    const bool quant = is_quant_dtype(e.dtype);  // bytes (1-byte elements), copied as they are
+    const uint64_t n = quant ? r.bytes : uint64_t(ir::ValueInfo{r.dtype, r.shape}.numel());
     const uint64_t ss = dtype_size(r.dtype), ds = dtype_size(e.dtype);
     const uint64_t per = std::max<uint64_t>(1, half_bytes / std::max(ss, ds));
     for (uint64_t at = 0; at < n && st.is_ok(); at += per) {

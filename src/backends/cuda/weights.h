@@ -29,7 +29,7 @@ class CudaWeights final : public BoundWeights {
  public:
   struct Entry {
     const void* data = nullptr;  // device pointer, or the mapped host bytes of a host table
-    DType dtype = DType::F32;    // as the kernels read it (F32 or BF16)
+    DType dtype = DType::F32;    // as stored on the device: F32, BF16, or an 8-bit blob (I8, F8_E4M3)
     std::vector<int64_t> shape;
     bool host_table = false;     // gathered on the host from the mapped file
     bool rounds_to_bf16 = false; // a host F32 table run as BF16: rows rounded when gathered

@@ -1,0 +1,77 @@
+// 8-bit weight matrices on the GPU (core/quant.h blobs: codes, then one fp32 scale per row),
+// first version: each GEMM's weight is widened into bf16 in the kernel scratch right before the
+// GEMM, W[n,k] = bf16(decode(code) · scale[n]), and the cuBLASLt bf16 GEMM and every rewrite
+// of the bf16-all path run on it unchanged. The weights stay 8-bit in device memory (half the
+// bytes); the widening costs a pass over them per GEMM (what a GEMM that decodes in registers
+// will remove).
+#include "backends/cuda/common.cuh"
+#include "backends/cuda/kernels.h"
+#include "core/quant.h"
+
+namespace vlac::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+// FP8 e4m3fn: s.eeee.mmm, bias 7, no Inf, S.1111.111 NaN (as f8e4m3_to_f32 on the host).
+__device__ __forceinline__ float e4m3(uint32_t v) {
+  const uint32_t s = (v >> 7) & 1u, e = (v >> 3) & 15u, m = v & 7u;
+  if (e == 15u && m == 7u) return __uint_as_float(0x7FC00000u | (s << 31));
+  const float r = e == 0u ? float(m) * 0x1p-9f : __uint_as_float(((e + 120u) << 23) | (m << 20));
+  return s ? -r : r;
+}
+
+template <bool kFp8>
+__device__ __forceinline__ float decode(uint32_t code) {
+  if constexpr (kFp8) return e4m3(code);
+  else return float(int8_t(uint8_t(code)));
+}
+
+// 16 codes per thread (one 16-byte load, two 16-byte stores); k % 16 == 0 so they share a row.
+template <bool kFp8>
+__global__ void dequant16_kernel(const uint8_t* codes, const float* scales, uint16_t* out, int64_t groups, int64_t k) {
+  pdl_wait();
+  VLAC_GRID_LOOP(g, groups) {
+    const uint4 c = reinterpret_cast<const uint4*>(codes)[g];
+    const float s = scales[(g * 16) / k];
+    const uint32_t w[4] = {c.x, c.y, c.z, c.w};
+    uint32_t o[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const uint32_t word = w[i / 2] >> (16 * (i % 2));
+      o[i] = uint32_t(f2bf(decode<kFp8>(word & 0xFFu) * s)) | (uint32_t(f2bf(decode<kFp8>((word >> 8) & 0xFFu) * s)) << 16);
+    }
+    reinterpret_cast<uint4*>(out)[2 * g] = make_uint4(o[0], o[1], o[2], o[3]);
+    reinterpret_cast<uint4*>(out)[2 * g + 1] = make_uint4(o[4], o[5], o[6], o[7]);
+  }
+}
+
+template <bool kFp8>
+__global__ void dequant1_kernel(const uint8_t* codes, const float* scales, uint16_t* out, int64_t n, int64_t k) {
+  pdl_wait();
+  VLAC_GRID_LOOP(i, n * k) out[i] = f2bf(decode<kFp8>(codes[i]) * scales[i / k]);
+}
+
+}  // namespace
+
+Status dequant_bf16(cudaStream_t stream, const void* blob, DType dt, int64_t n, int64_t k, void* out) {
+  if (!is_quant_dtype(dt)) return unsupported(std::string("dequant_bf16: ") + dtype_name(dt) + " is no 8-bit weight dtype");
+  if (n < 0 || k <= 0) return invalid_argument("dequant_bf16: bad shape");
+  if (n == 0) return Status::ok();
+  const auto* codes = static_cast<const uint8_t*>(blob);
+  const auto* scales = reinterpret_cast<const float*>(codes + quant_scales_offset(n, k));
+  auto* o = static_cast<uint16_t*>(out);
+  const bool fp8 = dt == DType::F8_E4M3;
+  const bool vec = k % 16 == 0 && ((reinterpret_cast<uintptr_t>(blob) | reinterpret_cast<uintptr_t>(out)) & 15u) == 0;
+  if (vec) {
+    const int64_t groups = n * k / 16;
+    launch(fp8 ? dequant16_kernel<true> : dequant16_kernel<false>, grid_1d(groups, kThreads), kThreads, 0, stream, codes,
+           scales, o, groups, k);
+  } else {
+    launch(fp8 ? dequant1_kernel<true> : dequant1_kernel<false>, grid_1d(n * k, kThreads), kThreads, 0, stream, codes,
+           scales, o, n, k);
+  }
+  return launch_status("dequant_bf16");
+}
+
+}  // namespace vlac::cuda
