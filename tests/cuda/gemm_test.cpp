@@ -15,6 +15,7 @@
 #include "backends/cuda/gemm.h"
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/skinny_gemm.h"
+#include "core/quant.h"
 #include "cuda_test_util.h"
 
 namespace vlac::cuda::testing {
@@ -223,6 +224,54 @@ TEST_F(CudaGemm, SkinnyKernelMatchesCpu) {
               << " bias " << bias;
         }
   }
+  const auto left = download<unsigned>(counters, size_t(kSkinnyCounters));
+  EXPECT_EQ(std::count(left.begin(), left.end(), 0u), kSkinnyCounters) << "tile counters not reset";
+}
+
+// 8-bit W (core/quant.h blob): the codes widened in registers, each output's fp32 sum times its
+// row's scale, then the bias; deterministic; against a double reference of that arithmetic.
+TEST_F(CudaGemm, SkinnyKernelReadsEightBitWeights) {
+  struct S { int64_t m, k, n; };
+  DevBuf counters(kSkinnyCounters * sizeof(unsigned));
+  VLAC_CUDART_OK(cudaMemset(counters.get(), 0, kSkinnyCounters * sizeof(unsigned)));
+  uint32_t seed = 70;
+  for (DType dt : {DType::I8, DType::F8_E4M3})
+    for (S c : {S{50, 1024, 2560}, S{50, 4096, 1024}, S{1, 1024, 3072}, S{9, 192, 96}}) {
+      const size_t xn = size_t(c.m * c.k), yn = size_t(c.m * c.n);
+      auto x = bf16_values(randn(xn, ++seed));
+      const auto wf = randn(size_t(c.n * c.k), ++seed, 1.0f / std::sqrt(float(c.k)));
+      std::vector<uint8_t> blob(stored_weight_bytes(dt, {c.n, c.k}));
+      auto* scales = reinterpret_cast<float*>(blob.data() + quant_scales_offset(c.n, c.k));
+      for (int64_t r = 0; r < c.n; ++r) scales[r] = quantize_row(wf.data() + r * c.k, c.k, dt, blob.data() + r * c.k);
+      DevBuf dw(blob.size());
+      VLAC_CUDART_OK(cudaMemcpy(dw.get(), blob.data(), blob.size(), cudaMemcpyHostToDevice));
+      auto dx = to_device(to_bf16(x));
+      const auto b = randn(size_t(c.n), ++seed);
+      auto db = to_device(b);
+      for (int splits : skinny_gemm_splits(c.n, c.k, device_sm_count())) {
+        SkinnyGemm g{c.m, c.n, c.k, DType::F32, true, splits};
+        g.weights = dt;
+        DevBuf ws(std::max<uint64_t>(skinny_gemm_workspace_bytes(g), 16));
+        DevBuf dy(yn * 4), dy2(yn * 4);
+        auto* cnt = static_cast<unsigned*>(counters.get());
+        VLAC_CUDA_OK(skinny_gemm(stream_, g, dx->get(), dw.get(), db->get(), dy.get(), ws.get(), cnt));
+        VLAC_CUDA_OK(skinny_gemm(stream_, g, dx->get(), dw.get(), db->get(), dy2.get(), ws.get(), cnt));
+        sync();
+        const auto y = download<float>(dy, yn);
+        EXPECT_EQ(y, download<float>(dy2, yn)) << "a second run differs";
+        double err = 0, mx = 0;
+        for (int64_t i = 0; i < c.m; ++i)
+          for (int64_t j = 0; j < c.n; ++j) {
+            double sum = 0;
+            for (int64_t kk = 0; kk < c.k; ++kk)
+              sum += double(x[size_t(i * c.k + kk)]) * double(quant_decode(dt, blob[size_t(j * c.k + kk)]));
+            const double ref = sum * double(scales[j]) + double(b[size_t(j)]);
+            err = std::max(err, std::fabs(double(y[size_t(i * c.n + j)]) - ref));
+            mx = std::max(mx, std::fabs(ref));
+          }
+        EXPECT_LT(err / mx, 1e-5) << dtype_name(dt) << " " << c.m << "x" << c.k << "x" << c.n << " splits " << splits;
+      }
+    }
   const auto left = download<unsigned>(counters, size_t(kSkinnyCounters));
   EXPECT_EQ(std::count(left.begin(), left.end(), 0u), kSkinnyCounters) << "tile counters not reset";
 }

@@ -18,6 +18,7 @@
 #include "backends/cuda/kernels.h"
 #include "backends/registry.h"
 #include "core/dtype.h"
+#include "core/quant.h"
 #include "ir/backend.h"
 #include "ir/graph.h"
 
@@ -71,6 +72,25 @@ struct OpCase {
     std::memcpy(file.data() + r.offset, d.data(), r.bytes);
     run_dtypes.push_back(run);
     gather.push_back(gather_only);
+    return g.weight(std::move(r));
+  }
+  // An 8-bit matrix as a package holds it (core/quant.h blob, stored and run in `dt`).
+  ValueId qweight(const std::string& name, std::vector<int64_t> shape, DType dt) {
+    ir::WeightRef r;
+    r.name = name;
+    r.dtype = dt;
+    r.shape = std::move(shape);
+    r.bytes = stored_weight_bytes(dt, r.shape);
+    r.offset = (file.size() + 63) / 64 * 64;
+    file.resize(r.offset + r.bytes);
+    const int64_t n = r.shape[0], k = r.shape[1];
+    auto* scales = reinterpret_cast<float*>(file.data() + r.offset + quant_scales_offset(n, k));
+    for (int64_t row = 0; row < n; ++row) {
+      std::vector<float> d = random(k, -0.5f, 0.7f);
+      scales[row] = quantize_row(d.data(), k, dt, file.data() + r.offset + uint64_t(row * k));
+    }
+    run_dtypes.push_back(dt);
+    gather.push_back(false);
     return g.weight(std::move(r));
   }
   ValueId op(OpKind k, std::vector<ValueId> in, ir::Attrs a = {}) {
@@ -189,6 +209,30 @@ TEST_F(SeamOps, LinearBf16Weights) {
     linear_case(c, s.m, s.k, s.n, DType::BF16, false);
     check(std::string("linear bf16 weight ") + s.what, c, 1e-4);
   }
+}
+
+// 8-bit weights (int8 / fp8 packages): few rows in the skinny kernel reading the codes (the CPU's
+// arithmetic: fp32 sum times the row's scale), many rows widened to bf16(code · scale) in the
+// scratch before cuBLASLt (a bf16 rounding of each weight more than the CPU), and the few rows
+// through that widening too with VLAC_QUANT_SKINNY=0.
+TEST_F(SeamOps, LinearEightBitWeights) {
+  struct S { int64_t m, k, n; bool bias; const char* what; };
+  for (DType dt : {DType::I8, DType::F8_E4M3})
+    for (S s : {S{50, 1024, 2560, false, "expert qkv 50x1024x2560"}, S{50, 4096, 1024, true, "expert down 50x4096x1024"},
+                S{1, 1024, 3072, true, "adarms dense 1x1024x3072"}, S{968, 2048, 512, false, "prefix 968x2048x512"},
+                S{37, 104, 77, true, "odd 37x104x77"}})
+      for (const char* skinny : {"1", "0"}) {
+        OpCase c;
+        const ValueId x = c.input_f32("x", {s.m, s.k});
+        std::vector<ValueId> in{x, c.qweight("w", {s.n, s.k}, dt)};
+        if (s.bias) in.push_back(c.weight("b", {s.n}));
+        c.g.mark_output(c.op(OpKind::Linear, in));
+        setenv("VLAC_QUANT_SKINNY", skinny, 1);
+        const bool in_regs = skinny[0] == '1' && s.m <= 64 && s.k % 64 == 0 && s.n % 32 == 0;
+        check(std::string("linear ") + dtype_name(dt) + " " + s.what + (in_regs ? " (skinny)" : " (widened)"), c,
+              in_regs ? 1e-4 : 8e-3);
+      }
+  unsetenv("VLAC_QUANT_SKINNY");
 }
 
 // Planned arena bytes of `c` on the cuda backend (fast_vision as given).

@@ -77,6 +77,14 @@ __device__ __forceinline__ uint16_t f2bf(float f) {
 __device__ __forceinline__ float bf2f(uint16_t h) { return __uint_as_float(uint32_t(h) << 16); }
 __device__ __forceinline__ float round_bf(float f) { return bf2f(f2bf(f)); }
 
+// FP8 e4m3fn (s.eeee.mmm, bias 7, no Inf, S.1111.111 NaN) to fp32, as f8e4m3_to_f32 on the host.
+__device__ __forceinline__ float e4m3_to_f32(uint32_t v) {
+  const uint32_t s = (v >> 7) & 1u, e = (v >> 3) & 15u, m = v & 7u;
+  if (e == 15u && m == 7u) return __uint_as_float(0x7FC00000u | (s << 31));
+  const float r = e == 0u ? float(m) * 0x1p-9f : __uint_as_float(((e + 120u) << 23) | (m << 20));
+  return s ? -r : r;
+}
+
 // Element access over F32 (float) and BF16 (uint16_t) arrays.
 template <typename T> __device__ __forceinline__ float ld(const T* p, int64_t i);
 template <> __device__ __forceinline__ float ld<float>(const float* p, int64_t i) { return p[i]; }

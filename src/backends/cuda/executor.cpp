@@ -9,9 +9,10 @@
 #include <cstring>
 #include <string>
 
+#include "backends/cuda/skinny_gemm.h"
 #include "core/bytes.h"
-#include "core/quant.h"
 #include "core/mapped_file.h"
+#include "core/quant.h"
 #include "exec/arena_plan.h"
 #include "ir/serialize.h"
 #include "ir/walk.h"
@@ -131,7 +132,8 @@ void CUDART_CB gather_rows(void* p) {
 }  // namespace
 
 CudaExecutable::~CudaExecutable() {
-  for (void* p : {own_arena_, own_scratch_, const_storage_, iota_, memo_storage_}) device_free(p);
+  for (void* p : {own_arena_, own_scratch_, const_storage_, iota_, memo_storage_, static_cast<void*>(quant_counters_)})
+    device_free(p);
   for (void* p : own_blocks_) device_free(p);
   for (auto& in : inputs_) device_free(in.own);
   for (auto& g : gathers_) host_free(g->rows_host);
@@ -510,6 +512,7 @@ Status CudaExecutable::plan(const CudaWeights& weights) {
   VLAC_RETURN_IF_ERROR(plan_geglu_in_place());
   plan_bf16_stores();
   plan_k_parts();
+  VLAC_RETURN_IF_ERROR(plan_quant_skinny());
   // The scratch holds a bf16 copy of a bf16 Linear's x only where x is not stored in bf16 already
   // (the LM's down_proj reads GeGLU's bf16 output: no 32 MB copy), and an attention's copies only
   // of the q/k/v it must round itself, then its split partials.
@@ -1520,6 +1523,37 @@ Status CudaExecutable::run() {
   return Status::ok();
 }
 
+// 8-bit weights of few-row GEMMs (the expert's 50 tokens): the skinny kernel reads the codes and
+// widens them in registers (half a bf16 GEMM's bytes, no widened copy), where the GEMM kept no
+// epilogue beyond a bias after the rewrites above. VLAC_QUANT_SKINNY=0: every 8-bit GEMM widens
+// its weight into the scratch first.
+Status CudaExecutable::plan_quant_skinny() {
+  if (env_off("VLAC_QUANT_SKINNY")) return Status::ok();
+  const ir::Graph& g = graph_;
+  bool any = false;
+  for (NodeId id : order_) {
+    const Node& n = g.node(id);
+    NodePlan& p = plans_[size_t(id)];
+    if (n.op != OpKind::Linear || !from_weight(n.inputs[1]) || !widened(root_[size_t(n.inputs[1])])) continue;
+    const GemmDesc& d = p.gemm;
+    if (!skinny_gemm_fits(d.m, d.n, d.k) || d.accumulate || d.k_parts > 1 || (d.ldx != 0 && d.ldx != d.k) ||
+        (d.epilogue != Epilogue::None && d.epilogue != Epilogue::Bias) || (!p.bf16 && !bf16_stored(n.inputs[0])))
+      continue;
+    SkinnyGemm sg{d.m, d.n, d.k, d.out, d.epilogue == Epilogue::Bias, skinny_gemm_splits(d.n, d.k, ctx_->sms()).front()};
+    sg.weights = weight_entry_[size_t(root_[size_t(n.inputs[1])])]->dtype;
+    if (skinny_gemm_workspace_bytes(sg) > ctx_->gemm().workspace_bytes()) continue;
+    p.qskinny = sg.splits;
+    any = true;
+  }
+  if (any && !quant_counters_) {
+    VLAC_ASSIGN_OR_RETURN(void* c, device_alloc(kSkinnyCounters * sizeof(unsigned), "the 8-bit GEMMs' tile counters"));
+    quant_counters_ = static_cast<unsigned*>(c);
+    const cudaError_t ce = cudaMemset(quant_counters_, 0, kSkinnyCounters * sizeof(unsigned));
+    if (ce != cudaSuccess) return cuda_error("zeroing the 8-bit GEMMs' tile counters", ce);
+  }
+  return Status::ok();
+}
+
 Status CudaExecutable::fetch_on_demand(NodeId id) {
   const Node& n = graph_.node(id);
   int slot = 0;
@@ -1550,7 +1584,7 @@ Status CudaExecutable::run_node(NodeId id) {
   const DType od = !n.outputs.empty() && bf16_stored(n.outputs[0]) ? DType::BF16 : DType::F32;
   const ValueInfo& x = info(n.inputs.empty() ? n.outputs[0] : n.inputs[0]);
   if (p.skip) return Status::ok();  // folded into a later residual_norm_to (plan_residual_norms)
-  if (n.op == OpKind::Linear && n.inputs.size() > 1 && from_weight(n.inputs[1])) {
+  if (n.op == OpKind::Linear && !p.qskinny && n.inputs.size() > 1 && from_weight(n.inputs[1])) {
     const size_t r = size_t(root_[size_t(n.inputs[1])]);
     if (widened(ValueId(r))) {
       const ValueInfo& w = info(n.inputs[1]);
@@ -1590,6 +1624,12 @@ Status CudaExecutable::run_node(NodeId id) {
         xin = scratch_at(p.cast_off);
       }
       const void* bias = p.bias_bf16 ? p.bias_bf16 : n.inputs.size() == 3 ? ptr(n.inputs[2]) : nullptr;
+      if (p.qskinny) {
+        const size_t r = size_t(root_[size_t(n.inputs[1])]);
+        SkinnyGemm sg{p.gemm.m, p.gemm.n, p.gemm.k, p.gemm.out, bias != nullptr, p.qskinny};
+        sg.weights = weight_entry_[r]->dtype;
+        return skinny_gemm(s, sg, xin, quant_src_[r], bias, out, ctx_->workspace(), quant_counters_);
+      }
       return ctx_->gemm().run(s, p.gemm, xin, ptr(n.inputs[1]), bias, out, ctx_->workspace());
     }
     case OpKind::PatchEmbed: {

@@ -147,6 +147,7 @@ class CudaExecutable final : public Executable {
     bool f_has_gate = false;
     bool view = false;           // a Slice read in place by its readers (plan_slice_views)
     bool gelu_in_gemm = false;   // a GeluTanh computed by its Linear's GEMM epilogue (plan_gemm_gelu)
+    int qskinny = 0;             // > 0: an 8-bit weight's GEMM in the skinny kernel, this many splits (plan_quant_skinny)
     void* bias_bf16 = nullptr;   // a Linear's bias rounded to bf16 for its bf16-output GEMM (own_blocks_)
     // A Concat over stable inputs (ExecOptions::stable_inputs): its output lives in a buffer of
     // its own, and the pieces flagged here are written only when those inputs changed.
@@ -175,6 +176,8 @@ class CudaExecutable final : public Executable {
   // 8-bit matrices (quant.cu): by value id, the blob (device, or the on-demand fetch buffer) the
   // GEMM's bf16 weight is widened from into the scratch at dequant_off_; null for other values.
   std::vector<const void*> quant_src_;
+  unsigned* quant_counters_ = nullptr;  // the skinny kernel's tile counters (zero between GEMMs)
+  Status plan_quant_skinny();
   bool widened(ir::ValueId v) const {
     const CudaWeights::Entry* e = size_t(v) < weight_entry_.size() ? weight_entry_[size_t(v)] : nullptr;
     return e && is_quant_dtype(e->dtype) && !e->host_table;

@@ -13,17 +13,9 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// FP8 e4m3fn: s.eeee.mmm, bias 7, no Inf, S.1111.111 NaN (as f8e4m3_to_f32 on the host).
-__device__ __forceinline__ float e4m3(uint32_t v) {
-  const uint32_t s = (v >> 7) & 1u, e = (v >> 3) & 15u, m = v & 7u;
-  if (e == 15u && m == 7u) return __uint_as_float(0x7FC00000u | (s << 31));
-  const float r = e == 0u ? float(m) * 0x1p-9f : __uint_as_float(((e + 120u) << 23) | (m << 20));
-  return s ? -r : r;
-}
-
 template <bool kFp8>
 __device__ __forceinline__ float decode(uint32_t code) {
-  if constexpr (kFp8) return e4m3(code);
+  if constexpr (kFp8) return e4m3_to_f32(code);
   else return float(int8_t(uint8_t(code)));
 }
 

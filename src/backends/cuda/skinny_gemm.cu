@@ -12,6 +12,7 @@
 #include <cmath>
 
 #include "backends/cuda/common.cuh"
+#include "core/quant.h"
 
 namespace vlac::cuda {
 
@@ -55,15 +56,36 @@ __device__ __forceinline__ void mma(float (&c)[4], uint32_t a0, uint32_t a1, uin
 #endif
 }
 
+// 8 codes (8 bytes, read once) widened to 8 bf16 in the 16-byte form a bf16 load gives: exact
+// (|int8| ≤ 127 and e4m3 both fit bf16's 8 significant bits).
+template <int Q>
+__device__ __forceinline__ uint4 ld_codes(const uint8_t* p) {
+  uint32_t lo, hi;
+  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];\n" : "=r"(lo), "=r"(hi) : "l"(p));
+  uint32_t o[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t wd = i < 2 ? lo : hi, sh = 16 * (i & 1);
+    const uint32_t c0 = (wd >> sh) & 0xFFu, c1 = (wd >> (sh + 8)) & 0xFFu;
+    const float f0 = Q == 1 ? float(int8_t(uint8_t(c0))) : e4m3_to_f32(c0);
+    const float f1 = Q == 1 ? float(int8_t(uint8_t(c1))) : e4m3_to_f32(c1);
+    o[i] = uint32_t(f2bf(f0)) | (uint32_t(f2bf(f1)) << 16);
+  }
+  return make_uint4(o[0], o[1], o[2], o[3]);
+}
+
 // One block: rows [32·blockIdx.x, +32) of W, K steps [blockIdx.y·steps_per_split, +steps_per_split).
-// NT: token tiles of 8 (M ≤ 8·NT). Ty: the output's (and bias's) element type.
-template <int NT, typename Ty>
+// NT: token tiles of 8 (M ≤ 8·NT). Ty: the output's (and bias's) element type. Q: W is bf16 (0)
+// or 8-bit codes (1: int8, 2: e4m3) whose rows' sums are multiplied by `scales` before the bias.
+template <int NT, typename Ty, int Q = 0>
 __global__ void __launch_bounds__(kWarps * 32) skinny_gemm_kernel(const uint16_t* __restrict__ x,
-                                                                  const uint16_t* __restrict__ w,
+                                                                  const void* __restrict__ w_any,
                                                                   const Ty* __restrict__ bias, Ty* __restrict__ y,
                                                                   float* __restrict__ part,
                                                                   unsigned* __restrict__ counters, int M, int N, int K,
-                                                                  int steps_per_split) {
+                                                                  int steps_per_split, const float* __restrict__ scales) {
+  const auto* w = static_cast<const uint16_t*>(w_any);
+  const auto* wq = static_cast<const uint8_t*>(w_any);
   __shared__ float red[kWarps][kRows][NT * 8 + 1];
   __shared__ bool last;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -76,10 +98,14 @@ __global__ void __launch_bounds__(kWarps * 32) skinny_gemm_kernel(const uint16_t
   // This thread's rows of W (m tile mt, half h: rows g and g+8) and tokens of x (tile j: token 8j+g,
   // the last token repeated past M: computed, never stored).
   const uint16_t* wp[2][2];
+  const uint8_t* qp[2][2];
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) wp[mt][h] = w + int64_t(row0 + mt * 16 + h * 8 + g) * K + 8 * t;
+    for (int h = 0; h < 2; ++h) {
+      wp[mt][h] = w + int64_t(row0 + mt * 16 + h * 8 + g) * K + 8 * t;
+      qp[mt][h] = wq + int64_t(row0 + mt * 16 + h * 8 + g) * K + 8 * t;
+    }
   const uint16_t* xp[NT];
 #pragma unroll
   for (int j = 0; j < NT; ++j) xp[j] = x + int64_t(min(8 * j + g, M - 1)) * K + 8 * t;
@@ -98,8 +124,13 @@ __global__ void __launch_bounds__(kWarps * 32) skinny_gemm_kernel(const uint16_t
     for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        r[mt][h][0] = ld_stream(wp[mt][h] + step * kStep);
-        r[mt][h][1] = ld_stream(wp[mt][h] + step * kStep + 32);
+        if constexpr (Q == 0) {
+          r[mt][h][0] = ld_stream(wp[mt][h] + step * kStep);
+          r[mt][h][1] = ld_stream(wp[mt][h] + step * kStep + 32);
+        } else {
+          r[mt][h][0] = ld_codes<Q>(qp[mt][h] + step * kStep);
+          r[mt][h][1] = ld_codes<Q>(qp[mt][h] + step * kStep + 32);
+        }
       }
   };
   if (s < s_end) load_w(cur, s);  // weights: before the wait (no kernel writes them)
@@ -166,6 +197,7 @@ __global__ void __launch_bounds__(kWarps * 32) skinny_gemm_kernel(const uint16_t
       const int64_t at = int64_t(c) * N + row0 + r;
       float v = __ldcg(part + at);
       for (int sp = 1; sp < splits; ++sp) v += __ldcg(part + int64_t(sp) * M * N + at);
+      if constexpr (Q != 0) v *= scales[row0 + r];
       if (bias) v += ld<Ty>(bias, row0 + r);
       st<Ty>(y, at, v);
     }
@@ -176,6 +208,7 @@ __global__ void __launch_bounds__(kWarps * 32) skinny_gemm_kernel(const uint16_t
     float v = red[0][r][c];
 #pragma unroll
     for (int wi = 1; wi < kWarps; ++wi) v += red[wi][r][c];
+    if constexpr (Q != 0) v *= scales[row0 + r];
     if (bias) v += ld<Ty>(bias, row0 + r);
     st<Ty>(y, int64_t(c) * N + row0 + r, v);
   }
@@ -191,22 +224,39 @@ int blocks_per_tile(int64_t k, int splits) {
   return int((ks + sps - 1) / sps);
 }
 
-template <int NT>
+template <int NT, int Q>
 Status launch_nt(cudaStream_t stream, const SkinnyGemm& g, const void* x, const void* w, const void* bias, void* y,
                  void* workspace, unsigned* counters) {
   const dim3 grid(unsigned(g.n / kRows), unsigned(blocks_per_tile(g.k, g.splits)));
   const int sps = steps_per_split(g.k, g.splits);
   const auto* xs = static_cast<const uint16_t*>(x);
-  const auto* ws = static_cast<const uint16_t*>(w);
   auto* part = static_cast<float*>(workspace);
+  // An 8-bit blob (core/quant.h): the row scales follow the codes.
+  const float* scales =
+      Q ? reinterpret_cast<const float*>(static_cast<const uint8_t*>(w) + quant_scales_offset(g.n, g.k)) : nullptr;
   if (g.out == DType::F32)
-    launch(skinny_gemm_kernel<NT, float>, grid, dim3(kWarps * 32), 0, stream, xs, ws, static_cast<const float*>(bias),
-           static_cast<float*>(y), part, counters, int(g.m), int(g.n), int(g.k), sps);
+    launch(skinny_gemm_kernel<NT, float, Q>, grid, dim3(kWarps * 32), 0, stream, xs, w, static_cast<const float*>(bias),
+           static_cast<float*>(y), part, counters, int(g.m), int(g.n), int(g.k), sps, scales);
   else
-    launch(skinny_gemm_kernel<NT, uint16_t>, grid, dim3(kWarps * 32), 0, stream, xs, ws,
+    launch(skinny_gemm_kernel<NT, uint16_t, Q>, grid, dim3(kWarps * 32), 0, stream, xs, w,
            static_cast<const uint16_t*>(bias), static_cast<uint16_t*>(y), part, counters, int(g.m), int(g.n), int(g.k),
-           sps);
+           sps, scales);
   return launch_status("skinny_gemm");
+}
+
+template <int Q>
+Status launch_q(cudaStream_t stream, const SkinnyGemm& g, const void* x, const void* w, const void* bias, void* y,
+                void* workspace, unsigned* counters) {
+  switch ((g.m + 7) / 8) {
+    case 1: return launch_nt<1, Q>(stream, g, x, w, bias, y, workspace, counters);
+    case 2: return launch_nt<2, Q>(stream, g, x, w, bias, y, workspace, counters);
+    case 3: return launch_nt<3, Q>(stream, g, x, w, bias, y, workspace, counters);
+    case 4: return launch_nt<4, Q>(stream, g, x, w, bias, y, workspace, counters);
+    case 5: return launch_nt<5, Q>(stream, g, x, w, bias, y, workspace, counters);
+    case 6: return launch_nt<6, Q>(stream, g, x, w, bias, y, workspace, counters);
+    case 7: return launch_nt<7, Q>(stream, g, x, w, bias, y, workspace, counters);
+    default: return launch_nt<8, Q>(stream, g, x, w, bias, y, workspace, counters);
+  }
 }
 
 }  // namespace
@@ -244,15 +294,11 @@ Status skinny_gemm(cudaStream_t stream, const SkinnyGemm& g, const void* x, cons
     return invalid_argument("skinny_gemm: split K needs a workspace and tile counters");
   for (const void* p : {x, w, static_cast<const void*>(y), bias})
     if ((reinterpret_cast<uintptr_t>(p) & 15u) != 0) return invalid_argument("skinny_gemm: pointers must be 16-byte aligned");
-  switch ((g.m + 7) / 8) {
-    case 1: return launch_nt<1>(stream, g, x, w, bias, y, workspace, counters);
-    case 2: return launch_nt<2>(stream, g, x, w, bias, y, workspace, counters);
-    case 3: return launch_nt<3>(stream, g, x, w, bias, y, workspace, counters);
-    case 4: return launch_nt<4>(stream, g, x, w, bias, y, workspace, counters);
-    case 5: return launch_nt<5>(stream, g, x, w, bias, y, workspace, counters);
-    case 6: return launch_nt<6>(stream, g, x, w, bias, y, workspace, counters);
-    case 7: return launch_nt<7>(stream, g, x, w, bias, y, workspace, counters);
-    default: return launch_nt<8>(stream, g, x, w, bias, y, workspace, counters);
+  switch (g.weights) {
+    case DType::BF16: return launch_q<0>(stream, g, x, w, bias, y, workspace, counters);
+    case DType::I8: return launch_q<1>(stream, g, x, w, bias, y, workspace, counters);
+    case DType::F8_E4M3: return launch_q<2>(stream, g, x, w, bias, y, workspace, counters);
+    default: return unsupported(std::string("skinny_gemm: weights ") + dtype_name(g.weights));
   }
 }
 

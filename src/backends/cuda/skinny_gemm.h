@@ -29,6 +29,11 @@ struct SkinnyGemm {
   DType out = DType::BF16;  // BF16 or F32; a bias has this dtype
   bool bias = false;
   int splits = 1;  // K split over this many blocks per 32-row tile (1..64)
+  /// BF16, or an 8-bit blob (core/quant.h: I8 / F8_E4M3 codes, then one fp32 scale per row of
+  /// W): the codes are widened to bf16 in registers (exact) as they load, each output's fp32 sum
+  /// is multiplied by its row's scale before the bias (the CPU's W8A16 arithmetic). Half the
+  /// bytes of a bf16 W per GEMM.
+  DType weights = DType::BF16;
 };
 
 /// Whether the kernel takes this shape: 1 ≤ m ≤ 64, n % 32 == 0, k % 64 == 0, BF16 x and W.
