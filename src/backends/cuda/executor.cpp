@@ -1523,12 +1523,14 @@ Status CudaExecutable::run() {
   return Status::ok();
 }
 
-// 8-bit weights of few-row GEMMs (the expert's 50 tokens): the skinny kernel reads the codes and
-// widens them in registers (half a bf16 GEMM's bytes, no widened copy), where the GEMM kept no
-// epilogue beyond a bias after the rewrites above. VLAC_QUANT_SKINNY=0: every 8-bit GEMM widens
-// its weight into the scratch first.
+// 8-bit weights of few-row GEMMs (the expert's 50 tokens), opt-in (VLAC_QUANT_SKINNY=1): the
+// skinny kernel reads the codes and widens them in registers (half a bf16 GEMM's bytes, no
+// widened copy), where the GEMM kept no epilogue beyond a bias after the rewrites above. Off by
+// default: on the H200 the int8 chunk took 26.98-27.20 ms with it against 25.87 ms widening into
+// the scratch + cuBLASLt (fp8: 32.9 ms), the kernel's latency chain again (docs/quantization.md).
 Status CudaExecutable::plan_quant_skinny() {
-  if (env_off("VLAC_QUANT_SKINNY")) return Status::ok();
+  const char* on = std::getenv("VLAC_QUANT_SKINNY");
+  if (!on || std::string(on) != "1") return Status::ok();
   const ir::Graph& g = graph_;
   bool any = false;
   for (NodeId id : order_) {
