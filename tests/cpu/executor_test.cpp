@@ -9,6 +9,7 @@
 
 #include "backends/cpu/executor.h"
 #include "backends/cpu/kernels.h"
+#include "core/quant.h"
 #include "exec/memo_plan.h"
 
 using namespace vlac;
@@ -327,4 +328,50 @@ TEST(CpuExecutor, ErrorsAreClear) {
   Status st = ex2->run();
   ASSERT_FALSE(st.is_ok());
   EXPECT_NE(st.message().find("position 1"), std::string::npos) << st.message();
+}
+
+// An 8-bit weight (core/quant.h blob) anywhere but a Linear's weight or a gathered table is
+// refused at planning, naming the node (a package can say anything; the codes must never be read
+// as floats). As a Linear's weight the same blob runs. Converting to 8 bits at bind time is refused.
+TEST(CpuExecutor, EightBitWeightOnlyFeedsALinear) {
+  const int64_t n = 4, k = 8;
+  std::vector<uint8_t> blob(stored_weight_bytes(DType::I8, {n, k}));
+  auto* scales = reinterpret_cast<float*>(blob.data() + quant_scales_offset(n, k));
+  const std::vector<float> w = randv(size_t(n * k), 5);
+  for (int64_t r = 0; r < n; ++r) scales[r] = quantize_row(w.data() + r * k, k, DType::I8, blob.data() + r * k);
+  ir::WeightRef ref{"wq", 0, 0, DType::I8, {n, k}, blob.size(), {}};
+  const std::vector<WeightFile> files{WeightFile{blob.data(), blob.size(), "fake", nullptr}};
+  auto weights = CpuWeights::load({ref}, {DType::I8}, files);
+  ASSERT_TRUE(weights.is_ok()) << weights.status().message();
+
+  // A program records its weights' checkpoint dtype (here f32); the engine's table says I8.
+  ir::WeightRef prog = ref;
+  prog.dtype = DType::F32;
+  prog.bytes = uint64_t(n * k) * 4;
+  ir::Graph bad;
+  ValueId x = bad.add_input("x", ValueInfo{DType::F32, {n, k}});
+  bad.mark_output(V(bad.add(OpKind::Add, {x, bad.weight(prog)}, {}, "sneaky_add")));
+  auto ex = Executor::create(bad, *weights);
+  ASSERT_FALSE(ex.is_ok());
+  EXPECT_EQ(ex.status().code(), StatusCode::InvalidFormat);
+  EXPECT_NE(ex.status().message().find("'sneaky_add'"), std::string::npos) << ex.status().message();
+
+  ir::Graph good;
+  ValueId x2 = good.add_input("x", ValueInfo{DType::F32, {3, k}});
+  good.mark_output(V(good.add(OpKind::Linear, {x2, good.weight(prog)}, {}, "lin")));
+  auto ok = Executor::create(good, *weights);
+  ASSERT_TRUE(ok.is_ok()) << ok.status().message();
+  std::fill_n(static_cast<float*>(ok->input_data(0)), 3 * k, 0.5f);
+  ASSERT_TRUE(ok->run().is_ok());
+  const float* y = static_cast<const float*>(ok->data(good.outputs()[0]));
+  for (int64_t j = 0; j < n; ++j) {
+    double s = 0;
+    for (int64_t kk = 0; kk < k; ++kk) s += 0.5 * double(int8_t(blob[size_t(j * k + kk)]));
+    EXPECT_NEAR(y[j], s * scales[j], 1e-5) << j;
+  }
+
+  std::vector<uint8_t> raw(prog.bytes);
+  auto conv = CpuWeights::load({prog}, {DType::I8}, {WeightFile{raw.data(), raw.size(), "fake", nullptr}});
+  ASSERT_FALSE(conv.is_ok());
+  EXPECT_NE(conv.status().message().find("as compiled"), std::string::npos) << conv.status().message();
 }
