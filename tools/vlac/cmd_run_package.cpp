@@ -16,6 +16,17 @@
 
 namespace vlac::cli {
 
+namespace {
+
+// "int8" / "fp8" for an 8-bit weight package (W8A16), else the activations' dtype.
+std::string precision_name(const Pi05PackagePolicy& policy) {
+  const std::string p = policy.package().manifest().policy.value("precision", std::string());
+  if (p == "int8-weights") return "int8";
+  if (p == "fp8-weights") return "fp8";
+  return policy.bf16() ? "bf16" : "fp32";
+}
+
+}  // namespace
 
 Status run_package(const PackageRunArgs& f, MemMeter& meter) {
   VLAC_ASSIGN_OR_RETURN(DevicePath dev, device_path(f.device, "", meter));
@@ -129,7 +140,7 @@ Status run_package(const PackageRunArgs& f, MemMeter& meter) {
   std::printf("vlac run: %s -> %s: action_normalized [%lld, %lld]%s (%s package, %zu of %zu cameras, prefix %lld tokens)\n",
               f.package.c_str(), f.out.c_str(), (long long)H, (long long)A,
               D == 0 ? "" : (" + action [" + std::to_string(H) + ", " + std::to_string(D) + "]").c_str(),
-              policy.bf16() ? "bf16" : "fp32", obs.cameras.size(), policy.config().cameras.size(), (long long)P);
+              precision_name(policy).c_str(), obs.cameras.size(), policy.config().cameras.size(), (long long)P);
   if (st.packed_weight_bytes > 0)
     std::printf("  weights: %s in the package, packed copies %s (--pack-weights); activations %s; %d engines loaded\n",
                 format_bytes(policy.weight_bytes()).c_str(), format_bytes(st.packed_weight_bytes).c_str(),
