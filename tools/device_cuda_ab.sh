@@ -45,8 +45,12 @@ except Exception as e:
 s = d.get("summary", {}); r = (d.get("recorded_chunk") or {}).get("summary", {})
 g = lambda k: (s.get(k) or {}).get("median_ms", float("nan"))
 steps = sum(g(f"step.{i}") for i in range(10))
+m = d.get("memory", {})
+gk = 'peak_gpu_above_idle_bytes_meter' if 'peak_gpu_above_idle_bytes_meter' in m else 'peak_gpu_above_idle_bytes'
+mem = (m.get('peak_rss_bytes') or 0) + (m.get(gk) or 0)
 print(f"{name:28s} recorded {r.get('median_ms', float('nan')):7.3f} (min {r.get('min_ms', float('nan')):7.3f})  "
-      f"eager: vision {g('vision'):6.3f} prefix_lm {g('prefix_lm'):6.3f} steps {steps:6.3f}")
+      f"eager: vision {g('vision'):6.3f} prefix_lm {g('prefix_lm'):6.3f} steps {steps:6.3f}  "
+      f"rss+gpu {mem / 2**30:.3f} GiB ({m.get('peak_rss_bytes', 0) / 2**20:.0f} + {m.get(gk, 0) / 2**20:.0f} MiB)")
 PY
 done
 el "A/B done"

@@ -1,5 +1,6 @@
-// Resource partitioner (see partition.h). Greedy over the schedule; every decision depends on the
-// graph and the options only, so the same graph gives the same plan on every run.
+// Resource partitioner (see partition.h). Cut placement by dynamic programming over the schedule;
+// every decision depends on the graph and the options only, so the same graph gives the same plan
+// on every run.
 #include "partition/partition.h"
 
 #include <algorithm>
@@ -55,32 +56,10 @@ Result<Plan> partition_graph(const ir::Graph& g, const std::string& stage, const
     }
   };
 
+  // 1. Groups in schedule order: each node with the multi-output nodes that feed it (placed with
+  // their first consumer), the weights each group reads first and their bytes.
+  std::vector<std::vector<NodeId>> groups;
   std::vector<NodeId> pending;  // multi-output nodes waiting for their first consumer
-  auto place_group = [&](std::vector<NodeId> group) {
-    std::vector<WeightId> fresh;
-    for (NodeId n : group) new_weights(n, &fresh);
-    uint64_t nb = 0;
-    for (WeightId w : fresh) nb += weight_bytes(g.weights()[size_t(w)]);
-    if (engines.empty() || (!engines.back().nodes.empty() && engines.back().weight_bytes + nb > options.engine_cap &&
-                            nb > 0))
-      new_engine();
-    EnginePlan& e = engines.back();
-    const int ei = int(engines.size() - 1);
-    for (WeightId w : fresh) {
-      weight_home[size_t(w)] = ei;
-      e.owned.push_back(w);
-    }
-    e.weight_bytes += nb;
-    if (nb > options.engine_cap) {
-      e.over_cap = true;
-      e.over_cap_node = g.node(group.back()).name;
-    }
-    for (NodeId n : group) {
-      engine_of[size_t(n)] = ei;
-      e.nodes.push_back(n);
-    }
-  };
-
   for (NodeId n : order) {
     const ir::Node& node = g.node(n);
     if (!placeable(node.op)) continue;
@@ -106,9 +85,92 @@ Result<Plan> partition_graph(const ir::Graph& g, const std::string& stage, const
       }
     }
     std::rotate(group.begin(), group.begin() + 1, group.end());  // n last (names an over-cap group)
-    place_group(std::move(group));
+    groups.push_back(std::move(group));
   }
-  for (NodeId n : pending) place_group({n});  // read only as graph outputs
+  for (NodeId n : pending) groups.push_back({n});  // read only as graph outputs
+  const size_t ng = groups.size();
+  std::vector<std::vector<WeightId>> fresh(ng);
+  std::vector<uint64_t> nb(ng, 0);
+  std::vector<int64_t> group_of(g.nodes().size(), -1);
+  for (size_t gi = 0; gi < ng; ++gi) {
+    for (NodeId n : groups[gi]) {
+      group_of[size_t(n)] = int64_t(gi);
+      new_weights(n, &fresh[gi]);
+    }
+    for (WeightId w : fresh[gi]) {
+      weight_home[size_t(w)] = 0;  // (seen; the real homes are set when placing)
+      nb[gi] += weight_bytes(g.weights()[size_t(w)]);
+    }
+  }
+  std::fill(weight_home.begin(), weight_home.end(), -1);
+
+  // 2. The values that could cross a cut: made in group d, last read in group l > d (large
+  // input-only values are recomputed instead: free), by the group that makes them.
+  struct Span {
+    int64_t last;
+    int64_t bytes;
+  };
+  std::vector<std::vector<Span>> made(ng);
+  for (size_t gi = 0; gi < ng; ++gi)
+    for (NodeId n : groups[gi])
+      for (ValueId v : g.node(n).outputs) {
+        if (input_only[size_t(v)] && g.info(v).bytes() > options.crossing_limit) continue;
+        int64_t last = int64_t(gi);
+        for (int64_t u = uses.offsets[size_t(v)]; u < uses.offsets[size_t(v) + 1]; ++u)
+          last = std::max(last, group_of[size_t(uses.node_ids[size_t(u)])]);
+        if (last > int64_t(gi)) made[gi].push_back({last, int64_t(g.info(v).bytes())});
+      }
+
+  // 3. Engines are runs of groups whose weights fit the cap (a group over the cap alone, with
+  // weightless groups around it). Among those partitions, the one passing the fewest bytes between
+  // engines, each engine past the first weighed as kEnginePenalty more (a cut is added only to
+  // save more than that). A value crosses a cut at c when it is made before c and read at or
+  // after c; crossing is an interval, so a cut at c whose engine starts at k adds exactly the
+  // values made in [k, c) and read at or after c (those made earlier were counted at k). Hence
+  // best[c] = min over valid k of best[k] + added(k, c). A greedy fill cuts wherever the cap
+  // falls, e.g. inside an MLP with [tokens, 16384] fp32 in flight (45 MB at 712 tokens).
+  constexpr int64_t kEnginePenalty = 1 << 20;
+  constexpr size_t kMaxWindow = 8192;  // engines of at most this many groups (weightless giants)
+  const int64_t kInf = INT64_MAX / 4;
+  std::vector<int64_t> best(ng + 1, kInf);
+  std::vector<size_t> from(ng + 1, 0);
+  best[0] = 0;
+  size_t lo = 0;
+  uint64_t load = 0;  // clamped weight bytes of groups [lo, c)
+  for (size_t c = 1; c <= ng; ++c) {
+    load += std::min(nb[c - 1], options.engine_cap);
+    while ((load > options.engine_cap || c - lo > kMaxWindow) && lo < c - 1) load -= std::min(nb[lo++], options.engine_cap);
+    int64_t added = 0;
+    for (size_t k = c; k-- > lo;) {  // the engine [k, c)
+      if (c < ng)
+        for (const Span& sp : made[k])
+          if (sp.last >= int64_t(c)) added += sp.bytes;
+      const int64_t cost = best[k] + (c < ng ? added + kEnginePenalty : 0);
+      if (cost < best[c]) best[c] = cost, from[c] = k;
+    }
+  }
+  std::vector<bool> starts(ng, false);
+  for (size_t c = ng; c > 0; c = from[c]) starts[from[c]] = true;
+
+  // 4. Placement.
+  for (size_t gi = 0; gi < ng; ++gi) {
+    if (engines.empty() || starts[gi]) new_engine();
+    EnginePlan& e = engines.back();
+    const int ei = int(engines.size() - 1);
+    for (WeightId w : fresh[gi]) {
+      weight_home[size_t(w)] = ei;
+      e.owned.push_back(w);
+    }
+    e.weight_bytes += nb[gi];
+    if (nb[gi] > options.engine_cap) {
+      e.over_cap = true;
+      e.over_cap_node = g.node(groups[gi].back()).name;
+    }
+    for (NodeId n : groups[gi]) {
+      engine_of[size_t(n)] = ei;
+      e.nodes.push_back(n);
+    }
+  }
   if (engines.empty()) new_engine();
 
   // Input-only values read in another engine: recompute when large, else they cross.

@@ -50,11 +50,13 @@ struct Plan {
   uint64_t recomputed_bytes = 0;         // bytes of input-only values recomputed instead of passed
 };
 
-/// Cuts `g` (nodes reachable from its outputs) into engines named "<stage>.<i>". Rules: greedy in
-/// schedule order; a new engine starts before a node whose not-yet-stored weights would push
-/// the current engine over the cap (a node whose own weights exceed the cap gets an engine of
-/// its own, flagged over_cap); a node with several outputs is placed with its first consumer;
-/// input-only values over crossing_limit read by another engine are recomputed there.
+/// Cuts `g` (nodes reachable from its outputs) into engines named "<stage>.<i>": contiguous runs
+/// of the schedule whose stored weights fit the cap (a node whose own weights exceed the cap gets
+/// an engine of its own, flagged over_cap). Among those cuts, the ones that pass the fewest bytes
+/// between engines (each engine past the first weighed as 1 MiB more), so cuts land where little
+/// is in flight (a layer's residual stream, not an MLP's [tokens, 16384]); a node with several
+/// outputs is placed with its first consumer; input-only values over crossing_limit read by
+/// another engine are recomputed there.
 Result<Plan> partition_graph(const ir::Graph& g, const std::string& stage, const WeightBytes& weight_bytes,
                              const Options& options = {});
 

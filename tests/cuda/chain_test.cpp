@@ -329,33 +329,39 @@ TEST_F(CudaChain, BadTokenIdIsOneClearError) {
 }
 
 // An 8-bit weight blob widened on the GPU (dequant_bf16) equals the host's decode · scale
-// rounded to bf16, for both codes, on the vector path (k % 16 == 0) and the scalar one.
+// rounded to bf16, for both codes, on the vector path (k % 16 == 0) and the scalar one, for the
+// whole matrix and for a slice of its rows (the executor's sliced widening).
 TEST_F(CudaChain, DequantKernelMatchesTheHostDecode) {
   for (DType dt : {DType::I8, DType::F8_E4M3})
-    for (int64_t k : {64, 40}) {
-      const int64_t n = 37;
-      std::vector<uint8_t> blob(stored_weight_bytes(dt, {n, k}));
-      auto* scales = reinterpret_cast<float*>(blob.data() + quant_scales_offset(n, k));
-      std::vector<float> row(static_cast<size_t>(k));
-      for (int64_t r = 0; r < n; ++r) {
-        for (int64_t c = 0; c < k; ++c) row[size_t(c)] = std::sin(float(r * k + c)) * float(r + 1);
-        scales[r] = quantize_row(row.data(), k, dt, blob.data() + r * k);
-      }
-      void* dblob = nullptr;
-      void* dout = nullptr;
-      ASSERT_EQ(cudaMalloc(&dblob, blob.size()), cudaSuccess);
-      ASSERT_EQ(cudaMalloc(&dout, size_t(n * k) * 2), cudaSuccess);
-      ASSERT_EQ(cudaMemcpy(dblob, blob.data(), blob.size(), cudaMemcpyHostToDevice), cudaSuccess);
-      ASSERT_TRUE(cuda::dequant_bf16(nullptr, dblob, dt, n, k, dout).is_ok());
-      std::vector<uint16_t> got(size_t(n * k));
-      ASSERT_EQ(cudaMemcpy(got.data(), dout, got.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
-      int bad = 0;
-      for (int64_t i = 0; i < n * k; ++i)
-        if (got[size_t(i)] != f32_to_bf16(quant_decode(dt, blob[size_t(i)]) * scales[i / k])) ++bad;
-      EXPECT_EQ(bad, 0) << dtype_name(dt) << " k=" << k;
-      cudaFree(dblob);
-      cudaFree(dout);
-    }
+    for (int64_t k : {64, 40})
+      for (int64_t row0 : {0, 11}) {
+          const int64_t n = 37, rows = row0 == 0 ? n : 17;
+          std::vector<uint8_t> blob(stored_weight_bytes(dt, {n, k}));
+          auto* scales = reinterpret_cast<float*>(blob.data() + quant_scales_offset(n, k));
+          std::vector<float> row(static_cast<size_t>(k));
+          for (int64_t r = 0; r < n; ++r) {
+            for (int64_t c = 0; c < k; ++c) row[size_t(c)] = std::sin(float(r * k + c)) * float(r + 1);
+            scales[r] = quantize_row(row.data(), k, dt, blob.data() + r * k);
+          }
+          void* dblob = nullptr;
+          void* dout = nullptr;
+          ASSERT_EQ(cudaMalloc(&dblob, blob.size()), cudaSuccess);
+          ASSERT_EQ(cudaMalloc(&dout, size_t(n * k) * 2), cudaSuccess);
+          ASSERT_EQ(cudaMemcpy(dblob, blob.data(), blob.size(), cudaMemcpyHostToDevice), cudaSuccess);
+          ASSERT_TRUE(cuda::dequant_bf16(nullptr, dblob, dt, n, k, row0, rows, dout).is_ok());
+          std::vector<uint16_t> got(size_t(rows * k));
+          ASSERT_EQ(cudaMemcpy(got.data(), dout, got.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+          int bad = 0;
+          for (int64_t i = 0; i < rows * k; ++i) {
+            const int64_t at = row0 * k + i;
+            const float want = quant_decode(dt, blob[size_t(at)]) * scales[at / k];
+            if (got[size_t(i)] != f32_to_bf16(want)) ++bad;
+          }
+          EXPECT_EQ(bad, 0) << dtype_name(dt) << " k=" << k << " row0=" << row0;
+          EXPECT_FALSE(cuda::dequant_bf16(nullptr, dblob, dt, n, k, 30, 8, dout).is_ok()) << "rows past n";
+          cudaFree(dblob);
+          cudaFree(dout);
+        }
 }
 
 // int8 and fp8 packages (8-bit matrices, core/quant.h) compiled for CUDA run on the GPU: recorded

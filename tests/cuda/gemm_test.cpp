@@ -117,6 +117,68 @@ TEST_F(CudaGemm, KPartsSummedByTheResidualNormMatchTheWholeProduct) {
   EXPECT_NE(st.message().find("K parts"), std::string::npos) << st.message();
 }
 
+// GemmDesc::ldy: y as a column slice of a wider y (the executor's sliced widening of 8-bit
+// weights: a slice of W's rows into the matching columns of y), with each epilogue, accumulation
+// and K parts, equals the whole GEMM on the CPU.
+TEST_F(CudaGemm, ColumnSlicesOfYMatchTheWholeProduct) {
+  auto runner = GemmRunner::create();
+  ASSERT_TRUE(runner.is_ok()) << runner.status().message();
+  DevBuf ws(runner->workspace_bytes());
+  const int64_t k = 256, n = 384, slices = 3, per = n / slices;
+  uint32_t seed = 300;
+  for (int64_t m : {50, 300})
+    for (DType out : {DType::F32, DType::BF16})
+      for (Epilogue epi : {Epilogue::None, Epilogue::Bias, Epilogue::BiasGelu})
+        for (bool accumulate : {false, true}) {
+          if (accumulate && epi == Epilogue::BiasGelu) continue;
+          auto x = bf16_values(randn(size_t(m * k), ++seed)), w = bf16_values(randn(size_t(n * k), ++seed, 1.0f / 16));
+          auto b = randn(size_t(n), ++seed), y0 = randn(size_t(m * n), ++seed);
+          if (out == DType::BF16) b = bf16_values(b), y0 = bf16_values(y0);
+          auto dx = to_device(to_bf16(x)), dw = to_device(to_bf16(w));
+          auto db = out == DType::BF16 ? to_device(to_bf16(b)) : to_device(b);
+          auto dy = out == DType::BF16 ? to_device(to_bf16(y0)) : to_device(y0);
+          if (!accumulate) dy->poison();
+          const bool has_b = epi != Epilogue::None;
+          const uint64_t ye = dtype_size(out);
+          for (int64_t s0 = 0; s0 < n; s0 += per) {
+            GemmDesc d{m, per, k, DType::BF16, out, epi, accumulate};
+            d.ldy = n;
+            VLAC_CUDA_OK(runner->run(stream_, d, dx->get(), static_cast<const uint16_t*>(dw->get()) + s0 * k,
+                                     has_b ? static_cast<const uint8_t*>(db->get()) + uint64_t(s0) * ye : nullptr,
+                                     static_cast<uint8_t*>(dy->get()) + uint64_t(s0) * ye, ws.get()));
+          }
+          sync();
+          std::vector<float> ref(size_t(m * n));
+          ref_gemm(x, w, has_b ? b.data() : nullptr, epi == Epilogue::BiasGelu, accumulate ? &y0 : nullptr, ref, m, k, n);
+          const auto y = out == DType::F32 ? download<float>(*dy, size_t(m * n))
+                                           : from_bf16(download<uint16_t>(*dy, size_t(m * n)));
+          EXPECT_LT(rel_err(y, ref), out == DType::F32 ? 1e-4 : 8e-3)
+              << m << "x" << k << "x" << n << " " << dtype_name(out) << " epilogue " << int(epi) << " accumulate "
+              << accumulate;
+        }
+  // K parts into slices: [parts][m][n] with each slice's columns.
+  const int64_t m = 50, parts = 2;
+  auto x = bf16_values(randn(size_t(m * k), 401)), w = bf16_values(randn(size_t(n * k), 402, 1.0f / 16));
+  auto dx = to_device(to_bf16(x)), dw = to_device(to_bf16(w));
+  DevBuf dy(uint64_t(parts * m * n) * 4);
+  for (int64_t s0 = 0; s0 < n; s0 += per) {
+    GemmDesc d{m, per, k, DType::BF16, DType::F32, Epilogue::None, false};
+    d.ldy = n;
+    d.k_parts = int(parts);
+    VLAC_CUDA_OK(runner->run(stream_, d, dx->get(), static_cast<const uint16_t*>(dw->get()) + s0 * k, nullptr,
+                             static_cast<float*>(dy.get()) + s0, ws.get()));
+  }
+  sync();
+  const auto yp = download<float>(dy, size_t(parts * m * n));
+  std::vector<float> y(size_t(m * n)), ref(size_t(m * n));
+  for (size_t i = 0; i < y.size(); ++i) y[i] = yp[i] + yp[i + size_t(m * n)];
+  ref_gemm(x, w, nullptr, false, nullptr, ref, m, k, n);
+  EXPECT_LT(rel_err(y, ref), 1e-4) << "K parts in column slices";
+  GemmDesc bad{m, n, k, DType::BF16, DType::F32, Epilogue::None, false};
+  bad.ldy = n - 1;
+  EXPECT_FALSE(runner->plan(bad).is_ok()) << "ldy below n";
+}
+
 TEST_F(CudaGemm, PlanIsCachedAndArgumentsAreChecked) {
   auto runner = GemmRunner::create(1 << 20);
   ASSERT_TRUE(runner.is_ok()) << runner.status().message();

@@ -36,6 +36,24 @@ bool env_off(const char* name) {
   return e && std::string(e) == "0";
 }
 
+// Rows of an 8-bit [n, k] matrix widened at once (quant.cu): all of it up to 32 MiB of bf16 (every
+// matrix of the expert and SigLIP), else equal slices of a multiple of 64 rows under that, each
+// widened and multiplied in turn (the LM's gate|up, 134 MB in bf16, in 4 slices). The scratch
+// holds one slice, and a slice this size stays in the H200's 50 MB L2 between the widening
+// kernel's writes and the GEMM's reads. VLAC_DEQUANT_SLICE_MIB=0: whole matrices (A/B).
+int64_t dequant_slice_rows(int64_t n, int64_t k) {
+  uint64_t cap = 32ull << 20;
+  if (const char* e = std::getenv("VLAC_DEQUANT_SLICE_MIB")) {
+    const long long v = std::atoll(e);
+    cap = v <= 0 ? UINT64_MAX : uint64_t(v) << 20;
+  }
+  const uint64_t bytes = uint64_t(n) * uint64_t(k) * 2;
+  if (bytes <= cap || n <= 64) return n;
+  const int64_t slices = int64_t((bytes + cap - 1) / cap);
+  const int64_t rows = ((n + slices - 1) / slices + 63) / 64 * 64;
+  return std::min(rows, n);
+}
+
 }  // namespace
 
 // An embedding over a table kept on the host: the host function gathers the looked-up rows into
@@ -166,6 +184,7 @@ Status CudaExecutable::plan(const CudaWeights& weights) {
   weight_dtype_.assign(nv, DType::F32);
   weight_entry_.assign(nv, nullptr);
   quant_src_.assign(nv, nullptr);
+  slice_rows_.assign(nv, 0);
   dequant_bytes_ = 0;
   inputs_.assign(g.inputs().size(), Input{});
   const std::string label = options_.label.empty() ? std::string("?") : options_.label;
@@ -198,7 +217,9 @@ Status CudaExecutable::plan(const CudaWeights& weights) {
       weight_dtype_[size_t(n.outputs[0])] = DType::BF16;
       quant_src_[size_t(n.outputs[0])] = e->data;
       ptr_[size_t(n.outputs[0])] = nullptr;  // the scratch's, in bind_memory
-      dequant_bytes_ = std::max(dequant_bytes_, al(uint64_t(r.shape[0] * r.shape[1]) * 2));
+      const int64_t rows = dequant_slice_rows(r.shape[0], r.shape[1]);
+      slice_rows_[size_t(n.outputs[0])] = rows;
+      dequant_bytes_ = std::max(dequant_bytes_, al(uint64_t(rows * r.shape[1]) * 2));
     }
   }
   for (NodeId id : order_) {
@@ -1588,9 +1609,10 @@ Status CudaExecutable::run_node(NodeId id) {
   if (p.skip) return Status::ok();  // folded into a later residual_norm_to (plan_residual_norms)
   if (n.op == OpKind::Linear && !p.qskinny && n.inputs.size() > 1 && from_weight(n.inputs[1])) {
     const size_t r = size_t(root_[size_t(n.inputs[1])]);
-    if (widened(ValueId(r))) {
+    if (widened(ValueId(r)) && !sliced(ValueId(r))) {  // (sliced: in the Linear below)
       const ValueInfo& w = info(n.inputs[1]);
-      VLAC_RETURN_IF_ERROR(dequant_bf16(s, quant_src_[r], weight_entry_[r]->dtype, w.shape[0], w.shape[1], ptr_[r]));
+      VLAC_RETURN_IF_ERROR(
+          dequant_bf16(s, quant_src_[r], weight_entry_[r]->dtype, w.shape[0], w.shape[1], 0, w.shape[0], ptr_[r]));
     }
   }
   if (p.fused) {
@@ -1631,6 +1653,23 @@ Status CudaExecutable::run_node(NodeId id) {
         SkinnyGemm sg{p.gemm.m, p.gemm.n, p.gemm.k, p.gemm.out, bias != nullptr, p.qskinny};
         sg.weights = weight_entry_[r]->dtype;
         return skinny_gemm(s, sg, xin, quant_src_[r], bias, out, ctx_->workspace(), quant_counters_);
+      }
+      const size_t r = from_weight(n.inputs[1]) ? size_t(root_[size_t(n.inputs[1])]) : 0;
+      if (from_weight(n.inputs[1]) && sliced(ValueId(r))) {
+        const ValueInfo& w = info(n.inputs[1]);
+        // Widen a slice of W's rows, multiply it into the matching columns of y, next slice.
+        const int64_t rows = slice_rows_[r], nn = w.shape[0];
+        const uint64_t ye = dtype_size(p.gemm.out);
+        for (int64_t n0 = 0; n0 < nn; n0 += rows) {
+          GemmDesc d = p.gemm;
+          d.n = std::min(rows, nn - n0);
+          d.ldy = p.gemm.ldy ? p.gemm.ldy : p.gemm.n;
+          VLAC_RETURN_IF_ERROR(dequant_bf16(s, quant_src_[r], weight_entry_[r]->dtype, nn, w.shape[1], n0, d.n, ptr_[r]));
+          VLAC_RETURN_IF_ERROR(ctx_->gemm().run(s, d, xin, ptr_[r],
+                                                bias ? static_cast<const uint8_t*>(bias) + uint64_t(n0) * ye : nullptr,
+                                                static_cast<uint8_t*>(out) + uint64_t(n0) * ye, ctx_->workspace()));
+        }
+        return Status::ok();
       }
       return ctx_->gemm().run(s, p.gemm, xin, ptr(n.inputs[1]), bias, out, ctx_->workspace());
     }

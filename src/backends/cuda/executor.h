@@ -182,6 +182,11 @@ class CudaExecutable final : public Executable {
     const CudaWeights::Entry* e = size_t(v) < weight_entry_.size() ? weight_entry_[size_t(v)] : nullptr;
     return e && is_quant_dtype(e->dtype) && !e->host_table;
   }
+  // By value id: rows widened at once (dequant_slice_rows); fewer than the matrix's: sliced.
+  std::vector<int64_t> slice_rows_;
+  bool sliced(ir::ValueId v) const {
+    return widened(v) && slice_rows_[size_t(v)] > 0 && slice_rows_[size_t(v)] < weight_entry_[size_t(v)]->shape[0];
+  }
   uint64_t dequant_bytes_ = 0, dequant_off_ = 0;
   const CudaWeights* weights_ = nullptr;
   std::vector<uint8_t> reads_on_demand_;  // by node id: reads a weight left in the file

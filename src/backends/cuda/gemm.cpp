@@ -218,10 +218,11 @@ class TuneCache {
 };
 
 std::string cache_key(const GemmDesc& d) {
-  const auto [m, n, k, in, out, epi, acc, tf32, ldx, parts] = d.key();
+  const auto [m, n, k, in, out, epi, acc, tf32, ldx, parts, ldy] = d.key();
   return std::to_string(m) + "," + std::to_string(n) + "," + std::to_string(k) + "," + std::to_string(in) + "," +
          std::to_string(out) + "," + std::to_string(epi) + "," + std::to_string(int(acc)) + "," +
-         std::to_string(int(tf32)) + "," + std::to_string(ldx) + (parts > 1 ? "," + std::to_string(parts) : "");
+         std::to_string(int(tf32)) + "," + std::to_string(ldx) + (parts > 1 ? "," + std::to_string(parts) : "") +
+         (ldy != 0 && ldy != n ? ",y" + std::to_string(ldy) : "");
 }
 
 // What the cache is keyed by: the GPU, its multiprocessors, cuBLASLt's version, the workspace and
@@ -368,10 +369,12 @@ Status GemmRunner::Impl::make(const GemmDesc& d, Plan& p) {
   VLAC_LT(cublasLtMatrixLayoutCreate(&p.a, ti, uint64_t(kk), uint64_t(d.n), d.k), "layout W " + name);
   if (d.ldx != 0 && d.ldx < d.k) return invalid_argument("gemm " + name + ": x's row stride is below k");
   VLAC_LT(cublasLtMatrixLayoutCreate(&p.b, ti, uint64_t(kk), uint64_t(d.m), d.ldx ? d.ldx : d.k), "layout x " + name);
-  VLAC_LT(cublasLtMatrixLayoutCreate(&p.c, to, uint64_t(d.n), uint64_t(d.m), d.n), "layout y " + name);
+  if (d.ldy != 0 && d.ldy < d.n) return invalid_argument("gemm " + name + ": y's row stride is below n");
+  const int64_t ldy = d.ldy ? d.ldy : d.n;
+  VLAC_LT(cublasLtMatrixLayoutCreate(&p.c, to, uint64_t(d.n), uint64_t(d.m), ldy), "layout y " + name);
   if (d.k_parts > 1) {
     const int32_t batches = d.k_parts;
-    const int64_t strides[3] = {kk, kk, d.n * d.m};
+    const int64_t strides[3] = {kk, kk, ldy * d.m};
     cublasLtMatrixLayout_t ls[3] = {p.a, p.b, p.c};
     for (int i = 0; i < 3; ++i) {
       VLAC_LT(cublasLtMatrixLayoutSetAttribute(ls[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batches, sizeof(batches)),
@@ -423,6 +426,7 @@ Status GemmRunner::Impl::make(const GemmDesc& d, Plan& p) {
   }
   cublasLtMatmulPreferenceDestroy(pref);
   if (skinny_mode() != SkinnyMode::Off && counters && d.in == DType::BF16 && !d.accumulate && (d.ldx == 0 || d.ldx == d.k) &&
+      (d.ldy == 0 || d.ldy == d.n) &&
       (d.epilogue == Epilogue::None || d.epilogue == Epilogue::Bias) && skinny_gemm_fits(d.m, d.n, d.k)) {
     for (int splits : skinny_gemm_splits(d.n, d.k, sms))
       if (skinny_gemm_workspace_bytes(SkinnyGemm{d.m, d.n, d.k, d.out, false, splits}) <= workspace)

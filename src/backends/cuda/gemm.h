@@ -28,11 +28,14 @@ struct GemmDesc {
   bool accumulate = false;  // y = y + x·Wᵀ...: a residual add fused into the GEMM (beta = 1)
   bool tf32 = false;        // F32 inputs: tensor cores on TF32-rounded inputs (ExecOptions::fast_vision)
   int64_t ldx = 0;          // x's row stride in elements (0: k; more when x is a view into a wider block)
+  int64_t ldy = 0;          // y's row stride in elements (0: n; more when y is a column slice of a wider y)
   // > 1: y holds k_parts fp32 partial products [k_parts][m][n] over equal K chunks (one strided
   // batched GEMM), summed in order by their reader (the executor's fused residual norm) instead of
   // a split-K reduction kernel. F32 out, no epilogue or accumulation, k a multiple of 8·k_parts.
   int k_parts = 0;
-  auto key() const { return std::tuple(m, n, k, int(in), int(out), int(epilogue), accumulate, tf32, ldx, k_parts); }
+  auto key() const {
+    return std::tuple(m, n, k, int(in), int(out), int(epilogue), accumulate, tf32, ldx, k_parts, ldy);
+  }
 };
 
 /// Not thread-safe: one runner per thread (the bias pointer is set on the cached descriptor).

@@ -36,9 +36,10 @@ int device_sm_count();
 
 /// y = x converted (F32 <-> BF16, or a copy); F32 -> BF16 rounds to nearest even, NaN stays NaN.
 Status cast(cudaStream_t stream, const void* x, DType xt, void* y, DType yt, int64_t n);
-/// An 8-bit weight blob (core/quant.h) of [n, k] widened for a bf16 GEMM: out[r·k + c] =
-/// bf16(decode(code) · scale[r]). I8 and F8_E4M3.
-Status dequant_bf16(cudaStream_t stream, const void* blob, DType dt, int64_t n, int64_t k, void* out);
+/// Rows [row0, row0 + rows) of an 8-bit weight blob (core/quant.h) of [n, k] widened for a bf16
+/// GEMM: out[(r - row0)·k + c] = bf16(decode(code[r][c]) · scale[r]). I8 and F8_E4M3.
+Status dequant_bf16(cudaStream_t stream, const void* blob, DType dt, int64_t n, int64_t k, int64_t row0, int64_t rows,
+                    void* out);
 /// The same over rows: y[r·y_stride + c] = x[r·x_stride + c] for r < rows, c < cols (a column
 /// slice of a fused output written into a concatenation, converted on the way).
 Status cast_rows(cudaStream_t stream, const void* x, DType xt, int64_t x_stride, void* y, DType yt, int64_t y_stride,

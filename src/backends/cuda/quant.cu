@@ -1,9 +1,9 @@
-// 8-bit weight matrices on the GPU (core/quant.h blobs: codes, then one fp32 scale per row),
-// first version: each GEMM's weight is widened into bf16 in the kernel scratch right before the
-// GEMM, W[n,k] = bf16(decode(code) · scale[n]), and the cuBLASLt bf16 GEMM and every rewrite
-// of the bf16-all path run on it unchanged. The weights stay 8-bit in device memory (half the
-// bytes); the widening costs a pass over them per GEMM (what a GEMM that decodes in registers
-// will remove).
+// 8-bit weight matrices on the GPU (core/quant.h blobs: codes, then one fp32 scale per row). Each
+// GEMM's weight is widened to bf16(decode(code) · scale[n]) in the kernel scratch right before
+// the GEMM (in slices of rows when it is large: executor.cpp), and the cuBLASLt bf16 GEMM and
+// every rewrite of the bf16-all path run on it unchanged. That rounds each weight once more than
+// the CPU (which scales the fp32 sums): cuBLASLt 13.0 on the H200 has no algorithm for a bf16 GEMM
+// with a per-row alpha vector (CUBLASLT_POINTER_MODE_ALPHA_DEVICE_VECTOR_*), tried in session 14.
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/kernels.h"
 #include "core/quant.h"
@@ -20,10 +20,11 @@ __device__ __forceinline__ float decode(uint32_t code) {
 }
 
 // 16 codes per thread (one 16-byte load, two 16-byte stores); k % 16 == 0 so they share a row.
+// codes and scales start at the slice's first row.
 template <bool kFp8>
-__global__ void dequant16_kernel(const uint8_t* codes, const float* scales, uint16_t* out, int64_t groups, int64_t k) {
+__global__ void dequant16_kernel(const uint8_t* codes, const float* scales, uint16_t* out, int64_t chunks, int64_t k) {
   pdl_wait();
-  VLAC_GRID_LOOP(g, groups) {
+  VLAC_GRID_LOOP(g, chunks) {
     const uint4 c = reinterpret_cast<const uint4*>(codes)[g];
     const float s = scales[(g * 16) / k];
     const uint32_t w[4] = {c.x, c.y, c.z, c.w};
@@ -46,22 +47,23 @@ __global__ void dequant1_kernel(const uint8_t* codes, const float* scales, uint1
 
 }  // namespace
 
-Status dequant_bf16(cudaStream_t stream, const void* blob, DType dt, int64_t n, int64_t k, void* out) {
+Status dequant_bf16(cudaStream_t stream, const void* blob, DType dt, int64_t n, int64_t k, int64_t row0, int64_t rows,
+                    void* out) {
   if (!is_quant_dtype(dt)) return unsupported(std::string("dequant_bf16: ") + dtype_name(dt) + " is no 8-bit weight dtype");
-  if (n < 0 || k <= 0) return invalid_argument("dequant_bf16: bad shape");
-  if (n == 0) return Status::ok();
-  const auto* codes = static_cast<const uint8_t*>(blob);
-  const auto* scales = reinterpret_cast<const float*>(codes + quant_scales_offset(n, k));
+  if (n < 0 || k <= 0 || row0 < 0 || rows < 0 || row0 + rows > n) return invalid_argument("dequant_bf16: bad shape or rows");
+  if (rows == 0) return Status::ok();
+  const auto* codes = static_cast<const uint8_t*>(blob) + uint64_t(row0) * uint64_t(k);
+  const float* scales = reinterpret_cast<const float*>(static_cast<const uint8_t*>(blob) + quant_scales_offset(n, k)) + row0;
   auto* o = static_cast<uint16_t*>(out);
   const bool fp8 = dt == DType::F8_E4M3;
-  const bool vec = k % 16 == 0 && ((reinterpret_cast<uintptr_t>(blob) | reinterpret_cast<uintptr_t>(out)) & 15u) == 0;
+  const bool vec = k % 16 == 0 && ((reinterpret_cast<uintptr_t>(codes) | reinterpret_cast<uintptr_t>(out)) & 15u) == 0;
   if (vec) {
-    const int64_t groups = n * k / 16;
-    launch(fp8 ? dequant16_kernel<true> : dequant16_kernel<false>, grid_1d(groups, kThreads), kThreads, 0, stream, codes,
-           scales, o, groups, k);
+    const int64_t chunks = rows * k / 16;
+    launch(fp8 ? dequant16_kernel<true> : dequant16_kernel<false>, grid_1d(chunks, kThreads), kThreads, 0, stream, codes,
+           scales, o, chunks, k);
   } else {
-    launch(fp8 ? dequant1_kernel<true> : dequant1_kernel<false>, grid_1d(n * k, kThreads), kThreads, 0, stream, codes,
-           scales, o, n, k);
+    launch(fp8 ? dequant1_kernel<true> : dequant1_kernel<false>, grid_1d(rows * k, kThreads), kThreads, 0, stream, codes,
+           scales, o, rows, k);
   }
   return launch_status("dequant_bf16");
 }
