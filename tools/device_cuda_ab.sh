@@ -5,7 +5,8 @@
 # pi05_chunk_bench process per A/B setting on the benchmark's package: each argument is NAME or
 # NAME:VAR=VALUE[,VAR=VALUE...] (environment for that process), printed as one line each and kept
 # in $OUT/ab.tar. BENCH_DTYPE (default bf16-all) and BENCH_EXTRA (e.g. fp8,bf16-all: more packages
-# of the same folder, each against lerobot fp32), TEST_FILTER (gtest filter of test_cuda).
+# of the same folder, each against lerobot fp32), TEST_FILTER (gtest filter of test_cuda), BENCH_CAMERAS
+# (camera counts, one benchmark each) and BENCH_ARGS (more benchmark arguments).
 # lerobot's wheels come from .whl (docs/cuda.md). Session 12 used it as
 #   bash tools/device_cuda_ab.sh .devcarry base prefix_qkv_off:VLAC_PREFIX_QKV=0 sub1:VLAC_ATTN_SUB=1 base2
 set -uo pipefail
@@ -26,10 +27,17 @@ timeout "${TEST_TIMEOUT:-150}" /tmp/vb/bin/test_cuda --gtest_filter="${TEST_FILT
 el "test_cuda rc=$?"
 grep -E '^\[  (FAILED|PASSED) |Failure|Expected|Which is|actual|^\[==' "$out/test_cuda.log" | tail -30
 skip=(); [ "${SKIP_LEROBOT:-0}" = 1 ] && skip=(--skip-lerobot)
-el "bench_cuda_vs_lerobot ${skip[*]}"
-timeout "${BENCH_TIMEOUT:-330}" python3 /tmp/vb/tools/bench_cuda_vs_lerobot.py --bin /tmp/vb/bin --work /tmp/bw \
-  --dtype "${BENCH_DTYPE:-bf16-all}" --extra-dtypes "${BENCH_EXTRA:-}" "${skip[@]}" --out "$out/bench_cuda.json" > "$out/bench.log" 2>&1
-el "bench rc=$?"; tail -3 "$out/bench.log"
+# BENCH_CAMERAS: one benchmark per camera count (default 3: bench_cuda.json; others bench_cuda_cN.json);
+# BENCH_ARGS: more arguments for each (e.g. --rounds 2 --chunks 30).
+for cams in ${BENCH_CAMERAS:-3}; do
+  sfx=""; [ "$cams" = 3 ] || sfx="_c$cams"
+  el "bench_cuda_vs_lerobot --cameras $cams ${skip[*]} ${BENCH_ARGS:-}"
+  # shellcheck disable=SC2086
+  timeout "${BENCH_TIMEOUT:-330}" python3 /tmp/vb/tools/bench_cuda_vs_lerobot.py --bin /tmp/vb/bin --work /tmp/bw \
+    --cameras "$cams" --dtype "${BENCH_DTYPE:-bf16-all}" --extra-dtypes "${BENCH_EXTRA:-}" "${skip[@]}" ${BENCH_ARGS:-} \
+    --out "$out/bench_cuda$sfx.json" > "$out/bench$sfx.log" 2>&1
+  el "bench rc=$?"; tail -3 "$out/bench$sfx.log"
+done
 pkg=/tmp/bw/policy.vlac; obs=/tmp/bw/obs.safetensors; noise=/tmp/bw/noise.safetensors
 for spec in "$@"; do
   name="${spec%%:*}"; envs=(); [[ "$spec" == *:* ]] && IFS=',' read -r -a envs <<< "${spec#*:}"
