@@ -364,6 +364,53 @@ TEST_F(CudaChain, DequantKernelMatchesTheHostDecode) {
         }
 }
 
+// Several blobs widened in one launch (dequant_bf16_many, the executor's grouped widening) equal
+// their one-by-one widening, int8 and fp8 mixed; a k that is no multiple of 16 takes one launch
+// each and still agrees.
+TEST_F(CudaChain, GroupedDequantMatchesOneByOne) {
+  struct Spec { DType dt; int64_t n, k; };
+  for (const std::vector<Spec>& specs : {std::vector<Spec>{{DType::I8, 37, 64}, {DType::F8_E4M3, 16, 128}, {DType::I8, 3, 32}},
+                                         std::vector<Spec>{{DType::I8, 5, 40}, {DType::F8_E4M3, 7, 64}}}) {
+    std::vector<void*> blobs, outs;  // freed below
+    std::vector<cuda::DequantJob> jobs;
+    std::vector<std::vector<uint8_t>> host;
+    for (size_t j = 0; j < specs.size(); ++j) {
+      const Spec& sp = specs[j];
+      std::vector<uint8_t> blob(stored_weight_bytes(sp.dt, {sp.n, sp.k}));
+      auto* scales = reinterpret_cast<float*>(blob.data() + quant_scales_offset(sp.n, sp.k));
+      std::vector<float> row(static_cast<size_t>(sp.k));
+      for (int64_t r = 0; r < sp.n; ++r) {
+        for (int64_t c = 0; c < sp.k; ++c) row[size_t(c)] = std::cos(float(j * 1000 + r * sp.k + c)) * float(r + 2);
+        scales[r] = quantize_row(row.data(), sp.k, sp.dt, blob.data() + r * sp.k);
+      }
+      void* db = nullptr;
+      void* dout = nullptr;
+      ASSERT_EQ(cudaMalloc(&db, blob.size()), cudaSuccess);
+      ASSERT_EQ(cudaMalloc(&dout, size_t(sp.n * sp.k) * 2), cudaSuccess);
+      blobs.push_back(db);
+      outs.push_back(dout);
+      ASSERT_EQ(cudaMemcpy(db, blob.data(), blob.size(), cudaMemcpyHostToDevice), cudaSuccess);
+      jobs.push_back(cuda::DequantJob{db, sp.dt, sp.n, sp.k, dout});
+      host.push_back(std::move(blob));
+    }
+    ASSERT_TRUE(cuda::dequant_bf16_many(nullptr, jobs.data(), int(jobs.size())).is_ok());
+    for (size_t j = 0; j < specs.size(); ++j) {
+      const Spec& sp = specs[j];
+      std::vector<uint16_t> got(size_t(sp.n * sp.k));
+      ASSERT_EQ(cudaMemcpy(got.data(), outs[j], got.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+      const auto* scales = reinterpret_cast<const float*>(host[j].data() + quant_scales_offset(sp.n, sp.k));
+      int bad = 0;
+      for (int64_t i = 0; i < sp.n * sp.k; ++i)
+        if (got[size_t(i)] != f32_to_bf16(quant_decode(sp.dt, host[j][size_t(i)]) * scales[i / sp.k])) ++bad;
+      EXPECT_EQ(bad, 0) << "job " << j << " " << dtype_name(sp.dt) << " " << sp.n << "x" << sp.k;
+    }
+    for (void* b : blobs) cudaFree(b);
+    for (void* o : outs) cudaFree(o);
+  }
+  cuda::DequantJob none[9];
+  EXPECT_FALSE(cuda::dequant_bf16_many(nullptr, none, 9).is_ok()) << "more than 8 jobs";
+}
+
 // int8 and fp8 packages (8-bit matrices, core/quant.h) compiled for CUDA run on the GPU: recorded
 // chunks equal the eager run, the memo's weights left in the package give the same actions, and
 // the actions agree with the same package compiled for and run on the CPU (bf16-level

@@ -41,12 +41,15 @@ bool env_off(const char* name) {
 // widened and multiplied in turn (the LM's gate|up, 134 MB in bf16, in 4 slices). The scratch
 // holds one slice, and a slice this size stays in the H200's 50 MB L2 between the widening
 // kernel's writes and the GEMM's reads. VLAC_DEQUANT_SLICE_MIB=0: whole matrices (A/B).
-int64_t dequant_slice_rows(int64_t n, int64_t k) {
-  uint64_t cap = 32ull << 20;
+uint64_t dequant_cap() {
   if (const char* e = std::getenv("VLAC_DEQUANT_SLICE_MIB")) {
     const long long v = std::atoll(e);
-    cap = v <= 0 ? UINT64_MAX : uint64_t(v) << 20;
+    return v <= 0 ? UINT64_MAX : uint64_t(v) << 20;
   }
+  return 32ull << 20;
+}
+int64_t dequant_slice_rows(int64_t n, int64_t k) {
+  const uint64_t cap = dequant_cap();
   const uint64_t bytes = uint64_t(n) * uint64_t(k) * 2;
   if (bytes <= cap || n <= 64) return n;
   const int64_t slices = int64_t((bytes + cap - 1) / cap);
@@ -558,6 +561,7 @@ Status CudaExecutable::plan(const CudaWeights& weights) {
     scratch_bytes_ = std::max(scratch_bytes_, at + al(p.split_bytes));
   }
 
+  plan_dequant_groups();
   // The widened 8-bit weight of the GEMM about to run: behind everything else in the scratch
   // (a node's own scratch use, e.g. its x's bf16 copy, lies before it).
   if (dequant_bytes_) {
@@ -1373,7 +1377,7 @@ void CudaExecutable::bind_memory(void* arena, void* scratch) {
   arena_base_ = static_cast<uint8_t*>(arena);
   scratch_ = scratch;
   for (size_t v = 0; v < quant_src_.size(); ++v)
-    if (widened(ValueId(v))) ptr_[v] = static_cast<uint8_t*>(scratch) + dequant_off_;
+    if (widened(ValueId(v))) ptr_[v] = static_cast<uint8_t*>(scratch) + dequant_off_ + widen_off_[v];
 }
 
 // Memo results that are not graph outputs live in the slot of the current key while a run uses
@@ -1549,6 +1553,56 @@ Status CudaExecutable::run() {
 // widened copy), where the GEMM kept no epilogue beyond a bias after the rewrites above. Off by
 // default: on the H200 the int8 chunk took 26.98-27.20 ms with it against 25.87 ms widening into
 // the scratch + cuBLASLt (fp8: 32.9 ms), the kernel's latency chain again (docs/quantization.md).
+// 8-bit GEMMs that run one after another with nothing else widening in between (an expert
+// layer's q|k|v, o, gate|up; a SigLIP layer's four) get their bf16 weights side by side in the
+// scratch, up to the slice cap, widened in one launch before the first: 2 launches per expert
+// layer instead of 4. A weight that another GEMM also reads, one read from the package at memo
+// misses, a memoized GEMM (skipped on hits) and a sliced one widen at their own GEMM and end the
+// run. VLAC_DEQUANT_GROUP=0: each at its own GEMM (A/B).
+void CudaExecutable::plan_dequant_groups() {
+  const ir::Graph& g = graph_;
+  const size_t nv = g.values().size();
+  dequant_groups_.clear();
+  dequant_group_at_.assign(g.nodes().size(), -1);
+  widen_off_.assign(nv, 0);
+  in_group_.assign(nv, 0);
+  if (env_off("VLAC_DEQUANT_GROUP")) return;
+  auto widened_linear = [&](const Node& n) {
+    return n.op == OpKind::Linear && n.inputs.size() > 1 && from_weight(n.inputs[1]) &&
+           widened(root_[size_t(n.inputs[1])]);
+  };
+  std::vector<int> readers(nv, 0);
+  for (NodeId id : order_)
+    if (widened_linear(g.node(id))) ++readers[size_t(root_[size_t(g.node(id).inputs[1])])];
+  const uint64_t cap = dequant_cap();
+  int cur = -1;
+  uint64_t used = 0;
+  for (NodeId id : order_) {
+    const Node& n = g.node(id);
+    if (!widened_linear(n)) continue;
+    const ValueId r = root_[size_t(n.inputs[1])];
+    const NodePlan& p = plans_[size_t(id)];
+    if (p.qskinny) continue;  // reads the codes: no scratch
+    const CudaWeights::Entry* e = weight_entry_[size_t(r)];
+    if (sliced(r) || readers[size_t(r)] != 1 || e->on_demand || memo_.node[size_t(id)]) {
+      cur = -1;  // widens at its own GEMM, over the start of the region
+      continue;
+    }
+    const uint64_t b = al(uint64_t(e->shape[0] * e->shape[1]) * 2);
+    if (cur < 0 || used + b > cap || dequant_groups_[size_t(cur)].size() >= size_t(kMaxDequantJobs)) {
+      cur = int(dequant_groups_.size());
+      dequant_groups_.emplace_back();
+      dequant_group_at_[size_t(id)] = cur;
+      used = 0;
+    }
+    widen_off_[size_t(r)] = used;
+    in_group_[size_t(r)] = 1;
+    dequant_groups_[size_t(cur)].push_back(r);
+    used += b;
+    dequant_bytes_ = std::max(dequant_bytes_, used);
+  }
+}
+
 Status CudaExecutable::plan_quant_skinny() {
   const char* on = std::getenv("VLAC_QUANT_SKINNY");
   if (!on || std::string(on) != "1") return Status::ok();
@@ -1609,7 +1663,15 @@ Status CudaExecutable::run_node(NodeId id) {
   if (p.skip) return Status::ok();  // folded into a later residual_norm_to (plan_residual_norms)
   if (n.op == OpKind::Linear && !p.qskinny && n.inputs.size() > 1 && from_weight(n.inputs[1])) {
     const size_t r = size_t(root_[size_t(n.inputs[1])]);
-    if (widened(ValueId(r)) && !sliced(ValueId(r))) {  // (sliced: in the Linear below)
+    if (dequant_group_at_[size_t(id)] >= 0) {  // this GEMM's weight and the next ones' (plan_dequant_groups)
+      DequantJob jobs[kMaxDequantJobs];
+      const auto& grp = dequant_groups_[size_t(dequant_group_at_[size_t(id)])];
+      for (size_t j = 0; j < grp.size(); ++j) {
+        const CudaWeights::Entry* e = weight_entry_[size_t(grp[j])];
+        jobs[j] = DequantJob{quant_src_[size_t(grp[j])], e->dtype, e->shape[0], e->shape[1], ptr_[size_t(grp[j])]};
+      }
+      VLAC_RETURN_IF_ERROR(dequant_bf16_many(s, jobs, int(grp.size())));
+    } else if (widened(ValueId(r)) && !sliced(ValueId(r)) && !in_group_[r]) {  // (sliced: in the Linear below)
       const ValueInfo& w = info(n.inputs[1]);
       VLAC_RETURN_IF_ERROR(
           dequant_bf16(s, quant_src_[r], weight_entry_[r]->dtype, w.shape[0], w.shape[1], 0, w.shape[0], ptr_[r]));

@@ -188,6 +188,13 @@ class CudaExecutable final : public Executable {
     return widened(v) && slice_rows_[size_t(v)] > 0 && slice_rows_[size_t(v)] < weight_entry_[size_t(v)]->shape[0];
   }
   uint64_t dequant_bytes_ = 0, dequant_off_ = 0;
+  // Widened together (plan_dequant_groups): consecutive 8-bit GEMMs whose bf16 weights fit the
+  // slice cap side by side in the scratch, widened in one launch before the first of them.
+  std::vector<std::vector<ir::ValueId>> dequant_groups_;  // weight values (roots), in run order
+  std::vector<int> dequant_group_at_;                      // by node id: the group widened first, or -1
+  std::vector<uint64_t> widen_off_;                        // by value id: its offset past dequant_off_
+  std::vector<uint8_t> in_group_;                          // by value id: widened with its group
+  void plan_dequant_groups();
   const CudaWeights* weights_ = nullptr;
   std::vector<uint8_t> reads_on_demand_;  // by node id: reads a weight left in the file
 

@@ -40,6 +40,17 @@ Status cast(cudaStream_t stream, const void* x, DType xt, void* y, DType yt, int
 /// GEMM: out[(r - row0)·k + c] = bf16(decode(code[r][c]) · scale[r]). I8 and F8_E4M3.
 Status dequant_bf16(cudaStream_t stream, const void* blob, DType dt, int64_t n, int64_t k, int64_t row0, int64_t rows,
                     void* out);
+/// One 8-bit matrix to widen whole (dequant_bf16_many).
+struct DequantJob {
+  const void* blob = nullptr;
+  DType dt = DType::I8;
+  int64_t n = 0, k = 0;
+  void* out = nullptr;
+};
+inline constexpr int kMaxDequantJobs = 8;
+/// Up to kMaxDequantJobs matrices widened as dequant_bf16 does, in one launch where each has
+/// k % 16 == 0 and 16-byte aligned pointers (else one launch each).
+Status dequant_bf16_many(cudaStream_t stream, const DequantJob* jobs, int count);
 /// The same over rows: y[r·y_stride + c] = x[r·x_stride + c] for r < rows, c < cols (a column
 /// slice of a fused output written into a concatenation, converted on the way).
 Status cast_rows(cudaStream_t stream, const void* x, DType xt, int64_t x_stride, void* y, DType yt, int64_t y_stride,

@@ -45,6 +45,41 @@ __global__ void dequant1_kernel(const uint8_t* codes, const float* scales, uint1
   VLAC_GRID_LOOP(i, n * k) out[i] = f2bf(decode<kFp8>(codes[i]) * scales[i / k]);
 }
 
+// Several matrices in one launch (DequantJob; the 16-code path of each): thread chunk g belongs to
+// the job whose chunk range holds it (at most kMaxDequantJobs: a linear scan).
+struct ManyArgs {
+  const uint8_t* codes[kMaxDequantJobs];
+  const float* scales[kMaxDequantJobs];
+  uint16_t* out[kMaxDequantJobs];
+  int64_t k[kMaxDequantJobs];
+  int64_t first[kMaxDequantJobs + 1];  // chunk prefix sums
+  uint32_t fp8_mask = 0;
+  int jobs = 0;
+};
+
+__global__ void dequant16_many_kernel(ManyArgs a) {
+  pdl_wait();
+  VLAC_GRID_LOOP(g, a.first[a.jobs]) {
+    int j = 0;
+    while (g >= a.first[j + 1]) ++j;
+    const int64_t lg = g - a.first[j];
+    const uint4 c = reinterpret_cast<const uint4*>(a.codes[j])[lg];
+    const float s = a.scales[j][(lg * 16) / a.k[j]];
+    const bool fp8 = (a.fp8_mask >> j) & 1u;
+    const uint32_t w[4] = {c.x, c.y, c.z, c.w};
+    uint32_t o[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const uint32_t word = w[i / 2] >> (16 * (i % 2));
+      const float f0 = fp8 ? decode<true>(word & 0xFFu) : decode<false>(word & 0xFFu);
+      const float f1 = fp8 ? decode<true>((word >> 8) & 0xFFu) : decode<false>((word >> 8) & 0xFFu);
+      o[i] = uint32_t(f2bf(f0 * s)) | (uint32_t(f2bf(f1 * s)) << 16);
+    }
+    reinterpret_cast<uint4*>(a.out[j])[2 * lg] = make_uint4(o[0], o[1], o[2], o[3]);
+    reinterpret_cast<uint4*>(a.out[j])[2 * lg + 1] = make_uint4(o[4], o[5], o[6], o[7]);
+  }
+}
+
 }  // namespace
 
 Status dequant_bf16(cudaStream_t stream, const void* blob, DType dt, int64_t n, int64_t k, int64_t row0, int64_t rows,
@@ -66,6 +101,41 @@ Status dequant_bf16(cudaStream_t stream, const void* blob, DType dt, int64_t n, 
            scales, o, rows, k);
   }
   return launch_status("dequant_bf16");
+}
+
+}  // namespace vlac::cuda
+
+namespace vlac::cuda {
+
+Status dequant_bf16_many(cudaStream_t stream, const DequantJob* jobs, int count) {
+  if (count < 0 || count > kMaxDequantJobs) return invalid_argument("dequant_bf16_many: 0 to 8 jobs");
+  ManyArgs a;
+  bool vec = true;
+  for (int j = 0; j < count; ++j) {
+    const DequantJob& d = jobs[j];
+    if (!is_quant_dtype(d.dt)) return unsupported(std::string("dequant_bf16_many: ") + dtype_name(d.dt) + " is no 8-bit weight dtype");
+    if (d.n < 0 || d.k <= 0) return invalid_argument("dequant_bf16_many: bad shape");
+    vec = vec && d.k % 16 == 0 && ((reinterpret_cast<uintptr_t>(d.blob) | reinterpret_cast<uintptr_t>(d.out)) & 15u) == 0;
+  }
+  if (!vec) {  // one launch each (the scalar path)
+    for (int j = 0; j < count; ++j)
+      VLAC_RETURN_IF_ERROR(dequant_bf16(stream, jobs[j].blob, jobs[j].dt, jobs[j].n, jobs[j].k, 0, jobs[j].n, jobs[j].out));
+    return Status::ok();
+  }
+  a.jobs = count;
+  a.first[0] = 0;
+  for (int j = 0; j < count; ++j) {
+    const DequantJob& d = jobs[j];
+    a.codes[j] = static_cast<const uint8_t*>(d.blob);
+    a.scales[j] = reinterpret_cast<const float*>(a.codes[j] + quant_scales_offset(d.n, d.k));
+    a.out[j] = static_cast<uint16_t*>(d.out);
+    a.k[j] = d.k;
+    a.first[j + 1] = a.first[j] + d.n * d.k / 16;
+    if (d.dt == DType::F8_E4M3) a.fp8_mask |= 1u << j;
+  }
+  if (a.first[count] == 0) return Status::ok();
+  launch(dequant16_many_kernel, grid_1d(a.first[count], kThreads), kThreads, 0, stream, a);
+  return launch_status("dequant_bf16_many");
 }
 
 }  // namespace vlac::cuda
