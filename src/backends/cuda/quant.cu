@@ -19,24 +19,27 @@ __device__ __forceinline__ float decode(uint32_t code) {
   else return float(int8_t(uint8_t(code)));
 }
 
-// 16 codes per thread (one 16-byte load, two 16-byte stores); k % 16 == 0 so they share a row.
-// codes and scales start at the slice's first row.
+// 16 codes (one 16-byte load) times one scale, stored as 16 bf16 (two 16-byte stores) at chunk g.
+template <bool kFp8>
+__device__ __forceinline__ void widen16(const uint8_t* codes, float s, uint16_t* out, int64_t g) {
+  const uint4 c = reinterpret_cast<const uint4*>(codes)[g];
+  const uint32_t w[4] = {c.x, c.y, c.z, c.w};
+  uint32_t o[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const uint32_t word = w[i / 2] >> (16 * (i % 2));
+    o[i] = uint32_t(f2bf(decode<kFp8>(word & 0xFFu) * s)) | (uint32_t(f2bf(decode<kFp8>((word >> 8) & 0xFFu) * s)) << 16);
+  }
+  reinterpret_cast<uint4*>(out)[2 * g] = make_uint4(o[0], o[1], o[2], o[3]);
+  reinterpret_cast<uint4*>(out)[2 * g + 1] = make_uint4(o[4], o[5], o[6], o[7]);
+}
+
+// 16 codes per thread; k % 16 == 0 so they share a row. codes and scales start at the slice's
+// first row.
 template <bool kFp8>
 __global__ void dequant16_kernel(const uint8_t* codes, const float* scales, uint16_t* out, int64_t chunks, int64_t k) {
   pdl_wait();
-  VLAC_GRID_LOOP(g, chunks) {
-    const uint4 c = reinterpret_cast<const uint4*>(codes)[g];
-    const float s = scales[(g * 16) / k];
-    const uint32_t w[4] = {c.x, c.y, c.z, c.w};
-    uint32_t o[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const uint32_t word = w[i / 2] >> (16 * (i % 2));
-      o[i] = uint32_t(f2bf(decode<kFp8>(word & 0xFFu) * s)) | (uint32_t(f2bf(decode<kFp8>((word >> 8) & 0xFFu) * s)) << 16);
-    }
-    reinterpret_cast<uint4*>(out)[2 * g] = make_uint4(o[0], o[1], o[2], o[3]);
-    reinterpret_cast<uint4*>(out)[2 * g + 1] = make_uint4(o[4], o[5], o[6], o[7]);
-  }
+  VLAC_GRID_LOOP(g, chunks) widen16<kFp8>(codes, scales[(g * 16) / k], out, g);
 }
 
 template <bool kFp8>
@@ -63,20 +66,9 @@ __global__ void dequant16_many_kernel(ManyArgs a) {
     int j = 0;
     while (g >= a.first[j + 1]) ++j;
     const int64_t lg = g - a.first[j];
-    const uint4 c = reinterpret_cast<const uint4*>(a.codes[j])[lg];
     const float s = a.scales[j][(lg * 16) / a.k[j]];
-    const bool fp8 = (a.fp8_mask >> j) & 1u;
-    const uint32_t w[4] = {c.x, c.y, c.z, c.w};
-    uint32_t o[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const uint32_t word = w[i / 2] >> (16 * (i % 2));
-      const float f0 = fp8 ? decode<true>(word & 0xFFu) : decode<false>(word & 0xFFu);
-      const float f1 = fp8 ? decode<true>((word >> 8) & 0xFFu) : decode<false>((word >> 8) & 0xFFu);
-      o[i] = uint32_t(f2bf(f0 * s)) | (uint32_t(f2bf(f1 * s)) << 16);
-    }
-    reinterpret_cast<uint4*>(a.out[j])[2 * lg] = make_uint4(o[0], o[1], o[2], o[3]);
-    reinterpret_cast<uint4*>(a.out[j])[2 * lg + 1] = make_uint4(o[4], o[5], o[6], o[7]);
+    if ((a.fp8_mask >> j) & 1u) widen16<true>(a.codes[j], s, a.out[j], lg);
+    else widen16<false>(a.codes[j], s, a.out[j], lg);
   }
 }
 
