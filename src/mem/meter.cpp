@@ -129,6 +129,9 @@ std::optional<int64_t> MemMeter::gpu_above_idle_now() {
 }
 
 void MemMeter::sample_once() {
+  const uint64_t rss = process_rss_bytes();
+  uint64_t pr = phase_peak_rss_.load();
+  while (rss > pr && !phase_peak_rss_.compare_exchange_weak(pr, rss)) {}
   int64_t sys = static_cast<int64_t>(system_used_bytes()) - static_cast<int64_t>(idle_used_);
   int64_t prev = phase_peak_sys_.load();
   while (sys > prev && !phase_peak_sys_.compare_exchange_weak(prev, sys)) {}
@@ -154,7 +157,8 @@ void MemMeter::sample_loop() {
 void MemMeter::begin_phase(const std::string& name) {
   end_phase();
   std::lock_guard<std::mutex> lock(mu_);
-  reset_peak_rss();
+  phase_hwm0_ = process_peak_rss_bytes();
+  phase_peak_rss_ = 0;
   phase_peak_sys_ = 0;
   phase_peak_gpu_ = 0;
   sample_once();
@@ -169,7 +173,8 @@ void MemMeter::end_phase() {
   sample_once();
   current_->wall_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - phase_t0_).count();
-  current_->peak_rss_bytes = process_peak_rss_bytes();
+  const uint64_t hwm = process_peak_rss_bytes();
+  current_->peak_rss_bytes = hwm > phase_hwm0_ ? hwm : phase_peak_rss_.load();
   current_->peak_system_above_idle_bytes = phase_peak_sys_.load();
   if (gpu_probe_ && gpu_idle_) current_->peak_gpu_above_idle_bytes = phase_peak_gpu_.load();
   report_.phases.push_back(std::move(*current_));
@@ -188,7 +193,8 @@ MemReport MemMeter::finish() {
   std::lock_guard<std::mutex> lock(mu_);
   sample_once();
   report_.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
-  // Peaks over the whole command: the maximum over phases, and the time outside phases.
+  // Peaks over the whole command: the maximum over phases, and the time outside phases (RSS: the
+  // never-reset high-water mark covers both).
   uint64_t rss = process_peak_rss_bytes();
   int64_t sys = phase_peak_sys_.load();
   std::optional<int64_t> gpu;

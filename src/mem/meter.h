@@ -1,7 +1,10 @@
-// MemMeter: the memory meter every vlac command uses. Per phase it records peak RSS (VmHWM,
-// reset per phase through /proc/self/clear_refs), peak system used memory above the level at
-// start (MemTotal - MemAvailable, sampled by a background thread) and, where a GPU probe is
-// installed, peak GPU memory above idle. It never allocates in the sampling loop.
+// MemMeter: the memory meter every vlac command uses. The command's peak RSS is the kernel's
+// high-water mark (VmHWM), never reset, so `/usr/bin/time -v` reports it or more (a reset through
+// /proc/self/clear_refs also resets what getrusage reads at exit: docs/benchmarks.md). Per phase: the
+// peak RSS is exact (VmHWM at its end) when the phase raised the process's high-water mark, else
+// the largest VmRSS sampled during it; peak system used memory above the level at start
+// (MemTotal - MemAvailable) and, where a GPU probe is installed, peak GPU memory above idle are
+// sampled by a background thread. It never allocates in the sampling loop.
 #pragma once
 
 #include <atomic>
@@ -21,7 +24,7 @@ namespace vlac {
 struct PhaseReport {
   std::string name;
   double wall_seconds = 0;
-  uint64_t peak_rss_bytes = 0;             // VmHWM during the phase
+  uint64_t peak_rss_bytes = 0;             // VmHWM if the phase raised it, else the sampled VmRSS peak
   int64_t peak_system_above_idle_bytes = 0;
   std::optional<int64_t> peak_gpu_above_idle_bytes;
 };
@@ -85,6 +88,8 @@ class MemMeter {
   GpuUsedProbe gpu_probe_;
   std::string gpu_source_;
   std::atomic<int64_t> phase_peak_sys_{0};
+  std::atomic<uint64_t> phase_peak_rss_{0};  // largest VmRSS sampled in the phase
+  uint64_t phase_hwm0_ = 0;                  // VmHWM when the phase began
   std::atomic<int64_t> phase_peak_gpu_{0};
   std::atomic<bool> stop_{false};
   std::mutex mu_;
