@@ -42,10 +42,10 @@ pkg=/tmp/bw/policy.vlac; obs=/tmp/bw/obs.safetensors; noise=/tmp/bw/noise.safete
 for spec in "$@"; do
   name="${spec%%:*}"; envs=(); [[ "$spec" == *:* ]] && IFS=',' read -r -a envs <<< "${spec#*:}"
   env "${envs[@]}" timeout 60 /tmp/vb/bin/pi05_chunk_bench "$pkg" --obs "$obs" --noise "$noise" --warmup 5 --rounds 3 \
-    --chunks 50 --out "/tmp/ab_$name.json" > "/tmp/ab_$name.log" 2>&1
-  python3 - "$name" "/tmp/ab_$name.json" <<'PY'
-import json, sys
-name, f = sys.argv[1], sys.argv[2]
+    --chunks 50 --out "/tmp/ab_$name.json" --actions "/tmp/ab_$name.actions.safetensors" > "/tmp/ab_$name.log" 2>&1
+  python3 - "$name" "/tmp/ab_$name.json" "/tmp/ab_$name.actions.safetensors" /tmp/bw/lerobot_fp32_actions.safetensors <<'PY'
+import json, os, sys
+name, f, act, ref = sys.argv[1:5]
 try:
     d = json.load(open(f))
 except Exception as e:
@@ -59,8 +59,15 @@ mem = (m.get('peak_rss_bytes') or 0) + (m.get(gk) or 0)
 print(f"{name:28s} recorded {r.get('median_ms', float('nan')):7.3f} (min {r.get('min_ms', float('nan')):7.3f})  "
       f"eager: vision {g('vision'):6.3f} prefix_lm {g('prefix_lm'):6.3f} steps {steps:6.3f}  "
       f"rss+gpu {mem / 2**30:.3f} GiB ({m.get('peak_rss_bytes', 0) / 2**20:.0f} + {m.get(gk, 0) / 2**20:.0f} MiB)")
+# Accuracy of this setting's first chunk against the benchmark's lerobot fp32 actions (same inputs).
+if os.path.exists(act) and os.path.exists(ref):
+    from safetensors.torch import load_file
+    a = load_file(act)["action_normalized"].float().reshape(-1, load_file(act)["action_normalized"].shape[-1])
+    b = load_file(ref)["action_normalized"].float().reshape(a.shape)
+    cos = (a * b).sum(-1) / (a.norm(dim=-1) * b.norm(dim=-1))
+    print(f"{name:28s} vs lerobot fp32: max|d| {(a - b).abs().max().item():.5f}, mean cosine {cos.mean().item():.6f}")
 PY
 done
 el "A/B done"
-(cd /tmp && ls ab_*.json >/dev/null 2>&1 && tar cf "$out/ab.tar" ab_*.json)
+(cd /tmp && ls ab_*.json >/dev/null 2>&1 && tar cf "$out/ab.tar" ab_*.json ab_*.safetensors 2>/dev/null)
 exit 0

@@ -364,6 +364,100 @@ TEST_F(CudaChain, DequantKernelMatchesTheHostDecode) {
         }
 }
 
+// The finish of an exactly scaled 8-bit GEMM (scale_columns): y = [gelu](scale·t (+ y) + bias)
+// rounded once, against the host, for f32 and bf16 y with a wider row stride, the 4-column and
+// the 1-column paths, and in place over f32 sums (the K parts).
+TEST_F(CudaChain, ScaleColumnsFinishesTheSumsAsTheGemmWould) {
+  struct Case { int64_t m, n, ldt, ldy; DType yt; bool bias, gelu, acc, in_place; };
+  for (Case c : {Case{5, 64, 64, 96, DType::BF16, true, false, false, false}, Case{7, 36, 40, 36, DType::F32, true, true, false, false},
+                 Case{3, 13, 13, 17, DType::BF16, false, true, false, false}, Case{4, 32, 32, 48, DType::BF16, true, false, true, false},
+                 Case{6, 9, 11, 11, DType::F32, false, false, true, false}, Case{5, 24, 24, 24, DType::F32, false, false, false, true}}) {
+    const size_t es = dtype_size(c.yt);
+    std::vector<float> t(size_t(c.m * c.ldt)), sc(size_t(c.n)), bias(size_t(c.n)), y0(size_t(c.m * c.ldy));
+    for (size_t i = 0; i < t.size(); ++i) t[i] = std::sin(float(i) * 0.37f) * 40.0f;
+    for (size_t j = 0; j < sc.size(); ++j) sc[j] = 0.01f + 0.003f * float(j), bias[j] = std::cos(float(j)) * 0.5f;
+    for (size_t i = 0; i < y0.size(); ++i) y0[i] = std::cos(float(i) * 0.11f);
+    // Device copies in y's dtype (bias too); t is y itself in place.
+    auto to_bytes = [&](const std::vector<float>& v) {
+      std::vector<uint8_t> b(v.size() * es);
+      for (size_t i = 0; i < v.size(); ++i) {
+        if (c.yt == DType::F32) std::memcpy(b.data() + 4 * i, &v[i], 4);
+        else { const uint16_t h = f32_to_bf16(v[i]); std::memcpy(b.data() + 2 * i, &h, 2); }
+      }
+      return b;
+    };
+    if (c.in_place) y0 = t;
+    const std::vector<uint8_t> yb = to_bytes(y0), bb = to_bytes(bias);
+    void *dt = nullptr, *ds = nullptr, *db = nullptr, *dy = nullptr;
+    ASSERT_EQ(cudaMalloc(&dt, t.size() * 4), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&ds, sc.size() * 4), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&db, bb.size()), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&dy, yb.size()), cudaSuccess);
+    cudaMemcpy(dt, t.data(), t.size() * 4, cudaMemcpyHostToDevice);
+    cudaMemcpy(ds, sc.data(), sc.size() * 4, cudaMemcpyHostToDevice);
+    cudaMemcpy(db, bb.data(), bb.size(), cudaMemcpyHostToDevice);
+    cudaMemcpy(dy, yb.data(), yb.size(), cudaMemcpyHostToDevice);
+    const float* tsrc = c.in_place ? static_cast<const float*>(dy) : static_cast<const float*>(dt);
+    ASSERT_TRUE(cuda::scale_columns(nullptr, tsrc, c.ldt, c.m, c.n, static_cast<const float*>(ds), c.bias ? db : nullptr,
+                                    c.gelu, c.acc, dy, c.yt, c.ldy).is_ok());
+    std::vector<uint8_t> got(yb.size());
+    ASSERT_EQ(cudaMemcpy(got.data(), dy, got.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+    auto stored = [&](const std::vector<uint8_t>& b, size_t i) {
+      if (c.yt == DType::F32) { float f; std::memcpy(&f, b.data() + 4 * i, 4); return f; }
+      uint16_t h; std::memcpy(&h, b.data() + 2 * i, 2); return bf16_to_f32(h);
+    };
+    double worst = 0;
+    for (int64_t i = 0; i < c.m; ++i)
+      for (int64_t j = 0; j < c.ldy; ++j) {
+        const size_t at = size_t(i * c.ldy + j);
+        float want = stored(yb, at);  // columns past n stay as they were
+        if (j < c.n) {
+          float v = sc[size_t(j)] * t[size_t(i * c.ldt + j)];
+          if (c.acc) v += stored(yb, at);
+          if (c.bias) v += stored(bb, size_t(j));
+          if (c.gelu) v = 0.5f * v * (1.0f + std::tanh(0.7978845608f * (v + 0.044715f * v * v * v)));
+          want = c.yt == DType::F32 ? v : bf16_to_f32(f32_to_bf16(v));
+        }
+        worst = std::max(worst, double(std::fabs(stored(got, at) - want)) / std::max(1.0, double(std::fabs(want))));
+      }
+    // f32: the same few operations (expf vs tanh in GELU); bf16: at most a rounding flip on that.
+    EXPECT_LE(worst, c.yt == DType::F32 ? 1e-5 : 8e-3) << c.m << "x" << c.n << " ldt " << c.ldt << " ldy " << c.ldy;
+    EXPECT_FALSE(cuda::scale_columns(nullptr, tsrc, c.n - 1, c.m, c.n, static_cast<const float*>(ds), nullptr, false, false,
+                                     dy, c.yt, c.ldy).is_ok()) << "t's stride below n";
+    for (void* p : {dt, ds, db, dy}) cudaFree(p);
+  }
+}
+
+// The codes alone (scaled = false): each bf16 is the decoded code, exactly.
+TEST_F(CudaChain, UnscaledDequantIsTheCodesExactly) {
+  for (DType dt : {DType::I8, DType::F8_E4M3}) {
+    const int64_t n = 9, k = 48;
+    std::vector<uint8_t> blob(stored_weight_bytes(dt, {n, k}));
+    for (int64_t i = 0; i < n * k; ++i) blob[size_t(i)] = uint8_t(i * 37 + 11);
+    if (dt == DType::F8_E4M3)
+      for (int64_t i = 0; i < n * k; ++i)
+        if ((blob[size_t(i)] & 0x7f) == 0x7f) blob[size_t(i)] = 0;  // no NaN codes
+    void *db = nullptr, *d1 = nullptr, *d2 = nullptr;
+    ASSERT_EQ(cudaMalloc(&db, blob.size()), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&d1, size_t(n * k) * 2), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&d2, size_t(n * k) * 2), cudaSuccess);
+    cudaMemcpy(db, blob.data(), blob.size(), cudaMemcpyHostToDevice);
+    ASSERT_TRUE(cuda::dequant_bf16(nullptr, db, dt, n, k, 0, n, d1, false).is_ok());
+    cuda::DequantJob job{db, dt, n, k, d2, false};
+    ASSERT_TRUE(cuda::dequant_bf16_many(nullptr, &job, 1).is_ok());
+    std::vector<uint16_t> g1(size_t(n * k)), g2(size_t(n * k));
+    cudaMemcpy(g1.data(), d1, g1.size() * 2, cudaMemcpyDeviceToHost);
+    cudaMemcpy(g2.data(), d2, g2.size() * 2, cudaMemcpyDeviceToHost);
+    int bad = 0;
+    for (int64_t i = 0; i < n * k; ++i) {
+      const float want = quant_decode(dt, blob[size_t(i)]);
+      if (bf16_to_f32(g1[size_t(i)]) != want || bf16_to_f32(g2[size_t(i)]) != want) ++bad;
+    }
+    EXPECT_EQ(bad, 0) << dtype_name(dt);
+    for (void* p : {db, d1, d2}) cudaFree(p);
+  }
+}
+
 // Several blobs widened in one launch (dequant_bf16_many, the executor's grouped widening) equal
 // their one-by-one widening, int8 and fp8 mixed; a k that is no multiple of 16 takes one launch
 // each and still agrees.

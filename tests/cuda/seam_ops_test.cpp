@@ -212,27 +212,42 @@ TEST_F(SeamOps, LinearBf16Weights) {
 }
 
 // 8-bit weights (int8 / fp8 packages): few rows in the skinny kernel reading the codes (the CPU's
-// arithmetic: fp32 sum times the row's scale), many rows widened to bf16(code · scale) in the
-// scratch before cuBLASLt (a bf16 rounding of each weight more than the CPU), and the few rows
-// through that widening too with VLAC_QUANT_SKINNY=0.
+// arithmetic: fp32 sum times the row's scale), many rows widened to bf16 in the scratch before
+// cuBLASLt: by default bf16(code · scale) (a bf16 rounding of each weight more than the CPU), with
+// VLAC_QUANT_EXACT=1 the codes alone, the GEMM's fp32 sums scaled after it (scale_columns: the
+// CPU's arithmetic again, within the bf16 GEMM tolerance). The exact path also in slices of W
+// (VLAC_DEQUANT_SLICE_MIB=4) and in blocks of x's rows (sums over 8 MiB), and with the GELU the
+// plan moves into the GEMM's epilogue.
 TEST_F(SeamOps, LinearEightBitWeights) {
-  struct S { int64_t m, k, n; bool bias; const char* what; };
+  struct S { int64_t m, k, n; bool bias, gelu; const char* slice_mib; const char* what; };
   for (DType dt : {DType::I8, DType::F8_E4M3})
-    for (S s : {S{50, 1024, 2560, false, "expert qkv 50x1024x2560"}, S{50, 4096, 1024, true, "expert down 50x4096x1024"},
-                S{1, 1024, 3072, true, "adarms dense 1x1024x3072"}, S{968, 2048, 512, false, "prefix 968x2048x512"},
-                S{37, 104, 77, true, "odd 37x104x77"}})
-      for (const char* skinny : {"1", "0"}) {
+    for (S s : {S{50, 1024, 2560, false, false, nullptr, "expert qkv 50x1024x2560"},
+                S{50, 4096, 1024, true, false, nullptr, "expert down 50x4096x1024"},
+                S{1, 1024, 3072, true, false, nullptr, "adarms dense 1x1024x3072"},
+                S{968, 2048, 512, false, false, nullptr, "prefix 968x2048x512"},
+                S{968, 2048, 4096, false, false, nullptr, "prefix 968x2048x4096 (2 row blocks)"},
+                S{968, 2048, 4096, true, false, "4", "prefix 968x2048x4096 (4 slices)"},
+                S{300, 1152, 1056, true, true, "1", "siglip fc1+gelu 300x1152x1056 (5 slices)"},
+                S{37, 104, 77, true, false, nullptr, "odd 37x104x77"}})
+      for (const char* mode : {"skinny", "exact", "widened"}) {
         OpCase c;
         const ValueId x = c.input_f32("x", {s.m, s.k});
         std::vector<ValueId> in{x, c.qweight("w", {s.n, s.k}, dt)};
         if (s.bias) in.push_back(c.weight("b", {s.n}));
-        c.g.mark_output(c.op(OpKind::Linear, in));
-        setenv("VLAC_QUANT_SKINNY", skinny, 1);
-        const bool in_regs = skinny[0] == '1' && s.m <= 64 && s.k % 64 == 0 && s.n % 32 == 0;
-        check(std::string("linear ") + dtype_name(dt) + " " + s.what + (in_regs ? " (skinny)" : " (widened)"), c,
-              in_regs ? 1e-4 : 8e-3);
+        ValueId y = c.op(OpKind::Linear, in);
+        c.g.mark_output(s.gelu ? c.op(OpKind::GeluTanh, {y}) : y);
+        const std::string m = mode;
+        setenv("VLAC_QUANT_SKINNY", m == "skinny" ? "1" : "0", 1);
+        setenv("VLAC_QUANT_EXACT", m == "widened" ? "0" : "1", 1);
+        if (s.slice_mib) setenv("VLAC_DEQUANT_SLICE_MIB", s.slice_mib, 1);
+        const bool in_regs = m == "skinny" && s.m <= 64 && s.k % 64 == 0 && s.n % 32 == 0 && !s.gelu;
+        if (m == "skinny" && !in_regs) continue;  // the same run as "exact"
+        check(std::string("linear ") + dtype_name(dt) + " " + s.what + " (" + mode + ")", c,
+              m == "widened" ? 8e-3 : 1e-4);
+        unsetenv("VLAC_DEQUANT_SLICE_MIB");
       }
   unsetenv("VLAC_QUANT_SKINNY");
+  unsetenv("VLAC_QUANT_EXACT");
 }
 
 // Planned arena bytes of `c` on the cuda backend (fast_vision as given).

@@ -85,6 +85,14 @@ __device__ __forceinline__ float e4m3_to_f32(uint32_t v) {
   return s ? -r : r;
 }
 
+// GELU, tanh form (pi0.5's gelu_pytorch_tanh; cuBLASLt's GELU epilogue is the same function).
+__device__ __forceinline__ float gelu_tanh_1(float v) {
+  // 0.5·v·(1 + tanh(z)) = v / (1 + e^(−2z)), z = √(2/π)·(v + 0.044715·v³); expf, not __expf:
+  // the fast one loses ~1e-6 relative at large |z|.
+  constexpr float kC2 = 2.0f * 0.7978845608028654f;
+  return v / (1.0f + expf(-kC2 * (v + 0.044715f * v * v * v)));
+}
+
 // Element access over F32 (float) and BF16 (uint16_t) arrays.
 template <typename T> __device__ __forceinline__ float ld(const T* p, int64_t i);
 template <> __device__ __forceinline__ float ld<float>(const float* p, int64_t i) { return p[i]; }

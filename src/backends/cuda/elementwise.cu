@@ -13,14 +13,6 @@ namespace {
 
 constexpr int kThreads = 256;
 
-
-__device__ __forceinline__ float gelu_tanh_1(float v) {
-  // 0.5·v·(1 + tanh(z)) = v / (1 + e^(−2z)), z = √(2/π)·(v + 0.044715·v³); expf, not __expf:
-  // the fast one loses ~1e-6 relative at large |z|.
-  constexpr float kC2 = 2.0f * 0.7978845608028654f;
-  return v / (1.0f + expf(-kC2 * (v + 0.044715f * v * v * v)));
-}
-
 template <typename Tx, typename Ty>
 __global__ void cast_kernel(const Tx* x, Ty* y, int64_t n) {
   pdl_wait();

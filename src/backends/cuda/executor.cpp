@@ -48,6 +48,20 @@ uint64_t dequant_cap() {
   }
   return 32ull << 20;
 }
+// Rows of x per GEMM whose fp32 sums land in the scratch before scale_columns finishes them
+// (VLAC_QUANT_EXACT): all of them up to 8 MiB of sums (VLAC_QUANT_SUM_MIB), else a multiple of 64
+// under that.
+uint64_t quant_sum_cap() {
+  const char* e = std::getenv("VLAC_QUANT_SUM_MIB");
+  const long long v = e ? std::atoll(e) : 0;
+  return v > 0 ? uint64_t(v) << 20 : 8ull << 20;
+}
+int64_t quant_sum_rows(int64_t m, int64_t n) {
+  const uint64_t cap = quant_sum_cap();
+  if (uint64_t(m) * uint64_t(n) * 4 <= cap) return m;
+  const int64_t r = std::max<int64_t>(1, int64_t(cap / (uint64_t(n) * 4)));
+  return r >= 64 ? r / 64 * 64 : r;
+}
 int64_t dequant_slice_rows(int64_t n, int64_t k) {
   const uint64_t cap = dequant_cap();
   const uint64_t bytes = uint64_t(n) * uint64_t(k) * 2;
@@ -563,10 +577,15 @@ Status CudaExecutable::plan(const CudaWeights& weights) {
 
   plan_dequant_groups();
   // The widened 8-bit weight of the GEMM about to run: behind everything else in the scratch
-  // (a node's own scratch use, e.g. its x's bf16 copy, lies before it).
+  // (a node's own scratch use, e.g. its x's bf16 copy, lies before it), then its fp32 sums.
   if (dequant_bytes_) {
     dequant_off_ = al(scratch_bytes_);
     scratch_bytes_ = dequant_off_ + dequant_bytes_;
+  }
+  plan_quant_exact();
+  if (qsum_bytes_) {
+    qsum_off_ = al(scratch_bytes_);
+    scratch_bytes_ = qsum_off_ + qsum_bytes_;
   }
 
   // Activations: one arena from liveness (exec/arena_plan), the CPU executor's plan, each block
@@ -1603,6 +1622,30 @@ void CudaExecutable::plan_dequant_groups() {
   }
 }
 
+// Which 8-bit GEMMs run exactly (qexact) and the scratch their sums need: with
+// VLAC_QUANT_EXACT=1 every GEMM that widens; by default none (session 15 on the H200: 29.8 against
+// 24.9 ms a chunk for max|Δ| 0.0292–0.0299 against 0.0309 from lerobot fp32, within what another
+// cuBLASLt algorithm choice moves it; docs/quantization.md).
+void CudaExecutable::plan_quant_exact() {
+  const ir::Graph& g = graph_;
+  const char* e = std::getenv("VLAC_QUANT_EXACT");
+  const bool on = e && std::string(e) == "1";
+  qsum_bytes_ = 0;
+  qexact_w_.assign(g.values().size(), 0);
+  for (NodeId id : order_) {
+    const Node& n = g.node(id);
+    NodePlan& p = plans_[size_t(id)];
+    p.qexact = 0;
+    if (!on || n.op != OpKind::Linear || p.qskinny || p.gemm.m <= 0 || !from_weight(n.inputs[1])) continue;
+    const ValueId r = root_[size_t(n.inputs[1])];
+    if (!widened(r)) continue;
+    const int64_t sn = sliced(r) ? slice_rows_[size_t(r)] : weight_entry_[size_t(r)]->shape[0];
+    p.qexact = quant_sum_rows(p.gemm.m, sn);
+    qexact_w_[size_t(r)] = 1;
+    qsum_bytes_ = std::max(qsum_bytes_, al(uint64_t(p.qexact) * uint64_t(sn) * 4));
+  }
+}
+
 Status CudaExecutable::plan_quant_skinny() {
   const char* on = std::getenv("VLAC_QUANT_SKINNY");
   if (!on || std::string(on) != "1") return Status::ok();
@@ -1627,6 +1670,63 @@ Status CudaExecutable::plan_quant_skinny() {
     quant_counters_ = static_cast<unsigned*>(c);
     const cudaError_t ce = cudaMemset(quant_counters_, 0, kSkinnyCounters * sizeof(unsigned));
     if (ce != cudaSuccess) return cuda_error("zeroing the 8-bit GEMMs' tile counters", ce);
+  }
+  return Status::ok();
+}
+
+// An 8-bit Linear with exact scaling (NodePlan::qexact): per slice of W's rows (sliced: widened
+// here, else before the node), per block of x's rows, the unscaled GEMM's fp32 sums, then
+// scale_columns writes that block of y as the planned GEMM would have (dtype, epilogue,
+// accumulation, row stride). K parts (read summed by a residual norm) are scaled in place.
+Status CudaExecutable::run_quant_linear(NodeId id, const void* xin, const void* bias, void* out) {
+  const Node& n = graph_.node(id);
+  const GemmDesc& pd = plans_[size_t(id)].gemm;
+  cudaStream_t s = ctx_->stream();
+  const size_t r = size_t(root_[size_t(n.inputs[1])]);
+  const CudaWeights::Entry* e = weight_entry_[r];
+  const int64_t nn = e->shape[0], k = e->shape[1];
+  if (pd.in != DType::BF16 || pd.n != nn || pd.k != k)
+    return internal_error(where(n) + ": 8-bit GEMM planned with another shape or input dtype");
+  const bool slice = sliced(ValueId(r));
+  const int64_t rows = slice ? slice_rows_[r] : nn;
+  const float* scales = quant_row_scales(quant_src_[r], nn, k);
+  const int64_t ldy = pd.ldy ? pd.ldy : pd.n, ldx = pd.ldx ? pd.ldx : pd.k;
+  const uint64_t ye = dtype_size(pd.out);
+  const bool gelu = pd.epilogue == Epilogue::Gelu || pd.epilogue == Epilogue::BiasGelu;
+  auto* sums = reinterpret_cast<float*>(scratch_at(qsum_off_));
+  for (int64_t n0 = 0; n0 < nn; n0 += rows) {
+    const int64_t sn = std::min(rows, nn - n0);
+    if (slice) VLAC_RETURN_IF_ERROR(dequant_bf16(s, quant_src_[r], e->dtype, nn, k, n0, sn, ptr_[r], false));
+    uint8_t* y = static_cast<uint8_t*>(out) + uint64_t(n0) * ye;
+    if (pd.k_parts > 1) {  // fp32 parts [k_parts][m][ldy]: no bias, epilogue or accumulation (GemmDesc)
+      GemmDesc d = pd;
+      d.n = sn;
+      d.ldy = ldy;
+      VLAC_RETURN_IF_ERROR(ctx_->gemm().run(s, d, xin, ptr_[r], nullptr, y, ctx_->workspace()));
+      for (int part = 0; part < pd.k_parts; ++part) {
+        float* t = reinterpret_cast<float*>(y) + int64_t(part) * ldy * pd.m;
+        VLAC_RETURN_IF_ERROR(scale_columns(s, t, ldy, pd.m, sn, scales + n0, nullptr, false, false, t, DType::F32, ldy));
+      }
+      continue;
+    }
+    const void* b = bias ? static_cast<const uint8_t*>(bias) + uint64_t(n0) * ye : nullptr;
+    const int64_t mc = plans_[size_t(id)].qexact;
+    if (uint64_t(mc) * uint64_t(sn) * 4 > qsum_bytes_)
+      return internal_error(where(n) + ": the 8-bit GEMM's sums outgrow their scratch");
+    for (int64_t i0 = 0; i0 < pd.m; i0 += mc) {
+      GemmDesc d = pd;
+      d.m = std::min(mc, pd.m - i0);
+      d.n = sn;
+      d.out = DType::F32;
+      d.epilogue = Epilogue::None;
+      d.accumulate = false;
+      d.ldy = 0;
+      d.k_parts = 0;
+      VLAC_RETURN_IF_ERROR(ctx_->gemm().run(s, d, static_cast<const uint8_t*>(xin) + uint64_t(i0 * ldx) * 2, ptr_[r],
+                                            nullptr, sums, ctx_->workspace()));
+      VLAC_RETURN_IF_ERROR(scale_columns(s, sums, sn, d.m, sn, scales + n0, b, gelu, pd.accumulate,
+                                         y + uint64_t(i0 * ldy) * ye, pd.out, ldy));
+    }
   }
   return Status::ok();
 }
@@ -1668,13 +1768,14 @@ Status CudaExecutable::run_node(NodeId id) {
       const auto& grp = dequant_groups_[size_t(dequant_group_at_[size_t(id)])];
       for (size_t j = 0; j < grp.size(); ++j) {
         const CudaWeights::Entry* e = weight_entry_[size_t(grp[j])];
-        jobs[j] = DequantJob{quant_src_[size_t(grp[j])], e->dtype, e->shape[0], e->shape[1], ptr_[size_t(grp[j])]};
+        jobs[j] = DequantJob{quant_src_[size_t(grp[j])], e->dtype, e->shape[0], e->shape[1], ptr_[size_t(grp[j])],
+                             !qexact_w_[size_t(grp[j])]};
       }
       VLAC_RETURN_IF_ERROR(dequant_bf16_many(s, jobs, int(grp.size())));
     } else if (widened(ValueId(r)) && !sliced(ValueId(r)) && !in_group_[r]) {  // (sliced: in the Linear below)
       const ValueInfo& w = info(n.inputs[1]);
-      VLAC_RETURN_IF_ERROR(
-          dequant_bf16(s, quant_src_[r], weight_entry_[r]->dtype, w.shape[0], w.shape[1], 0, w.shape[0], ptr_[r]));
+      VLAC_RETURN_IF_ERROR(dequant_bf16(s, quant_src_[r], weight_entry_[r]->dtype, w.shape[0], w.shape[1], 0,
+                                        w.shape[0], ptr_[r], p.qexact == 0));
     }
   }
   if (p.fused) {
@@ -1717,6 +1818,7 @@ Status CudaExecutable::run_node(NodeId id) {
         return skinny_gemm(s, sg, xin, quant_src_[r], bias, out, ctx_->workspace(), quant_counters_);
       }
       const size_t r = from_weight(n.inputs[1]) ? size_t(root_[size_t(n.inputs[1])]) : 0;
+      if (p.qexact) return run_quant_linear(id, xin, bias, out);
       if (from_weight(n.inputs[1]) && sliced(ValueId(r))) {
         const ValueInfo& w = info(n.inputs[1]);
         // Widen a slice of W's rows, multiply it into the matching columns of y, next slice.

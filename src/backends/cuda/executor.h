@@ -148,6 +148,7 @@ class CudaExecutable final : public Executable {
     bool view = false;           // a Slice read in place by its readers (plan_slice_views)
     bool gelu_in_gemm = false;   // a GeluTanh computed by its Linear's GEMM epilogue (plan_gemm_gelu)
     int qskinny = 0;             // > 0: an 8-bit weight's GEMM in the skinny kernel, this many splits (plan_quant_skinny)
+    int64_t qexact = 0;          // > 0: an 8-bit weight's GEMM on unscaled codes, its sums scaled after, this many x rows at once (run_quant_linear)
     void* bias_bf16 = nullptr;   // a Linear's bias rounded to bf16 for its bf16-output GEMM (own_blocks_)
     // A Concat over stable inputs (ExecOptions::stable_inputs): its output lives in a buffer of
     // its own, and the pieces flagged here are written only when those inputs changed.
@@ -195,6 +196,14 @@ class CudaExecutable final : public Executable {
   std::vector<uint64_t> widen_off_;                        // by value id: its offset past dequant_off_
   std::vector<uint8_t> in_group_;                          // by value id: widened with its group
   void plan_dequant_groups();
+  // Exact 8-bit GEMMs (NodePlan::qexact, opt-in VLAC_QUANT_EXACT=1): the weight widened unscaled
+  // (exact), the GEMM's fp32 sums for a block of x's rows in the scratch at qsum_off_, and
+  // scale_columns applying the row scales and the GEMM's epilogue with one rounding (quant.cu).
+  // Otherwise the weight is widened to bf16(code · scale).
+  uint64_t qsum_off_ = 0, qsum_bytes_ = 0;
+  std::vector<uint8_t> qexact_w_;  // by value id: a weight its (one) reader runs exactly (grouped widening)
+  void plan_quant_exact();
+  Status run_quant_linear(ir::NodeId id, const void* xin, const void* bias, void* out);
   const CudaWeights* weights_ = nullptr;
   std::vector<uint8_t> reads_on_demand_;  // by node id: reads a weight left in the file
 

@@ -37,20 +37,31 @@ int device_sm_count();
 /// y = x converted (F32 <-> BF16, or a copy); F32 -> BF16 rounds to nearest even, NaN stays NaN.
 Status cast(cudaStream_t stream, const void* x, DType xt, void* y, DType yt, int64_t n);
 /// Rows [row0, row0 + rows) of an 8-bit weight blob (core/quant.h) of [n, k] widened for a bf16
-/// GEMM: out[(r - row0)·k + c] = bf16(decode(code[r][c]) · scale[r]). I8 and F8_E4M3.
+/// GEMM: out[(r - row0)·k + c] = bf16(decode(code[r][c]) · scale[r]). I8 and F8_E4M3. With
+/// scaled = false the codes alone (exact in bf16: |int8| ≤ 127, e4m3 has 4 significant bits), for
+/// a GEMM whose fp32 sums scale_columns multiplies by the row scales.
 Status dequant_bf16(cudaStream_t stream, const void* blob, DType dt, int64_t n, int64_t k, int64_t row0, int64_t rows,
-                    void* out);
+                    void* out, bool scaled = true);
 /// One 8-bit matrix to widen whole (dequant_bf16_many).
 struct DequantJob {
   const void* blob = nullptr;
   DType dt = DType::I8;
   int64_t n = 0, k = 0;
   void* out = nullptr;
+  bool scaled = true;  // false: the codes alone (dequant_bf16's scaled)
 };
 inline constexpr int kMaxDequantJobs = 8;
 /// Up to kMaxDequantJobs matrices widened as dequant_bf16 does, in one launch where each has
 /// k % 16 == 0 and 16-byte aligned pointers (else one launch each).
 Status dequant_bf16_many(cudaStream_t stream, const DequantJob* jobs, int count);
+/// The fp32 sums t[m, n] (row stride ldt) of a GEMM over unscaled codes, finished as the GEMM's
+/// epilogue would: y[i·ldy + j] = [gelu](scale[j]·t[i·ldt + j] + (accumulate ? y[i·ldy + j] : 0)
+/// + bias[j]), rounded once to yt (BF16 or F32; the bias has yt too, null for none). t may be y
+/// itself (in place, same strides). scale = the blob's per-row scales of the slice's rows.
+Status scale_columns(cudaStream_t stream, const float* t, int64_t ldt, int64_t m, int64_t n, const float* scale,
+                     const void* bias, bool gelu, bool accumulate, void* y, DType yt, int64_t ldy);
+/// The per-row scales of an 8-bit blob of [n, k] (core/quant.h: after the codes).
+const float* quant_row_scales(const void* blob, int64_t n, int64_t k);
 /// The same over rows: y[r·y_stride + c] = x[r·x_stride + c] for r < rows, c < cols (a column
 /// slice of a fused output written into a concatenation, converted on the way).
 Status cast_rows(cudaStream_t stream, const void* x, DType xt, int64_t x_stride, void* y, DType yt, int64_t y_stride,

@@ -2,8 +2,15 @@
 // GEMM's weight is widened to bf16(decode(code) · scale[n]) in the kernel scratch right before
 // the GEMM (in slices of rows when it is large: executor.cpp), and the cuBLASLt bf16 GEMM and
 // every rewrite of the bf16-all path run on it unchanged. That rounds each weight once more than
-// the CPU (which scales the fp32 sums): cuBLASLt 13.0 on the H200 has no algorithm for a bf16 GEMM
-// with a per-row alpha vector (CUBLASLT_POINTER_MODE_ALPHA_DEVICE_VECTOR_*), tried in session 14.
+// the CPU, which scales the fp32 sums. The CPU's arithmetic is opt-in (VLAC_QUANT_EXACT=1): the
+// codes widened alone (exact in bf16), the GEMM writing fp32 sums, scale_columns applying the row
+// scales, bias, GELU and accumulation with one rounding. It agrees with the CPU to ~1e-6 per GEMM
+// (against 2e-3) but costs an extra pass over fp32 sums (+5 ms a chunk on the H200) for a chunk
+// error no lower than what another cuBLASLt algorithm choice moves it (docs/quantization.md).
+// cuBLASLt 13.0 on the H200 has no bf16 GEMM with a per-row alpha vector
+// (CUBLASLT_POINTER_MODE_ALPHA_DEVICE_VECTOR_*, tried in session 14), hence the extra pass.
+#include <type_traits>
+
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/kernels.h"
 #include "core/quant.h"
@@ -36,16 +43,52 @@ __device__ __forceinline__ void widen16(const uint8_t* codes, float s, uint16_t*
 
 // 16 codes per thread; k % 16 == 0 so they share a row. codes and scales start at the slice's
 // first row.
+// scales null: the codes alone (times 1, exact).
 template <bool kFp8>
 __global__ void dequant16_kernel(const uint8_t* codes, const float* scales, uint16_t* out, int64_t chunks, int64_t k) {
   pdl_wait();
-  VLAC_GRID_LOOP(g, chunks) widen16<kFp8>(codes, scales[(g * 16) / k], out, g);
+  VLAC_GRID_LOOP(g, chunks) widen16<kFp8>(codes, scales ? scales[(g * 16) / k] : 1.0f, out, g);
 }
 
 template <bool kFp8>
 __global__ void dequant1_kernel(const uint8_t* codes, const float* scales, uint16_t* out, int64_t n, int64_t k) {
   pdl_wait();
-  VLAC_GRID_LOOP(i, n * k) out[i] = f2bf(decode<kFp8>(codes[i]) * scales[i / k]);
+  VLAC_GRID_LOOP(i, n * k) out[i] = f2bf(decode<kFp8>(codes[i]) * (scales ? scales[i / k] : 1.0f));
+}
+
+// scale_columns: 4 columns per thread where n, ldt, ldy and the pointers allow, else 1.
+template <typename Ty, bool kGelu>
+__device__ __forceinline__ float finish(float t, float s, const Ty* bias, bool acc, const Ty* y, int64_t yi, int64_t j) {
+  float v = s * t;
+  if (acc) v += ld(y, yi);
+  if (bias) v += ld(bias, j);
+  return kGelu ? gelu_tanh_1(v) : v;
+}
+
+template <typename Ty, bool kGelu>
+__global__ void scale_columns_kernel(const float* t, int64_t ldt, int64_t m, int64_t n, const float* scale,
+                                     const Ty* bias, bool acc, Ty* y, int64_t ldy) {
+  pdl_wait();
+  VLAC_GRID_LOOP(e, m * n) {
+    const int64_t i = e / n, j = e % n;
+    st(y, i * ldy + j, finish<Ty, kGelu>(t[i * ldt + j], scale[j], bias, acc, y, i * ldy + j, j));
+  }
+}
+
+template <typename Ty, bool kGelu>
+__global__ void scale_columns4_kernel(const float* t, int64_t ldt, int64_t m, int64_t n, const float* scale,
+                                      const Ty* bias, bool acc, Ty* y, int64_t ldy) {
+  pdl_wait();
+  const int64_t n4 = n / 4;
+  VLAC_GRID_LOOP(e, m * n4) {
+    const int64_t i = e / n4, j = (e % n4) * 4;
+    const float4 tv = *reinterpret_cast<const float4*>(t + i * ldt + j);
+    const float4 sv = *reinterpret_cast<const float4*>(scale + j);
+    const float tt[4] = {tv.x, tv.y, tv.z, tv.w}, ss[4] = {sv.x, sv.y, sv.z, sv.w};
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+      st(y, i * ldy + j + q, finish<Ty, kGelu>(tt[q], ss[q], bias, acc, y, i * ldy + j + q, j + q));
+  }
 }
 
 // Several matrices in one launch (DequantJob; the 16-code path of each): thread chunk g belongs to
@@ -66,7 +109,7 @@ __global__ void dequant16_many_kernel(ManyArgs a) {
     int j = 0;
     while (g >= a.first[j + 1]) ++j;
     const int64_t lg = g - a.first[j];
-    const float s = a.scales[j][(lg * 16) / a.k[j]];
+    const float s = a.scales[j] ? a.scales[j][(lg * 16) / a.k[j]] : 1.0f;
     if ((a.fp8_mask >> j) & 1u) widen16<true>(a.codes[j], s, a.out[j], lg);
     else widen16<false>(a.codes[j], s, a.out[j], lg);
   }
@@ -75,12 +118,12 @@ __global__ void dequant16_many_kernel(ManyArgs a) {
 }  // namespace
 
 Status dequant_bf16(cudaStream_t stream, const void* blob, DType dt, int64_t n, int64_t k, int64_t row0, int64_t rows,
-                    void* out) {
+                    void* out, bool scaled) {
   if (!is_quant_dtype(dt)) return unsupported(std::string("dequant_bf16: ") + dtype_name(dt) + " is no 8-bit weight dtype");
   if (n < 0 || k <= 0 || row0 < 0 || rows < 0 || row0 + rows > n) return invalid_argument("dequant_bf16: bad shape or rows");
   if (rows == 0) return Status::ok();
   const auto* codes = static_cast<const uint8_t*>(blob) + uint64_t(row0) * uint64_t(k);
-  const float* scales = reinterpret_cast<const float*>(static_cast<const uint8_t*>(blob) + quant_scales_offset(n, k)) + row0;
+  const float* scales = scaled ? quant_row_scales(blob, n, k) + row0 : nullptr;
   auto* o = static_cast<uint16_t*>(out);
   const bool fp8 = dt == DType::F8_E4M3;
   const bool vec = k % 16 == 0 && ((reinterpret_cast<uintptr_t>(codes) | reinterpret_cast<uintptr_t>(out)) & 15u) == 0;
@@ -111,7 +154,8 @@ Status dequant_bf16_many(cudaStream_t stream, const DequantJob* jobs, int count)
   }
   if (!vec) {  // one launch each (the scalar path)
     for (int j = 0; j < count; ++j)
-      VLAC_RETURN_IF_ERROR(dequant_bf16(stream, jobs[j].blob, jobs[j].dt, jobs[j].n, jobs[j].k, 0, jobs[j].n, jobs[j].out));
+      VLAC_RETURN_IF_ERROR(
+          dequant_bf16(stream, jobs[j].blob, jobs[j].dt, jobs[j].n, jobs[j].k, 0, jobs[j].n, jobs[j].out, jobs[j].scaled));
     return Status::ok();
   }
   a.jobs = count;
@@ -119,7 +163,7 @@ Status dequant_bf16_many(cudaStream_t stream, const DequantJob* jobs, int count)
   for (int j = 0; j < count; ++j) {
     const DequantJob& d = jobs[j];
     a.codes[j] = static_cast<const uint8_t*>(d.blob);
-    a.scales[j] = reinterpret_cast<const float*>(a.codes[j] + quant_scales_offset(d.n, d.k));
+    a.scales[j] = d.scaled ? quant_row_scales(d.blob, d.n, d.k) : nullptr;
     a.out[j] = static_cast<uint16_t*>(d.out);
     a.k[j] = d.k;
     a.first[j + 1] = a.first[j] + d.n * d.k / 16;
@@ -128,6 +172,31 @@ Status dequant_bf16_many(cudaStream_t stream, const DequantJob* jobs, int count)
   if (a.first[count] == 0) return Status::ok();
   launch(dequant16_many_kernel, grid_1d(a.first[count], kThreads), kThreads, 0, stream, a);
   return launch_status("dequant_bf16_many");
+}
+
+const float* quant_row_scales(const void* blob, int64_t n, int64_t k) {
+  return reinterpret_cast<const float*>(static_cast<const uint8_t*>(blob) + quant_scales_offset(n, k));
+}
+
+Status scale_columns(cudaStream_t stream, const float* t, int64_t ldt, int64_t m, int64_t n, const float* scale,
+                     const void* bias, bool gelu, bool accumulate, void* y, DType yt, int64_t ldy) {
+  if (!is_act(yt)) return bad_dtype("scale_columns");
+  if (m < 0 || n < 0 || ldt < n || ldy < n) return invalid_argument("scale_columns: bad shape or strides");
+  if (m == 0 || n == 0) return Status::ok();
+  const auto a16 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
+  const bool vec = n % 4 == 0 && ldt % 4 == 0 && ldy % 4 == 0 && a16(t) && a16(scale) &&
+                   (reinterpret_cast<uintptr_t>(y) & (yt == DType::F32 ? 15u : 7u)) == 0;
+  const int64_t work = vec ? m * (n / 4) : m * n;
+  auto go = [&](auto* typed) {
+    using Ty = std::remove_pointer_t<decltype(typed)>;
+    const Ty* b = static_cast<const Ty*>(bias);
+    auto* k1 = gelu ? scale_columns_kernel<Ty, true> : scale_columns_kernel<Ty, false>;
+    auto* k4 = gelu ? scale_columns4_kernel<Ty, true> : scale_columns4_kernel<Ty, false>;
+    launch(vec ? k4 : k1, grid_1d(work, kThreads), kThreads, 0, stream, t, ldt, m, n, scale, b, accumulate, typed, ldy);
+  };
+  if (yt == DType::F32) go(static_cast<float*>(y));
+  else go(static_cast<uint16_t*>(y));
+  return launch_status("scale_columns");
 }
 
 }  // namespace vlac::cuda
