@@ -81,7 +81,14 @@ int main(int argc, char** argv) {
   app.add_flag("--recorded,!--no-recorded", recorded,
                "also time ROUNDS x CHUNKS whole chunks recorded once and replayed (run_chunk: CUDA graphs on a "
                "GPU), after the stage-timed eager rounds (default on)");
+  int profile = 0;
+  app.add_option("--profile", profile,
+                 "GPU (or CPU) time per node of the stage-timed eager chunks, printed to stderr at exit: 1 per op "
+                 "kind and engine, 2 also per node name across layers and per GEMM shape, 3 also per layer (sets "
+                 "VLAC_PROFILE_OPS)")
+      ->check(CLI::Range(0, 3));
   CLI11_PARSE(app, argc, argv);
+  if (profile > 0) setenv("VLAC_PROFILE_OPS", std::to_string(profile).c_str(), 1);  // before any engine runs
 
   vlac::MemMeter meter("pi05_chunk_bench");
   auto fail = [&](const vlac::Status& st) {

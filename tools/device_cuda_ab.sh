@@ -67,7 +67,9 @@ if os.path.exists(act) and os.path.exists(ref):
     cos = (a * b).sum(-1) / (a.norm(dim=-1) * b.norm(dim=-1))
     print(f"{name:28s} vs lerobot fp32: max|d| {(a - b).abs().max().item():.5f}, mean cosine {cos.mean().item():.6f}")
 PY
+  # A setting with VLAC_PROFILE_OPS prints its per-node GPU profile at exit (op_profile.h).
+  grep -A400 "vlac cuda op profile" "/tmp/ab_$name.log" | head -"${PROFILE_LINES:-150}"
 done
 el "A/B done"
-(cd /tmp && ls ab_*.json >/dev/null 2>&1 && tar cf "$out/ab.tar" ab_*.json ab_*.safetensors 2>/dev/null)
+(cd /tmp && ls ab_*.json >/dev/null 2>&1 && tar cf "$out/ab.tar" ab_*.json ab_*.safetensors ab_*.log 2>/dev/null)
 exit 0

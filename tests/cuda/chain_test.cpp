@@ -13,6 +13,7 @@
 #include <filesystem>
 
 #include "backends/cuda/kernels.h"
+#include "backends/cuda/op_profile.h"
 #include "compile/pi05_compile.h"
 #include "core/quant.h"
 #include "io/safetensors.h"
@@ -362,6 +363,20 @@ TEST_F(CudaChain, DequantKernelMatchesTheHostDecode) {
           cudaFree(dblob);
           cudaFree(dout);
         }
+}
+
+// VLAC_PROFILE_OPS=2 groups nodes across layers by name: numeric parts become '#' (no GPU needed).
+TEST(CudaOpProfile, LayerPatternHidesLayerIndices) {
+  EXPECT_EQ(cuda::layer_pattern("lm.3.q_proj"), "lm.#.q_proj");
+  EXPECT_EQ(cuda::layer_pattern("expert.17.mlp.down"), "expert.#.mlp.down");
+  EXPECT_EQ(cuda::layer_pattern("vision.encoder.layers.26.fc2"), "vision.encoder.layers.#.fc2");
+  EXPECT_EQ(cuda::layer_pattern("q8_proj.2x"), "q8_proj.2x");
+  EXPECT_EQ(cuda::layer_pattern("12"), "#");
+  EXPECT_EQ(cuda::layer_pattern(""), "");
+  EXPECT_EQ(cuda::layer_pattern("a..1."), "a..#.");
+  EXPECT_EQ(cuda::layer_of("lm.3.q_proj"), "lm.3");
+  EXPECT_EQ(cuda::layer_of("vision.encoder.layers.26.fc2"), "vision.encoder.layers.26");
+  EXPECT_EQ(cuda::layer_of("action_in_proj"), "(outside layers)");
 }
 
 // The finish of an exactly scaled 8-bit GEMM (scale_columns): y = [gelu](scale·t (+ y) + bias)

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <string>
 
+#include "backends/cuda/op_profile.h"
 #include "backends/cuda/skinny_gemm.h"
 #include "core/bytes.h"
 #include "core/mapped_file.h"
@@ -1539,14 +1540,27 @@ Status CudaExecutable::run() {
   bool hit = false;
   const int slot = memo_lookup(&hit);
   point_memo_results(slot);
-  for (NodeId id : order_) {
+  // Profiled: eager runs after the first (which plans, tunes and uploads), never a capture.
+  NodeTimer* timer = nullptr;
+  if (op_profile_level() > 0 && !ctx_->capturing() && eager_runs_++ > 0) {
+    if (!timer_) timer_ = std::make_unique<NodeTimer>();
+    timer = timer_.get();
+    VLAC_RETURN_IF_ERROR(timer->start(ctx_->stream(), order_.size()));
+  }
+  for (size_t i = 0; i < order_.size(); ++i) {
+    const NodeId id = order_[i];
     Status st = run_or_reuse(id, slot, hit);
+    if (st.is_ok() && timer) st = timer->mark(ctx_->stream(), i);
     if (!st.is_ok()) {
       const Node& n = graph_.node(id);
       const std::string w = where(n);
       if (st.message().rfind("cuda: engine", 0) == 0) return st;
       return Status(st.code(), w + ": " + st.message());
     }
+  }
+  if (timer) {
+    VLAC_ASSIGN_OR_RETURN(std::vector<float> ms, timer->finish());
+    VLAC_RETURN_IF_ERROR(profile_run(ms));
   }
   if (slot >= 0 && !hit) {
     memo_valid_[size_t(slot)] = 1;
@@ -1563,6 +1577,25 @@ Status CudaExecutable::run() {
     if (const int err = hg->io_error.exchange(0))
       return Status(StatusCode::IoError, "cuda: engine '" + options_.label + "': reading embedding rows from the file: " +
                                         std::strerror(err));
+  }
+  return Status::ok();
+}
+
+// One profiled run's node times into the process's profile (op_profile.h); nodes that launch
+// nothing (views, reshapes, folded Mul/Add) are left out.
+Status CudaExecutable::profile_run(const std::vector<float>& ms) {
+  const ir::Graph& g = graph_;
+  for (size_t i = 0; i < order_.size() && i < ms.size(); ++i) {
+    const Node& n = g.node(order_[i]);
+    const NodePlan& p = plans_[size_t(order_[i])];
+    if (n.op == OpKind::Input || n.op == OpKind::Weight || n.op == OpKind::Constant || n.op == OpKind::Reshape ||
+        p.skip || p.view)
+      continue;
+    std::string shape;
+    if (op_profile_level() >= 2 && (n.op == OpKind::Linear || n.op == OpKind::PatchEmbed) && p.gemm.m > 0)
+      shape = std::string(n.op == OpKind::Linear ? "linear " : "patch_embed ") + std::to_string(p.gemm.m) + "x" +
+              std::to_string(p.gemm.k) + "x" + std::to_string(p.gemm.n) + (p.gemm.in == DType::BF16 ? " bf16" : " f32");
+    op_profile_add(ir::op_name(n.op), options_.label, n.name, shape, double(ms[i]));
   }
   return Status::ok();
 }

@@ -18,6 +18,7 @@
 
 #include "backends/cuda/context.h"
 #include "backends/cuda/kernels.h"
+#include "backends/cuda/op_profile.h"
 #include "backends/cuda/weights.h"
 #include "core/quant.h"
 #include "exec/memo_plan.h"
@@ -201,6 +202,10 @@ class CudaExecutable final : public Executable {
   // scale_columns applying the row scales and the GEMM's epilogue with one rounding (quant.cu).
   // Otherwise the weight is widened to bf16(code · scale).
   uint64_t qsum_off_ = 0, qsum_bytes_ = 0;
+  // VLAC_PROFILE_OPS (op_profile.h): events between the nodes of eager runs after the first.
+  std::unique_ptr<NodeTimer> timer_;
+  int64_t eager_runs_ = 0;
+  Status profile_run(const std::vector<float>& ms);
   std::vector<uint8_t> qexact_w_;  // by value id: a weight its (one) reader runs exactly (grouped widening)
   void plan_quant_exact();
   Status run_quant_linear(ir::NodeId id, const void* xin, const void* bias, void* out);

@@ -128,4 +128,24 @@ Status l2_flush(cudaStream_t stream, const void* p, uint64_t bytes, void* sink) 
   return launch_status("l2_flush");
 }
 
+namespace {
+
+// Spins until the host sets *flag (host-mapped) or max_ns pass (%globaltimer), whichever is first.
+__global__ void hold_kernel(const volatile int* flag, unsigned long long max_ns) {
+  unsigned long long t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    if (*flag) return;
+    __nanosleep(1000);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < max_ns);
+}
+
+}  // namespace
+
+Status hold_stream(cudaStream_t stream, const int* flag, uint64_t max_ns) {
+  hold_kernel<<<1, 1, 0, stream>>>(flag, max_ns);
+  return launch_status("hold_stream");
+}
+
 }  // namespace vlac::cuda

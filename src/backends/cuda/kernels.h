@@ -258,5 +258,9 @@ Status attention(cudaStream_t stream, const AttentionShape& shape, DType io, con
 /// every layer's weights are read once (GemmRunner's cold timing). `sink` (4 bytes, may be null)
 /// is never written in practice.
 Status l2_flush(cudaStream_t stream, const void* p, uint64_t bytes, void* sink);
+/// One thread that holds the stream until *flag (device view of host-mapped memory) is non-zero
+/// or max_ns have passed (so a host that blocks meanwhile cannot deadlock): the profiler
+/// (op_profile.h) enqueues a whole run behind it, so its events time the GPU, not the launches.
+Status hold_stream(cudaStream_t stream, const int* flag, uint64_t max_ns);
 
 }  // namespace vlac::cuda
