@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -643,6 +644,10 @@ Status CudaExecutable::plan(const CudaWeights& weights) {
       for (const auto& [v, off] : memo_.results[size_t(id)]) {
         const size_t r = size_t(root_[size_t(v)]);
         if (ValueId(r) == v && !out[r] && arena_off_[r] >= 0) memo_in_slot_[r] = 1;
+        else if (op_profile_level() >= 2)  // why a hit will copy it (the profile's "result copied")
+          std::fprintf(stderr, "vlac cuda profile: engine '%s': memo result of '%s' is copied at hits (%s)\n",
+                       options_.label.c_str(), g.node(id).name.c_str(),
+                       ValueId(r) != v ? "a view" : out[r] ? "an engine output" : "no arena block of its own");
       }
     // An adaRMS gate (mod[2D:3D]) of a modulation kept in the slot is a view there, not a copy.
     for (NodeId id : order_) {
@@ -1524,6 +1529,7 @@ Status CudaExecutable::run_or_reuse(NodeId id, int slot, bool hit) {
   for (const auto& [v, off] : memo_.results[size_t(id)]) {
     if (!memo_in_slot_.empty() && memo_in_slot_[size_t(root_[size_t(v)])]) continue;  // computed/read in the slot
     const uint64_t b = graph_.info(v).bytes();
+    ++memo_copies_;
     const cudaError_t e = hit ? cudaMemcpyAsync(ptr(v), base + off, b, cudaMemcpyDeviceToDevice, ctx_->stream())
                               : cudaMemcpyAsync(base + off, ptr(v), b, cudaMemcpyDeviceToDevice, ctx_->stream());
     if (e != cudaSuccess) return Status(StatusCode::Backend, std::string("memo copy: ") + cudaGetErrorString(e));
@@ -1547,9 +1553,13 @@ Status CudaExecutable::run() {
     timer = timer_.get();
     VLAC_RETURN_IF_ERROR(timer->start(ctx_->stream(), order_.size()));
   }
+  std::vector<uint8_t> memo_kind;  // profiled: 0 ran, 1 memo hit, 2 memo hit with a result copied
+  if (timer) memo_kind.assign(order_.size(), 0);
   for (size_t i = 0; i < order_.size(); ++i) {
     const NodeId id = order_[i];
+    const uint64_t copies = memo_copies_;
     Status st = run_or_reuse(id, slot, hit);
+    if (timer && hit && slot >= 0 && memo_.node[size_t(id)]) memo_kind[i] = memo_copies_ > copies ? 2 : 1;
     if (st.is_ok() && timer) st = timer->mark(ctx_->stream(), i);
     if (!st.is_ok()) {
       const Node& n = graph_.node(id);
@@ -1560,7 +1570,7 @@ Status CudaExecutable::run() {
   }
   if (timer) {
     VLAC_ASSIGN_OR_RETURN(std::vector<float> ms, timer->finish());
-    VLAC_RETURN_IF_ERROR(profile_run(ms));
+    VLAC_RETURN_IF_ERROR(profile_run(ms, memo_kind));
   }
   if (slot >= 0 && !hit) {
     memo_valid_[size_t(slot)] = 1;
@@ -1583,7 +1593,7 @@ Status CudaExecutable::run() {
 
 // One profiled run's node times into the process's profile (op_profile.h); nodes that launch
 // nothing (views, reshapes, folded Mul/Add) are left out.
-Status CudaExecutable::profile_run(const std::vector<float>& ms) {
+Status CudaExecutable::profile_run(const std::vector<float>& ms, const std::vector<uint8_t>& memo_kind) {
   const ir::Graph& g = graph_;
   for (size_t i = 0; i < order_.size() && i < ms.size(); ++i) {
     const Node& n = g.node(order_[i]);
@@ -1595,7 +1605,10 @@ Status CudaExecutable::profile_run(const std::vector<float>& ms) {
     if (op_profile_level() >= 2 && (n.op == OpKind::Linear || n.op == OpKind::PatchEmbed) && p.gemm.m > 0)
       shape = std::string(n.op == OpKind::Linear ? "linear " : "patch_embed ") + std::to_string(p.gemm.m) + "x" +
               std::to_string(p.gemm.k) + "x" + std::to_string(p.gemm.n) + (p.gemm.in == DType::BF16 ? " bf16" : " f32");
-    op_profile_add(ir::op_name(n.op), options_.label, n.name, shape, double(ms[i]));
+    // Memo hits launch nothing but a copy of a result that is not read in its slot.
+    const uint8_t mk = i < memo_kind.size() ? memo_kind[i] : 0;
+    const std::string name = mk == 0 ? n.name : n.name + (mk == 1 ? " (memo hit)" : " (memo hit, result copied)");
+    op_profile_add(ir::op_name(n.op), options_.label, name, mk ? std::string() : shape, double(ms[i]));
   }
   return Status::ok();
 }

@@ -205,7 +205,8 @@ class CudaExecutable final : public Executable {
   // VLAC_PROFILE_OPS (op_profile.h): events between the nodes of eager runs after the first.
   std::unique_ptr<NodeTimer> timer_;
   int64_t eager_runs_ = 0;
-  Status profile_run(const std::vector<float>& ms);
+  Status profile_run(const std::vector<float>& ms, const std::vector<uint8_t>& memo_kind);
+  uint64_t memo_copies_ = 0;  // results copied between the memo's slot and the arena (run_or_reuse)
   std::vector<uint8_t> qexact_w_;  // by value id: a weight its (one) reader runs exactly (grouped widening)
   void plan_quant_exact();
   Status run_quant_linear(ir::NodeId id, const void* xin, const void* bias, void* out);
