@@ -1,8 +1,7 @@
 #include "backends/cuda/op_profile.h"
 
-#include <atomic>
-
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -50,6 +49,23 @@ Profile& profile() {
   return p;
 }
 
+Status event_error(const char* what, cudaError_t ce) {
+  return Status(StatusCode::Internal, std::string("cuda: profile ") + what + ": " + cudaGetErrorString(ce));
+}
+
+// Calls part(begin, end, is_index) for each dot-separated part of `name` in order (a part made
+// only of digits is a layer index); stops early when part returns false.
+template <typename F>
+void for_each_part(const std::string& name, F&& part) {
+  size_t i = 0;
+  while (i <= name.size()) {
+    const size_t j = std::min(name.find('.', i), name.size());
+    const bool index = j > i && name.find_first_not_of("0123456789", i) >= j;
+    if (!part(i, j, index)) return;
+    i = j + 1;
+  }
+}
+
 }  // namespace
 
 int op_profile_level() {
@@ -70,7 +86,7 @@ Status NodeTimer::start(cudaStream_t stream, size_t nodes) {
     void* h = nullptr;
     cudaError_t ce = cudaHostAlloc(&h, sizeof(int), cudaHostAllocMapped);
     if (ce == cudaSuccess) ce = cudaHostGetDevicePointer(reinterpret_cast<void**>(&flag_dev_), h, 0);
-    if (ce != cudaSuccess) return Status(StatusCode::Internal, std::string("cuda: profile flag: ") + cudaGetErrorString(ce));
+    if (ce != cudaSuccess) return event_error("flag", ce);
     flag_host_ = static_cast<int*>(h);
   }
   std::atomic_ref<int>(*flag_host_).store(0);
@@ -78,18 +94,18 @@ Status NodeTimer::start(cudaStream_t stream, size_t nodes) {
   while (ev_.size() < nodes + 1) {
     cudaEvent_t e = nullptr;
     const cudaError_t ce = cudaEventCreate(&e);
-    if (ce != cudaSuccess) return Status(StatusCode::Internal, std::string("cuda: profile event: ") + cudaGetErrorString(ce));
+    if (ce != cudaSuccess) return event_error("event", ce);
     ev_.push_back(e);
   }
   used_ = nodes + 1;
   const cudaError_t ce = cudaEventRecord(ev_[0], stream);
-  return ce == cudaSuccess ? Status::ok() : Status(StatusCode::Internal, std::string("cuda: profile event: ") + cudaGetErrorString(ce));
+  return ce == cudaSuccess ? Status::ok() : event_error("event", ce);
 }
 
 Status NodeTimer::mark(cudaStream_t stream, size_t i) {
   if (i + 1 >= used_) return Status(StatusCode::Internal, "cuda: profile mark past the run's nodes");
   const cudaError_t ce = cudaEventRecord(ev_[i + 1], stream);
-  return ce == cudaSuccess ? Status::ok() : Status(StatusCode::Internal, std::string("cuda: profile event: ") + cudaGetErrorString(ce));
+  return ce == cudaSuccess ? Status::ok() : event_error("event", ce);
 }
 
 Result<std::vector<float>> NodeTimer::finish() {
@@ -98,32 +114,26 @@ Result<std::vector<float>> NodeTimer::finish() {
   if (!used_) return ms;
   cudaError_t ce = cudaEventSynchronize(ev_[used_ - 1]);
   for (size_t i = 0; ce == cudaSuccess && i + 1 < used_; ++i) ce = cudaEventElapsedTime(&ms[i], ev_[i], ev_[i + 1]);
-  if (ce != cudaSuccess) return Status(StatusCode::Internal, std::string("cuda: profile event: ") + cudaGetErrorString(ce));
+  if (ce != cudaSuccess) return event_error("event", ce);
   return ms;
 }
 
 std::string layer_of(const std::string& name) {
-  size_t i = 0;
-  while (i < name.size()) {
-    const size_t j = std::min(name.find('.', i), name.size());
-    const std::string part = name.substr(i, j - i);
-    if (!part.empty() && part.find_first_not_of("0123456789") == std::string::npos) return name.substr(0, j);
-    i = j + 1;
-  }
-  return "(outside layers)";
+  std::string out = "(outside layers)";
+  for_each_part(name, [&](size_t, size_t end, bool index) {
+    if (index) out = name.substr(0, end);
+    return !index;
+  });
+  return out;
 }
 
 std::string layer_pattern(const std::string& name) {
   std::string out;
-  size_t i = 0;
-  while (i <= name.size()) {
-    const size_t j = std::min(name.find('.', i), name.size());
-    const std::string part = name.substr(i, j - i);
-    const bool digits = !part.empty() && part.find_first_not_of("0123456789") == std::string::npos;
-    out += digits ? "#" : part;
-    if (j < name.size()) out += '.';
-    i = j + 1;
-  }
+  for_each_part(name, [&](size_t begin, size_t end, bool index) {
+    out += index ? std::string("#") : name.substr(begin, end - begin);
+    if (end < name.size()) out += '.';
+    return true;
+  });
   return out;
 }
 
