@@ -13,6 +13,7 @@
 #include <filesystem>
 
 #include "backends/cuda/kernels.h"
+#include "backends/cuda/l2_prefetch.h"
 #include "backends/cuda/op_profile.h"
 #include "compile/pi05_compile.h"
 #include "core/quant.h"
@@ -377,6 +378,121 @@ TEST(CudaOpProfile, LayerPatternHidesLayerIndices) {
   EXPECT_EQ(cuda::layer_of("lm.3.q_proj"), "lm.3");
   EXPECT_EQ(cuda::layer_of("vision.encoder.layers.26.fc2"), "vision.encoder.layers.26");
   EXPECT_EQ(cuda::layer_of("action_in_proj"), "(outside layers)");
+}
+
+// The prefetch planner (no GPU): every GEMM's weight is prefetched once, before it runs, with
+// the bytes in flight within the cap, in fewer launches than GEMMs, adjacent weights merged.
+TEST(CudaL2Prefetch, PlanReachesEveryGemmWithinTheCap) {
+  constexpr uint64_t kMiB = 1 << 20;
+  // Fake addresses: the planner only compares and adds them.
+  auto at = [](uint64_t off) { return reinterpret_cast<const void*>(uintptr_t(1) << 32 | uintptr_t(off)); };
+  std::vector<cuda::PrefetchGemm> g;
+  uint64_t off = 0;
+  for (int layer = 0; layer < 3; ++layer)
+    for (uint64_t mib : {5u, 4u, 16u, 8u}) {  // an expert layer's q|k|v, o, gate|up, down
+      g.push_back({g.size() * 3 + 2, cuda::L2Range{at(off), mib * kMiB}});
+      off += mib * kMiB + 4096;  // not adjacent
+    }
+  for (uint64_t cap : {16 * kMiB, 32 * kMiB, 48 * kMiB}) {
+    const auto plan = cuda::plan_l2_prefetch(g, cap, cap / 2);
+    std::vector<int> seen(g.size(), 0);
+    for (size_t li = 0; li < plan.size(); ++li) {
+      const auto& l = plan[li];
+      if (li > 0) {
+        EXPECT_LE(plan[li - 1].before, l.before);
+      }
+      for (const auto& r : l.ranges)
+        for (size_t j = 0; j < g.size(); ++j)
+          if (g[j].w.p == r.p) {
+            ++seen[j];
+            EXPECT_LE(l.before, g[j].pos) << "prefetched after it ran";
+            EXPECT_EQ(r.bytes, g[j].w.bytes);
+          }
+      // In flight right after this launch: prefetched, not yet run.
+      uint64_t inflight = 0;
+      for (size_t j = 0; j < g.size(); ++j)
+        if (g[j].pos >= l.before)
+          for (size_t m = 0; m <= li; ++m)
+            for (const auto& r : plan[m].ranges) {
+              if (r.p == g[j].w.p) inflight += r.bytes;
+            }
+      EXPECT_LE(inflight, cap) << "cap " << cap / kMiB << " MiB, launch " << li;
+    }
+    for (size_t j = 0; j < g.size(); ++j) EXPECT_EQ(seen[j], 1) << "GEMM " << j << ", cap " << cap / kMiB;
+    EXPECT_LT(plan.size(), g.size()) << "cap " << cap / kMiB;
+  }
+  EXPECT_TRUE(cuda::plan_l2_prefetch(g, 0, 0).empty());
+  // Adjacent weights merge into one range; one larger than the cap goes alone.
+  std::vector<cuda::PrefetchGemm> adj = {{1, {at(0), 2 * kMiB}}, {3, {at(2 * kMiB), 2 * kMiB}}, {5, {at(8 * kMiB), 40 * kMiB}}};
+  const auto p2 = cuda::plan_l2_prefetch(adj, 32 * kMiB, 0);
+  ASSERT_EQ(p2.size(), 2u);
+  EXPECT_EQ(p2[0].before, 0u);
+  ASSERT_EQ(p2[0].ranges.size(), 1u);
+  EXPECT_EQ(p2[0].ranges[0].bytes, 4 * kMiB);
+  EXPECT_EQ(p2[1].before, 4u);  // after the second GEMM (position 3), nothing left in flight
+  EXPECT_EQ(p2[1].ranges[0].bytes, 40 * kMiB);
+}
+
+// The prefetch kernel over unaligned ranges, and a package run with prefetches planned before
+// every small GEMM gives the same actions, bit for bit, as without them (eager, warm-up,
+// recorded, replayed).
+TEST_F(CudaChain, L2PrefetchChangesNoAction) {
+  void* buf = nullptr;
+  ASSERT_EQ(cudaMalloc(&buf, 1 << 20), cudaSuccess);
+  const cuda::L2Range r[2] = {{static_cast<uint8_t*>(buf) + 3, (1 << 20) - 7}, {buf, 40}};
+  EXPECT_TRUE(cuda::l2_prefetch(nullptr, r, 2, 4).is_ok());
+  EXPECT_FALSE(cuda::l2_prefetch(nullptr, r, cuda::kMaxL2Ranges + 1, 4).is_ok());
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  cudaFree(buf);
+
+  const std::string dir = kFixtures + "/tiny_a";
+  std::string tmpl = (fs::temp_directory_path() / "vlac-l2pf-XXXXXX").string();
+  const fs::path tmp = mkdtemp(tmpl.data());
+  Pi05CompileOptions co;
+  co.out = (tmp / "p.vlac").string();
+  co.backend = "cuda";
+  co.bf16 = true;
+  co.bf16_all_matrices = true;
+  auto sum = compile_pi05(dir + "/policy", co);
+  ASSERT_TRUE(sum.is_ok()) << sum.status().message();
+  auto folder_pol = Pi05Policy::load(dir + "/policy", {});
+  ASSERT_TRUE(folder_pol.is_ok());
+  auto obs = read_pi05_observation(dir + "/obs.safetensors", folder_pol->model());
+  auto noise = read_pi05_noise(dir + "/noise.safetensors", folder_pol->model());
+  ASSERT_TRUE(obs.is_ok() && noise.is_ok());
+  auto counter = [](const Pi05PackagePolicy& p, const std::string& key) -> int64_t {
+    for (const auto& [k, v] : p.runtime().memory_breakdown())
+      if (k == key) return v;
+    return -1;
+  };
+  std::vector<float> actions[2];
+  int64_t launches[2] = {0, 0};
+  int64_t before = -1;
+  for (int on = 0; on < 2; ++on) {
+    setenv("VLAC_L2_PREFETCH_MIB", on ? "1" : "0", 1);
+    setenv("VLAC_L2_PREFETCH_BATCH_MIB", "0", 1);
+    Pi05PackageOptions po;
+    po.backend = "cuda";
+    auto pkg = Pi05PackagePolicy::open(co.out, po);
+    ASSERT_TRUE(pkg.is_ok()) << pkg.status().message();
+    if (before < 0) before = std::max<int64_t>(0, counter(*pkg, "l2_prefetch_launches_per_run"));
+    for (int i = 0; i < 4; ++i) {
+      std::vector<float> c(noise->size());
+      const Status st = pkg->run_chunk(*obs, noise->data(), c.data());
+      ASSERT_TRUE(st.is_ok()) << st.message();
+      if (i == 0) actions[on] = c;
+      else EXPECT_EQ(max_abs_diff(c, actions[on]), 0.0) << "prefetch " << on << ", chunk " << i;
+    }
+    launches[on] = counter(*pkg, "l2_prefetch_launches_per_run") - before;
+    before = counter(*pkg, "l2_prefetch_launches_per_run");
+  }
+  unsetenv("VLAC_L2_PREFETCH_MIB");
+  unsetenv("VLAC_L2_PREFETCH_BATCH_MIB");
+  EXPECT_EQ(launches[0], 0);
+  EXPECT_GT(launches[1], 0);
+  EXPECT_EQ(max_abs_diff(actions[0], actions[1]), 0.0);
+  std::printf("[ cuda     ] L2 prefetch: %lld launches a run of the engines, same actions\n", static_cast<long long>(launches[1]));
+  fs::remove_all(tmp);
 }
 
 // The finish of an exactly scaled 8-bit GEMM (scale_columns): y = [gelu](scale·t (+ y) + bias)

@@ -155,7 +155,13 @@ Result<std::optional<uint64_t>> parse_stack_limit() {
 namespace {
 std::atomic<uint64_t> g_trimmed{0};
 std::atomic<uint64_t> g_on_demand{0}, g_fetches{0}, g_fetched{0};
+std::atomic<uint64_t> g_prefetch_launches{0}, g_prefetch_bytes{0};
 }  // namespace
+
+void note_l2_prefetch_plan(uint64_t launches, uint64_t bytes) {
+  g_prefetch_launches += launches;
+  g_prefetch_bytes += bytes;
+}
 
 void note_on_demand_weights(uint64_t bytes) { g_on_demand += bytes; }
 void note_on_demand_fetch(uint64_t bytes) {
@@ -292,7 +298,9 @@ std::vector<std::pair<std::string, int64_t>> CudaContext::breakdown() const {
           {"host_trimmed_clean_file_bytes", int64_t(trimmed_clean_pages_total())},
           {"on_demand_weight_bytes", int64_t(g_on_demand.load())},
           {"on_demand_fetches", int64_t(g_fetches.load())},
-          {"on_demand_fetched_bytes", int64_t(g_fetched.load())}};
+          {"on_demand_fetched_bytes", int64_t(g_fetched.load())},
+          {"l2_prefetch_launches_per_run", int64_t(g_prefetch_launches.load())},
+          {"l2_prefetch_bytes_per_run", int64_t(g_prefetch_bytes.load())}};
 }
 
 bool CudaContext::capturing() const {

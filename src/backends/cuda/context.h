@@ -62,6 +62,9 @@ uint64_t trimmed_clean_pages_total();
 /// (breakdown: on_demand_weight_bytes, on_demand_fetches, on_demand_fetched_bytes).
 void note_on_demand_weights(uint64_t bytes);
 void note_on_demand_fetch(uint64_t bytes);
+/// L2 prefetches planned (l2_prefetch.h), summed over the executables made so far: launches and
+/// bytes one run of each issues (breakdown: l2_prefetch_launches_per_run, l2_prefetch_bytes_per_run).
+void note_l2_prefetch_plan(uint64_t launches, uint64_t bytes);
 
 class CudaContext {
  public:

@@ -621,6 +621,7 @@ Status CudaExecutable::plan(const CudaWeights& weights) {
   keep_fused_k_parts();
   plan_rope_pairs();
   plan_prefix_qkv();
+  plan_prefetches();
   for (NodeId id : order_) {
     const Node& n = g.node(id);
     if (!plans_[size_t(id)].stable_pieces) continue;
@@ -659,6 +660,45 @@ Status CudaExecutable::plan(const CudaWeights& weights) {
     }
   }
   return Status::ok();
+}
+
+// L2 prefetches of the latency-bound GEMMs' weights (l2_prefetch.h): GEMMs with at most
+// max_rows rows of x whose weight is resident in bf16 (not left in the file, not widened from
+// 8 bits, not a memo node, which a hit skips).
+void CudaExecutable::plan_prefetches() {
+  prefetches_.clear();
+  const L2PrefetchSettings s = l2_prefetch_settings();
+  if (s.cap == 0) return;
+  prefetch_blocks_ = s.blocks;
+  std::vector<PrefetchGemm> gemms;
+  for (size_t i = 0; i < order_.size(); ++i) {
+    const NodeId id = order_[i];
+    const Node& n = graph_.node(id);
+    const NodePlan& p = plans_[size_t(id)];
+    if (n.op != OpKind::Linear || n.inputs.size() < 2 || p.gemm.m == 0 || p.gemm.m > s.max_rows || p.qskinny ||
+        p.qexact || memo_.node[size_t(id)] || !from_weight(n.inputs[1]))
+      continue;
+    const size_t r = size_t(root_[size_t(n.inputs[1])]);
+    const CudaWeights::Entry* e = weight_entry_[r];
+    if (!e || e->on_demand || e->host_table || widened(ValueId(r))) continue;
+    const ValueInfo& w = graph_.info(n.inputs[1]);
+    gemms.push_back({i, L2Range{ptr(n.inputs[1]), uint64_t(w.numel()) * dtype_size(weight_dtype_[r])}});
+  }
+  prefetches_ = plan_l2_prefetch(gemms, s.cap, s.batch);
+  for (size_t i = 0; i < prefetches_.size(); ++i) {  // at most kMaxL2Ranges per launch: split the rest off
+    std::vector<L2Range>& r = prefetches_[i].ranges;
+    if (r.size() <= size_t(kMaxL2Ranges)) continue;
+    PrefetchLaunch more{prefetches_[i].before, std::vector<L2Range>(r.begin() + kMaxL2Ranges, r.end())};
+    r.resize(kMaxL2Ranges);
+    prefetches_.push_back(std::move(more));
+  }
+  std::erase_if(prefetches_, [&](const PrefetchLaunch& l) { return l.before >= order_.size(); });
+  uint64_t bytes = 0;
+  for (const PrefetchLaunch& l : prefetches_)
+    for (const L2Range& r : l.ranges) bytes += r.bytes;
+  note_l2_prefetch_plan(prefetches_.size(), bytes);
+  std::stable_sort(prefetches_.begin(), prefetches_.end(),
+                   [](const PrefetchLaunch& a, const PrefetchLaunch& b) { return a.before < b.before; });
 }
 
 // Slice views: the fused q|k|v and gate|up GEMMs (ir/fuse) write one [R, W] output that the
@@ -1555,10 +1595,16 @@ Status CudaExecutable::run() {
   }
   std::vector<uint8_t> memo_kind;  // profiled: 0 ran, 1 memo hit, 2 memo hit with a result copied
   if (timer) memo_kind.assign(order_.size(), 0);
+  size_t next_prefetch = 0;
   for (size_t i = 0; i < order_.size(); ++i) {
     const NodeId id = order_[i];
     const uint64_t copies = memo_copies_;
-    Status st = run_or_reuse(id, slot, hit);
+    Status st = Status::ok();
+    for (; st.is_ok() && next_prefetch < prefetches_.size() && prefetches_[next_prefetch].before == i; ++next_prefetch) {
+      const PrefetchLaunch& l = prefetches_[next_prefetch];
+      st = l2_prefetch(ctx_->stream(), l.ranges.data(), int(l.ranges.size()), prefetch_blocks_);
+    }
+    if (st.is_ok()) st = run_or_reuse(id, slot, hit);
     if (timer && hit && slot >= 0 && memo_.node[size_t(id)]) memo_kind[i] = memo_copies_ > copies ? 2 : 1;
     if (st.is_ok() && timer) st = timer->mark(ctx_->stream(), i);
     if (!st.is_ok()) {

@@ -18,6 +18,7 @@
 
 #include "backends/cuda/context.h"
 #include "backends/cuda/kernels.h"
+#include "backends/cuda/l2_prefetch.h"
 #include "backends/cuda/op_profile.h"
 #include "backends/cuda/weights.h"
 #include "core/quant.h"
@@ -91,6 +92,10 @@ class CudaExecutable final : public Executable {
   void plan_residual_norms();
   void plan_rope_pairs();
   void plan_prefix_qkv();
+  /// L2 prefetches of the small-M GEMMs' weights ahead of them (l2_prefetch.h), by run position.
+  void plan_prefetches();
+  std::vector<PrefetchLaunch> prefetches_;  // sorted by `before`
+  int prefetch_blocks_ = 16;
   /// The expert's down_proj (M <= 64, read only by the gated residual) as K parts summed by the
   /// fused norm (VLAC_DOWN_KPARTS): chosen before the arena (its block holds the parts), kept
   /// only where plan_residual_norms then fused that norm.
