@@ -108,23 +108,38 @@ __device__ __forceinline__ void rotate(float x0, float x1, float s, float c, flo
 
 // Rotates pair (i, i + dh/2) of heads [0, h) in row xr into row yr (yr may be xr: each element is
 // read and written by this thread alone, and every read of a chunk of heads comes before its writes).
-template <typename Tx, typename Ty>
-__device__ __forceinline__ void rope_row(const Tx* xr, Ty* yr, int h, int dh, int i, float s, float c) {
-  constexpr int kChunk = 8;  // loads of 8 heads in flight before their stores
+// The first chunk's loads are issued before the angle is computed (rope_first), so their memory
+// latency overlaps the double pow and sincosf (branches the compiler would not hoist loads over).
+constexpr int kRopeChunk = 8;  // loads of 8 heads in flight before their stores
+struct RopeLoads {
+  float x0[kRopeChunk], x1[kRopeChunk];
+};
+template <typename Tx>
+__device__ __forceinline__ void rope_load(const Tx* xr, int h0, int h, int dh, int i, RopeLoads& l) {
   const int half = dh / 2;
-  for (int h0 = 0; h0 < h; h0 += kChunk) {
-    float x0[kChunk], x1[kChunk];
 #pragma unroll
-    for (int k = 0; k < kChunk; ++k)
-      if (h0 + k < h) x0[k] = ld(xr, (h0 + k) * dh + i), x1[k] = ld(xr, (h0 + k) * dh + i + half);
+  for (int k = 0; k < kRopeChunk; ++k)
+    if (h0 + k < h) l.x0[k] = ld(xr, (h0 + k) * dh + i), l.x1[k] = ld(xr, (h0 + k) * dh + i + half);
+}
+template <typename Ty>
+__device__ __forceinline__ void rope_store(Ty* yr, int h0, int h, int dh, int i, float s, float c, const RopeLoads& l) {
+  const int half = dh / 2;
 #pragma unroll
-    for (int k = 0; k < kChunk; ++k)
-      if (h0 + k < h) {
-        float y0, y1;
-        rotate(x0[k], x1[k], s, c, &y0, &y1);
-        st(yr, (h0 + k) * dh + i, y0);
-        st(yr, (h0 + k) * dh + i + half, y1);
-      }
+  for (int k = 0; k < kRopeChunk; ++k)
+    if (h0 + k < h) {
+      float y0, y1;
+      rotate(l.x0[k], l.x1[k], s, c, &y0, &y1);
+      st(yr, (h0 + k) * dh + i, y0);
+      st(yr, (h0 + k) * dh + i + half, y1);
+    }
+}
+// Heads from h0 on (the chunks after the first, which the caller loaded and stored).
+template <typename Tx, typename Ty>
+__device__ __forceinline__ void rope_row(const Tx* xr, Ty* yr, int h, int dh, int i, float s, float c, int h0 = 0) {
+  for (; h0 < h; h0 += kRopeChunk) {
+    RopeLoads l;
+    rope_load(xr, h0, h, dh, i, l);
+    rope_store(yr, h0, h, dh, i, s, c, l);
   }
 }
 
@@ -137,9 +152,12 @@ __global__ void rope_kernel(const Tx* x, int64_t x_stride, Ty* y, int64_t y_stri
   const int half = dh / 2, n = t * half;
   for (int idx = int(blockIdx.x * blockDim.x + threadIdx.x); idx < n; idx += int(gridDim.x * blockDim.x)) {
     const int i = idx % half, ti = idx / half;
+    RopeLoads l;
+    rope_load(x + ti * x_stride, 0, h, dh, i, l);
     float s, c;
     rope_angle(pos, ti, i, dh, base, &s, &c);
-    rope_row(x + ti * x_stride, y + ti * y_stride, h, dh, i, s, c);
+    rope_store(y + ti * y_stride, 0, h, dh, i, s, c, l);
+    rope_row(x + ti * x_stride, y + ti * y_stride, h, dh, i, s, c, kRopeChunk);
   }
 }
 
@@ -166,10 +184,19 @@ __global__ void rope_pair_kernel(RopeJobs j, const int64_t* pos, int t, int dh, 
       continue;
     }
     const int i = idx % half, ti = idx / half;
+    const Tx* xa = static_cast<const Tx*>(j.xa) + ti * j.xsa;
+    const Tx* xb = static_cast<const Tx*>(j.xb) + ti * j.xsb;
+    Ty* ya = static_cast<Ty*>(j.ya) + ti * j.ysa;
+    Ty* yb = static_cast<Ty*>(j.yb) + ti * j.ysb;
+    RopeLoads la, lb;
+    rope_load(xa, 0, int(j.ha), dh, i, la);
+    rope_load(xb, 0, int(j.hb), dh, i, lb);
     float s, c;
     rope_angle(pos, ti, i, dh, base, &s, &c);
-    rope_row(static_cast<const Tx*>(j.xa) + ti * j.xsa, static_cast<Ty*>(j.ya) + ti * j.ysa, int(j.ha), dh, i, s, c);
-    rope_row(static_cast<const Tx*>(j.xb) + ti * j.xsb, static_cast<Ty*>(j.yb) + ti * j.ysb, int(j.hb), dh, i, s, c);
+    rope_store(ya, 0, int(j.ha), dh, i, s, c, la);
+    rope_store(yb, 0, int(j.hb), dh, i, s, c, lb);
+    rope_row(xa, ya, int(j.ha), dh, i, s, c, kRopeChunk);
+    rope_row(xb, yb, int(j.hb), dh, i, s, c, kRopeChunk);
   }
 }
 
@@ -186,18 +213,26 @@ __global__ void rope_qkv_kernel(RopeQkvJob j, const int64_t* pos, int t, int dh,
       continue;
     }
     const int i = idx % half, ti = idx / half;
+    const float* kr = j.k + ti * j.k_stride;
+    RopeLoads lq, lk;  // q's first heads and k's, loaded before the angle (rope_load)
+    rope_load(j.q + ti * j.q_stride, 0, int(j.hq), dh, i, lq);
+    rope_load(kr, 0, int(j.hk), dh, i, lk);
     float s, c;
     rope_angle(pos, ti, i, dh, base, &s, &c);
-    rope_row(j.q + ti * j.q_stride, j.qo + ti * j.qo_stride, int(j.hq), dh, i, s, c);
-    const float* kr = j.k + ti * j.k_stride;
+    rope_store(j.qo + ti * j.qo_stride, 0, int(j.hq), dh, i, s, c, lq);
+    rope_row(j.q + ti * j.q_stride, j.qo + ti * j.qo_stride, int(j.hq), dh, i, s, c, kRopeChunk);
     float* kor = j.ko + ti * j.ko_stride;
     uint16_t* kbr = j.kb + ti * j.kb_stride;
-    for (int hh = 0; hh < int(j.hk); ++hh) {
+    auto put_k = [&](int hh, float x0, float x1) {
       float y0, y1;
-      rotate(kr[hh * dh + i], kr[hh * dh + i + half], s, c, &y0, &y1);
+      rotate(x0, x1, s, c, &y0, &y1);
       kor[hh * dh + i] = y0, kor[hh * dh + i + half] = y1;
       kbr[hh * dh + i] = f2bf(y0), kbr[hh * dh + i + half] = f2bf(y1);
-    }
+    };
+#pragma unroll
+    for (int hh = 0; hh < kRopeChunk; ++hh)  // constant indices: lk stays in registers
+      if (hh < int(j.hk)) put_k(hh, lk.x0[hh], lk.x1[hh]);
+    for (int hh = kRopeChunk; hh < int(j.hk); ++hh) put_k(hh, kr[hh * dh + i], kr[hh * dh + i + half]);
   }
 }
 

@@ -976,6 +976,11 @@ void CudaExecutable::plan_residual_norms() {
     return a0 < b1 && b0 < a1;
   };
   auto producer_op = [&](ValueId v) { return g.node(g.value(root_[size_t(v)]).producer).op; };
+  static const bool fuse_inputs = !env_off("VLAC_FUSE_INPUT_RESIDUALS");  // =0: as before (A/B)
+  auto in_arena = [&](const std::vector<ValueId>& vs) {
+    int64_t a, b;
+    return std::all_of(vs.begin(), vs.end(), [&](ValueId v) { return range(v, &a, &b); });
+  };
   auto const_like = [&](ValueId v) {
     const OpKind op = producer_op(v);
     return op == OpKind::Weight || op == OpKind::Constant;
@@ -1016,17 +1021,21 @@ void CudaExecutable::plan_residual_norms() {
         mid = m;
       }
     }
-    // Folded inputs: h, branch, gate and the norm's parameters.
+    // Folded inputs: h, branch, gate and the norm's parameters. One outside the arena must be a
+    // weight, a constant or an engine input: an input's buffer (another engine's output, copied
+    // out of the shared arena, or the caller's) is another allocation than the arena blocks the
+    // fused kernel writes, so it cannot overlap them (the first residual of every engine after
+    // the first: 9 of the prefix LM's 18 and one per expert step ran unfused before).
     std::vector<ValueId> ins = {h, branch};
     if (has_gate) ins.push_back(gate);
     for (size_t i = 1; i < nn.inputs.size(); ++i) ins.push_back(nn.inputs[i]);
+    const std::vector<ValueId> outs = {sum, nn.outputs[0]};
     for (ValueId v : ins) {
       int64_t a, b;
-      if (!range(v, &a, &b) && !const_like(v)) ok = false;
+      if (!range(v, &a, &b) && !const_like(v) && !(fuse_inputs && producer_op(v) == OpKind::Input && in_arena(outs))) ok = false;
       if (bf16_stored(v)) ok = false;
     }
     if (!ok) continue;
-    const std::vector<ValueId> outs = {sum, nn.outputs[0]};
     for (ValueId o : outs)
       for (ValueId v : ins)
         if (overlaps(o, v)) ok = false;

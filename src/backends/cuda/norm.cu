@@ -203,7 +203,7 @@ bool al16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 bool al8(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 7u) == 0; }
 template <typename T> bool al_vec(const void* p) { return sizeof(T) == 4 ? al16(p) : al8(p); }
 
-// The 4-column kernel where it applies (d % 4 == 0, d <= 16384, every pointer aligned for its
+// The 4-column kernel where it applies (d % 4 == 0, d <= 8192, every pointer aligned for its
 // dtype's 4 elements): launches it and returns true.
 template <typename Th, typename Tb, typename Ty>
 bool try_norm4(cudaStream_t stream, const Th* h_in, Th* h, const Tb* branch, const float* gate, Ty* y, int64_t rows,
@@ -213,21 +213,21 @@ bool try_norm4(cudaStream_t stream, const Th* h_in, Th* h, const Tb* branch, con
     const char* e = std::getenv("VLAC_NORM_VEC");
     return !(e && std::string(e) == "0");
   }();
-  if (!on || d % 4 != 0 || d > 16384) return false;
+  // d <= 8192: at most 2 runs a thread, in registers (4 runs at 1024 threads took a stack frame).
+  if (!on || d % 4 != 0 || d > 8192) return false;
   if (!al_vec<Th>(h_in) || !al_vec<Th>(h) || !al_vec<Ty>(y)) return false;
   if (branch && (!al_vec<Tb>(branch) || (parts > 1 && (part_stride % 4) != 0))) return false;
   for (const float* f : {gate, w, b, mod})
     if (f && !al16(f)) return false;
   const int64_t runs = d / 4;
-  const int c = runs <= 1024 ? 1 : runs <= 2048 ? 2 : 4;
+  const int c = runs <= 1024 ? 1 : 2;
   const int threads = int(((runs + c - 1) / c + 31) / 32 * 32);
   auto go = [&](auto kernel) {
     launch(kernel, unsigned(rows), unsigned(threads), 0, stream, h_in, h, branch, gate, y, d, kind, w, b, mod, eps, parts,
            part_stride);
   };
   if (c == 1) go(norm4_kernel<Th, Tb, Ty, 1>);
-  else if (c == 2) go(norm4_kernel<Th, Tb, Ty, 2>);
-  else go(norm4_kernel<Th, Tb, Ty, 4>);
+  else go(norm4_kernel<Th, Tb, Ty, 2>);
   return true;
 }
 
