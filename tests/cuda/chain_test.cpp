@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/l2_prefetch.h"
@@ -254,19 +255,28 @@ TEST_F(CudaChain, PackagesRunOnCudaAndAgreeWithTheFolder) {
   }
 }
 
-// The weights only the memo reads (the time MLP, the adaRMS modulations) left in the package and
-// read at each memo miss (CudaWeights::fetch) give the same actions, bit for bit, as uploading
-// them, recorded chunks included; and a later chunk reads none of them (the memo hits).
-TEST_F(CudaChain, OnDemandMemoWeightsGiveTheSameActions) {
+// tiny_a compiled for CUDA with every matrix in bf16 (engines of at most `engine_cap` bytes, 0:
+// the default) into a temporary folder, with its observation and noise.
+struct TinyBf16Package {
+  fs::path tmp;
+  std::string path;
+  std::optional<Pi05Observation> obs;
+  std::vector<float> noise;
+  ~TinyBf16Package() {
+    if (!tmp.empty()) fs::remove_all(tmp);
+  }
+};
+void make_tiny_bf16_package(TinyBf16Package* t, uint64_t engine_cap) {
   const std::string dir = kFixtures + "/tiny_a";
-  std::string tmpl = (fs::temp_directory_path() / "vlac-ondemand-XXXXXX").string();
-  const fs::path tmp = mkdtemp(tmpl.data());
+  std::string tmpl = (fs::temp_directory_path() / "vlac-tiny-XXXXXX").string();
+  ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
+  t->tmp = tmpl;
   Pi05CompileOptions co;
-  co.out = (tmp / "p.vlac").string();
+  co.out = t->path = (t->tmp / "p.vlac").string();
   co.backend = "cuda";
   co.bf16 = true;
   co.bf16_all_matrices = true;
-  co.engine_cap = 64 << 10;
+  if (engine_cap) co.engine_cap = engine_cap;
   auto sum = compile_pi05(dir + "/policy", co);
   ASSERT_TRUE(sum.is_ok()) << sum.status().message();
   auto folder_pol = Pi05Policy::load(dir + "/policy", {});
@@ -274,18 +284,32 @@ TEST_F(CudaChain, OnDemandMemoWeightsGiveTheSameActions) {
   auto obs = read_pi05_observation(dir + "/obs.safetensors", folder_pol->model());
   auto noise = read_pi05_noise(dir + "/noise.safetensors", folder_pol->model());
   ASSERT_TRUE(obs.is_ok() && noise.is_ok());
-  auto counter = [](const Pi05PackagePolicy& p, const std::string& key) -> int64_t {
-    for (const auto& [k, v] : p.runtime().memory_breakdown())
-      if (k == key) return v;
-    return -1;
-  };
+  t->obs = std::move(*obs);
+  t->noise = std::move(*noise);
+}
+// A value of the package runtime's memory breakdown, -1 when absent.
+int64_t breakdown_value(const Pi05PackagePolicy& p, const std::string& key) {
+  for (const auto& [k, v] : p.runtime().memory_breakdown())
+    if (k == key) return v;
+  return -1;
+}
+
+// The weights only the memo reads (the time MLP, the adaRMS modulations) left in the package and
+// read at each memo miss (CudaWeights::fetch) give the same actions, bit for bit, as uploading
+// them, recorded chunks included; and a later chunk reads none of them (the memo hits).
+TEST_F(CudaChain, OnDemandMemoWeightsGiveTheSameActions) {
+  TinyBf16Package t;
+  ASSERT_NO_FATAL_FAILURE(make_tiny_bf16_package(&t, 64 << 10));
+  auto counter = breakdown_value;
+  const Pi05Observation* obs = &*t.obs;
+  const std::vector<float>* noise = &t.noise;
   std::vector<float> actions[2];
   int64_t left[2] = {0, 0}, fetches[2] = {0, 0};
   for (int on = 0; on < 2; ++on) {
     setenv("VLAC_ON_DEMAND_WEIGHTS", on ? "1" : "0", 1);  // every memo-only weight, or none
     Pi05PackageOptions po;
     po.backend = "cuda";
-    auto pkg = Pi05PackagePolicy::open(co.out, po);
+    auto pkg = Pi05PackagePolicy::open(t.path, po);
     ASSERT_TRUE(pkg.is_ok()) << pkg.status().message();
     const int64_t left0 = std::max<int64_t>(0, counter(*pkg, "on_demand_weight_bytes"));
     const int64_t f0 = std::max<int64_t>(0, counter(*pkg, "on_demand_fetches"));
@@ -312,7 +336,6 @@ TEST_F(CudaChain, OnDemandMemoWeightsGiveTheSameActions) {
   EXPECT_EQ(max_abs_diff(actions[0], actions[1]), 0.0);
   std::printf("[ cuda     ] on-demand memo weights: %lld bytes left in the package, %lld reads in the first chunk\n",
               static_cast<long long>(left[1]), static_cast<long long>(fetches[1]));
-  fs::remove_all(tmp);
 }
 
 TEST_F(CudaChain, BadTokenIdIsOneClearError) {
@@ -445,26 +468,11 @@ TEST_F(CudaChain, L2PrefetchChangesNoAction) {
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   cudaFree(buf);
 
-  const std::string dir = kFixtures + "/tiny_a";
-  std::string tmpl = (fs::temp_directory_path() / "vlac-l2pf-XXXXXX").string();
-  const fs::path tmp = mkdtemp(tmpl.data());
-  Pi05CompileOptions co;
-  co.out = (tmp / "p.vlac").string();
-  co.backend = "cuda";
-  co.bf16 = true;
-  co.bf16_all_matrices = true;
-  auto sum = compile_pi05(dir + "/policy", co);
-  ASSERT_TRUE(sum.is_ok()) << sum.status().message();
-  auto folder_pol = Pi05Policy::load(dir + "/policy", {});
-  ASSERT_TRUE(folder_pol.is_ok());
-  auto obs = read_pi05_observation(dir + "/obs.safetensors", folder_pol->model());
-  auto noise = read_pi05_noise(dir + "/noise.safetensors", folder_pol->model());
-  ASSERT_TRUE(obs.is_ok() && noise.is_ok());
-  auto counter = [](const Pi05PackagePolicy& p, const std::string& key) -> int64_t {
-    for (const auto& [k, v] : p.runtime().memory_breakdown())
-      if (k == key) return v;
-    return -1;
-  };
+  TinyBf16Package t;
+  ASSERT_NO_FATAL_FAILURE(make_tiny_bf16_package(&t, 0));
+  auto counter = breakdown_value;
+  const Pi05Observation* obs = &*t.obs;
+  const std::vector<float>* noise = &t.noise;
   std::vector<float> actions[2];
   int64_t launches[2] = {0, 0};
   int64_t before = -1;
@@ -473,7 +481,7 @@ TEST_F(CudaChain, L2PrefetchChangesNoAction) {
     setenv("VLAC_L2_PREFETCH_BATCH_MIB", "0", 1);
     Pi05PackageOptions po;
     po.backend = "cuda";
-    auto pkg = Pi05PackagePolicy::open(co.out, po);
+    auto pkg = Pi05PackagePolicy::open(t.path, po);
     ASSERT_TRUE(pkg.is_ok()) << pkg.status().message();
     if (before < 0) before = std::max<int64_t>(0, counter(*pkg, "l2_prefetch_launches_per_run"));
     for (int i = 0; i < 4; ++i) {
@@ -492,7 +500,6 @@ TEST_F(CudaChain, L2PrefetchChangesNoAction) {
   EXPECT_GT(launches[1], 0);
   EXPECT_EQ(max_abs_diff(actions[0], actions[1]), 0.0);
   std::printf("[ cuda     ] L2 prefetch: %lld launches a run of the engines, same actions\n", static_cast<long long>(launches[1]));
-  fs::remove_all(tmp);
 }
 
 // The finish of an exactly scaled 8-bit GEMM (scale_columns): y = [gelu](scale·t (+ y) + bias)
