@@ -135,6 +135,55 @@ TEST_F(CudaKernels, ResidualNormMatchesCpu) {
   }
 }
 
+// Pointers that are not aligned for 4 elements (one element past an allocation's start) take the
+// scalar kernels instead of norm4_kernel: the same results within the tolerances.
+TEST_F(CudaKernels, ResidualNormOffTheVectorAlignmentMatchesCpu) {
+  const int64_t rows = 50, d = 1024;
+  const size_t n = size_t(rows * d);
+  for (DType ht : {DType::F32, DType::BF16}) {
+    auto h = randn(n + 1, 301, 2.0f), br = randn(n + 1, 302);
+    if (ht == DType::BF16) h = bf16_values(h), br = bf16_values(br);
+    const auto mod = randn(size_t(3 * d), 303, 0.5f), g = randn(size_t(d), 304);
+    auto dh = ht == DType::F32 ? to_device(h) : to_device(to_bf16(h));
+    auto dbr = ht == DType::F32 ? to_device(br) : to_device(to_bf16(br));
+    auto dmod = to_device(mod), dg = to_device(g);
+    DevBuf dy((n + 1) * 2);
+    dy.poison();
+    const size_t es = dtype_size(ht);
+    uint8_t* hp = static_cast<uint8_t*>(dh->get()) + es;  // element 1: off the 8/16-byte alignment
+    const uint8_t* bp = static_cast<const uint8_t*>(dbr->get()) + es;
+    uint16_t* yp = dy.as<uint16_t>() + 1;
+    NormArgs na;
+    na.kind = NormKind::AdaRms;
+    na.mod = dmod->as<float>();
+    VLAC_CUDA_OK(residual_norm(stream_, hp, ht, bp, ht, dg->as<float>(), na, yp, DType::BF16, rows, d));
+    sync();
+    std::vector<float> href(n);
+    for (size_t i = 0; i < n; ++i) {
+      const float gi = g[i % size_t(d)];
+      if (ht == DType::F32) {
+        href[i] = h[i + 1] + br[i + 1] * gi;
+      } else {
+        const float add = bf16_to_f32(f32_to_bf16(br[i + 1] * bf16_to_f32(f32_to_bf16(gi))));
+        href[i] = bf16_to_f32(f32_to_bf16(h[i + 1] + add));
+      }
+    }
+    std::vector<float> hgot;
+    if (ht == DType::F32) {
+      hgot = download<float>(*dh, n + 1);
+    } else {
+      hgot = from_bf16(download<uint16_t>(*dh, n + 1));
+    }
+    hgot.erase(hgot.begin());
+    EXPECT_LT(rel_err(hgot, href), ht == DType::F32 ? 1e-6 : 1e-7) << dtype_name(ht);
+    std::vector<float> ref(n), gate(static_cast<size_t>(d));
+    cpu::ada_rms_norm(href.data(), mod.data(), ref.data(), gate.data(), rows, d, 1e-6f);
+    auto y = from_bf16(download<uint16_t>(dy, n + 1));
+    y.erase(y.begin());
+    EXPECT_LT(rel_err(y, ref), kTolBf16) << dtype_name(ht);
+  }
+}
+
 TEST_F(CudaKernels, GeluAndGegluMatchCpu) {
   for (auto [rows, f] : {std::pair<int64_t, int64_t>{968, 16384}, {50, 4096}, {256, 4304}, {3, 77}, {70000, 8}}) {
     const size_t n = size_t(rows * f);
