@@ -108,7 +108,7 @@ __device__ __forceinline__ void rotate(float x0, float x1, float s, float c, flo
 
 // Rotates pair (i, i + dh/2) of heads [0, h) in row xr into row yr (yr may be xr: each element is
 // read and written by this thread alone, and every read of a chunk of heads comes before its writes).
-// The first chunk's loads are issued before the angle is computed (rope_first), so their memory
+// The first chunk's loads are issued before the angle is computed (rope_load, then rope_finish), so their memory
 // latency overlaps the double pow and sincosf (branches the compiler would not hoist loads over).
 constexpr int kRopeChunk = 8;  // loads of 8 heads in flight before their stores
 struct RopeLoads {
@@ -142,6 +142,13 @@ __device__ __forceinline__ void rope_row(const Tx* xr, Ty* yr, int h, int dh, in
     rope_store(yr, h0, h, dh, i, s, c, l);
   }
 }
+// The first chunk rotated from its loads `l` (rope_load(xr, 0, ...)), then the heads after it.
+template <typename Tx, typename Ty>
+__device__ __forceinline__ void rope_finish(const Tx* xr, Ty* yr, int h, int dh, int i, float s, float c,
+                                            const RopeLoads& l) {
+  rope_store(yr, 0, h, dh, i, s, c, l);
+  rope_row(xr, yr, h, dh, i, s, c, kRopeChunk);
+}
 
 // Reads rows of x (`x_stride` apart) and writes the rotated rows to y (`y_stride` apart); y may
 // be x (in place) or another buffer of another dtype (one rounding at the store).
@@ -156,8 +163,7 @@ __global__ void rope_kernel(const Tx* x, int64_t x_stride, Ty* y, int64_t y_stri
     rope_load(x + ti * x_stride, 0, h, dh, i, l);
     float s, c;
     rope_angle(pos, ti, i, dh, base, &s, &c);
-    rope_store(y + ti * y_stride, 0, h, dh, i, s, c, l);
-    rope_row(x + ti * x_stride, y + ti * y_stride, h, dh, i, s, c, kRopeChunk);
+    rope_finish(x + ti * x_stride, y + ti * y_stride, h, dh, i, s, c, l);
   }
 }
 
@@ -193,7 +199,7 @@ __global__ void rope_pair_kernel(RopeJobs j, const int64_t* pos, int t, int dh, 
     rope_load(xb, 0, int(j.hb), dh, i, lb);
     float s, c;
     rope_angle(pos, ti, i, dh, base, &s, &c);
-    rope_store(ya, 0, int(j.ha), dh, i, s, c, la);
+    rope_store(ya, 0, int(j.ha), dh, i, s, c, la);  // both first chunks, then the heads after them
     rope_store(yb, 0, int(j.hb), dh, i, s, c, lb);
     rope_row(xa, ya, int(j.ha), dh, i, s, c, kRopeChunk);
     rope_row(xb, yb, int(j.hb), dh, i, s, c, kRopeChunk);
@@ -219,8 +225,7 @@ __global__ void rope_qkv_kernel(RopeQkvJob j, const int64_t* pos, int t, int dh,
     rope_load(kr, 0, int(j.hk), dh, i, lk);
     float s, c;
     rope_angle(pos, ti, i, dh, base, &s, &c);
-    rope_store(j.qo + ti * j.qo_stride, 0, int(j.hq), dh, i, s, c, lq);
-    rope_row(j.q + ti * j.q_stride, j.qo + ti * j.qo_stride, int(j.hq), dh, i, s, c, kRopeChunk);
+    rope_finish(j.q + ti * j.q_stride, j.qo + ti * j.qo_stride, int(j.hq), dh, i, s, c, lq);
     float* kor = j.ko + ti * j.ko_stride;
     uint16_t* kbr = j.kb + ti * j.kb_stride;
     auto put_k = [&](int hh, float x0, float x1) {

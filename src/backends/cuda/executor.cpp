@@ -1,6 +1,8 @@
 // CUDA graph executor (executor.h): planning, the memo, and the per-op dispatch.
 #include "backends/cuda/executor.h"
 
+#include "backends/cuda/env.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
@@ -10,6 +12,7 @@
 #include <cstring>
 #include <string>
 
+#include "backends/cuda/env.h"
 #include "backends/cuda/op_profile.h"
 #include "backends/cuda/skinny_gemm.h"
 #include "core/bytes.h"
@@ -33,10 +36,6 @@ constexpr uint64_t kScratchAlign = 256;
 uint64_t al(uint64_t v) { return exec::align_up(v, kScratchAlign); }
 int64_t last_dim(const ValueInfo& v) { return v.shape.empty() ? 1 : v.shape.back(); }
 // A plan-time switch (read at every plan, so a test can take both paths in one process).
-bool env_off(const char* name) {
-  const char* e = std::getenv(name);
-  return e && std::string(e) == "0";
-}
 
 // Rows of an 8-bit [n, k] matrix widened at once (quant.cu): all of it up to 32 MiB of bf16 (every
 // matrix of the expert and SigLIP), else equal slices of a multiple of 64 rows under that, each

@@ -1,8 +1,9 @@
 // The prefetch planner and its settings (host-only; the kernel is in l2_prefetch.cu).
 #include "backends/cuda/l2_prefetch.h"
 
+#include "backends/cuda/env.h"
+
 #include <algorithm>
-#include <cstdlib>
 #include <string>
 
 namespace vlac::cuda {
@@ -47,23 +48,13 @@ std::vector<PrefetchLaunch> plan_l2_prefetch(const std::vector<PrefetchGemm>& ge
   return out;
 }
 
-namespace {
-int64_t env_int(const char* name, int64_t dflt) {
-  const char* e = std::getenv(name);
-  if (!e || !*e) return dflt;
-  char* end = nullptr;
-  const long long v = std::strtoll(e, &end, 10);
-  return (end && *end == '\0' && v >= 0) ? int64_t(v) : dflt;
-}
-}  // namespace
-
 L2PrefetchSettings l2_prefetch_settings() {
   L2PrefetchSettings s;
-  const int64_t mib = env_int("VLAC_L2_PREFETCH_MIB", 0);
+  const int64_t mib = env_count("VLAC_L2_PREFETCH_MIB", 0);
   s.cap = uint64_t(mib) << 20;
-  s.batch = uint64_t(env_int("VLAC_L2_PREFETCH_BATCH_MIB", mib / 2)) << 20;
-  s.max_rows = env_int("VLAC_L2_PREFETCH_ROWS", 64);
-  s.blocks = int(std::clamp<int64_t>(env_int("VLAC_L2_PREFETCH_BLOCKS", 16), 1, 1024));
+  s.batch = uint64_t(env_count("VLAC_L2_PREFETCH_BATCH_MIB", mib / 2)) << 20;
+  s.max_rows = env_count("VLAC_L2_PREFETCH_ROWS", 64);
+  s.blocks = int(std::clamp<int64_t>(env_count("VLAC_L2_PREFETCH_BLOCKS", 16), 1, 1024));
   return s;
 }
 

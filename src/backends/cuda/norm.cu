@@ -1,9 +1,9 @@
 // RMSNorm (1 + w), adaptive RMSNorm, LayerNorm and the gated residual fused with the next norm.
 // One block per row; per-thread fp32 partial sums reduced through warp shuffles, then shared memory.
-#include <cstdlib>
 #include <string>
 
 #include "backends/cuda/common.cuh"
+#include "backends/cuda/env.h"
 #include "backends/cuda/kernels.h"
 
 namespace vlac::cuda {
@@ -11,7 +11,9 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// Sum of v over the block (every thread gets it). `red` holds kThreads/32 floats.
+// Sum of v over the block (every thread gets it). `red` holds one float per warp. W: the block's
+// warps when known at compile time (kThreads / 32), 0 for any whole number of warps (<= 32).
+template <int W>
 __device__ __forceinline__ float block_sum(float v, float* red) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -19,7 +21,8 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
   if (lane == 0) red[warp] = v;
   __syncthreads();
   float s = 0.0f;
-  for (int i = 0; i < kThreads / 32; ++i) s += red[i];
+  const int warps = W > 0 ? W : int(blockDim.x / 32);
+  for (int i = 0; i < warps; ++i) s += red[i];
   return s;
 }
 
@@ -30,13 +33,13 @@ __device__ void norm_row(const Tx* xr, Ty* yr, int64_t d, NormKind kind, const f
   if (kind == NormKind::Layer) {
     float s = 0.0f;
     for (int64_t i = threadIdx.x; i < d; i += kThreads) s += ld(xr, i);
-    const float mean = block_sum(s, red) / float(d);
+    const float mean = block_sum<kThreads / 32>(s, red) / float(d);
     float v = 0.0f;
     for (int64_t i = threadIdx.x; i < d; i += kThreads) {
       const float c = ld(xr, i) - mean;
       v += c * c;
     }
-    const float inv = rsqrtf(block_sum(v, red) / float(d) + eps);
+    const float inv = rsqrtf(block_sum<kThreads / 32>(v, red) / float(d) + eps);
     for (int64_t i = threadIdx.x; i < d; i += kThreads) st(yr, i, (ld(xr, i) - mean) * inv * w[i] + b[i]);
     return;
   }
@@ -45,7 +48,7 @@ __device__ void norm_row(const Tx* xr, Ty* yr, int64_t d, NormKind kind, const f
     const float v = ld(xr, i);
     ss += v * v;
   }
-  const float inv = rsqrtf(block_sum(ss, red) / float(d) + eps);
+  const float inv = rsqrtf(block_sum<kThreads / 32>(ss, red) / float(d) + eps);
   if (kind == NormKind::Rms) {
     for (int64_t i = threadIdx.x; i < d; i += kThreads) st(yr, i, (ld(xr, i) * inv) * (1.0f + w[i]));
   } else {
@@ -112,18 +115,6 @@ template <> __device__ __forceinline__ void st4<uint16_t>(uint16_t* p, int64_t i
                                                 uint32_t(f2bf(v[2])) | (uint32_t(f2bf(v[3])) << 16));
 }
 
-// block_sum for any whole number of warps (blockDim.x <= 1024); `red` holds 32 floats.
-__device__ __forceinline__ float block_sum_n(float v, float* red) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __syncthreads();
-  if (lane == 0) red[warp] = v;
-  __syncthreads();
-  float s = 0.0f;
-  for (int i = 0; i < int(blockDim.x / 32); ++i) s += red[i];
-  return s;
-}
-
 // branch null: no residual (x = h_in, nothing written to h).
 template <typename Th, typename Tb, typename Ty, int C>
 __global__ void __launch_bounds__(1024) norm4_kernel(const Th* h_in, Th* h, const Tb* branch, const float* gate, Ty* y,
@@ -172,7 +163,7 @@ __global__ void __launch_bounds__(1024) norm4_kernel(const Th* h_in, Th* h, cons
 #pragma unroll
     for (int c = 0; c < C; ++c)
       if (ok[c]) s += (v[c][0] + v[c][1]) + (v[c][2] + v[c][3]);
-    mean = block_sum_n(s, red) / float(d);
+    mean = block_sum<0>(s, red) / float(d);
   }
   float ss = 0.0f;
 #pragma unroll
@@ -183,7 +174,7 @@ __global__ void __launch_bounds__(1024) norm4_kernel(const Th* h_in, Th* h, cons
         const float u = kind == NormKind::Layer ? v[c][k] - mean : v[c][k];
         ss += u * u;
       }
-  const float inv = rsqrtf(block_sum_n(ss, red) / float(d) + eps);
+  const float inv = rsqrtf(block_sum<0>(ss, red) / float(d) + eps);
 #pragma unroll
   for (int c = 0; c < C; ++c) {
     if (!ok[c]) continue;
@@ -209,10 +200,7 @@ template <typename Th, typename Tb, typename Ty>
 bool try_norm4(cudaStream_t stream, const Th* h_in, Th* h, const Tb* branch, const float* gate, Ty* y, int64_t rows,
                int64_t d, NormKind kind, const float* w, const float* b, const float* mod, float eps, int parts,
                int64_t part_stride) {
-  static const bool on = [] {
-    const char* e = std::getenv("VLAC_NORM_VEC");
-    return !(e && std::string(e) == "0");
-  }();
+  static const bool on = !env_off("VLAC_NORM_VEC");
   // d <= 8192: at most 2 runs a thread, in registers (4 runs at 1024 threads took a stack frame).
   if (!on || d % 4 != 0 || d > 8192) return false;
   if (!al_vec<Th>(h_in) || !al_vec<Th>(h) || !al_vec<Ty>(y)) return false;
