@@ -14,6 +14,7 @@
 #include "backends/cpu/kernels.h"
 #include "backends/cuda/gemm.h"
 #include "backends/cuda/kernels.h"
+#include "backends/cuda/expert_mlp.h"
 #include "backends/cuda/skinny_gemm.h"
 #include "core/quant.h"
 #include "cuda_test_util.h"
@@ -356,6 +357,71 @@ TEST_F(CudaGemm, SkinnyKernelRejectsWhatItCannotRun) {
                         b.get(), nullptr, b.get(), nullptr, cnt)
                 .code(),
             StatusCode::InvalidArgument);  // misaligned
+}
+
+// The expert's MLP in one cooperative launch (expert_mlp.h): h against a double reference with the
+// unfused path's bf16 roundings (a sum near a rounding boundary may land one bf16 step away), y
+// against a double product of the h the kernel wrote (phase B alone, tight), the same bits on a
+// second run, and the phase B flags left at zero.
+TEST_F(CudaGemm, ExpertMlpMatchesCpu) {
+  int optin = 0;
+  VLAC_CUDART_OK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
+  struct S { int64_t m, d, f; int sms; const char* what; };
+  const int sms = device_sm_count();
+  const S cases[] = {{50, 1024, 4096, sms, "pi0.5 expert"},     {56, 1024, 4096, sms, "M = 56"},
+                     {1, 512, 1024, sms, "one token"},          {9, 512, 2048, 40, "two items a block, two tile rounds"},
+                     {33, 1024, 2048, sms, "M = 33"}};
+  DevBuf words(kExpertMlpSyncWords * sizeof(unsigned));
+  VLAC_CUDART_OK(cudaMemset(words.get(), 0, kExpertMlpSyncWords * sizeof(unsigned)));
+  uint32_t seed = 300;
+  auto gelu = [](double v) { return v / (1.0 + std::exp(-2.0 * 0.7978845608028654 * (v + 0.044715 * v * v * v))); };
+  auto bf = [](double v) { return double(bf16_to_f32(f32_to_bf16(float(v)))); };
+  for (const auto& c : cases) {
+    ExpertMlp p;
+    ASSERT_TRUE(expert_mlp_plan(c.m, c.d, c.f, c.sms, optin, &p)) << c.what;
+    const int64_t hs = 2 * c.f;  // h in place over the gate|up output, as the executor lays it out
+    auto x = bf16_values(randn(size_t(c.m * c.d), ++seed));
+    auto wgu = bf16_values(randn(size_t(2 * c.f * c.d), ++seed, 1.0f / std::sqrt(float(c.d))));
+    auto wd = bf16_values(randn(size_t(c.d * c.f), ++seed, 1.0f / std::sqrt(float(c.f))));
+    auto dx = to_device(to_bf16(x)), dgu = to_device(to_bf16(wgu)), dd = to_device(to_bf16(wd));
+    DevBuf dh(size_t(c.m * hs) * 2), dy(size_t(c.m * c.d) * 4), dy2(size_t(c.m * c.d) * 4);
+    DevBuf ws(std::max<uint64_t>(expert_mlp_workspace_bytes(p), 16));
+    VLAC_CUDART_OK(cudaMemset(dy.get(), 0xff, size_t(c.m * c.d) * 4));  // NaN: unwritten shows
+    auto* sy = static_cast<unsigned*>(words.get());
+    VLAC_CUDA_OK(expert_mlp(stream_, p, dx->get(), dgu->get(), dd->get(), dh.get(), hs, static_cast<float*>(dy.get()),
+                            c.d, ws.get(), sy));
+    sync();
+    const auto h1 = download<uint16_t>(dh, size_t(c.m * hs));
+    VLAC_CUDA_OK(expert_mlp(stream_, p, dx->get(), dgu->get(), dd->get(), dh.get(), hs, static_cast<float*>(dy2.get()),
+                            c.d, ws.get(), sy));
+    sync();
+    const auto y = download<float>(dy, size_t(c.m * c.d));
+    EXPECT_EQ(y, download<float>(dy2, size_t(c.m * c.d))) << c.what << ": a second run differs";
+    EXPECT_EQ(h1, download<uint16_t>(dh, size_t(c.m * hs))) << c.what << ": h differs on a second run";
+    std::vector<float> h(size_t(c.m * c.f)), href(h.size()), yref(y.size());
+    for (int64_t r = 0; r < c.m; ++r)
+      for (int64_t j = 0; j < c.f; ++j) {
+        double gs = 0, us = 0;
+        for (int64_t k = 0; k < c.d; ++k) {
+          gs += double(x[size_t(r * c.d + k)]) * wgu[size_t(j * c.d + k)];
+          us += double(x[size_t(r * c.d + k)]) * wgu[size_t((c.f + j) * c.d + k)];
+        }
+        href[size_t(r * c.f + j)] = float(bf(bf(gelu(bf(gs))) * bf(us)));
+        h[size_t(r * c.f + j)] = bf16_to_f32(h1[size_t(r * hs + j)]);
+      }
+    EXPECT_LT(rel_err(h, href), 4e-3) << c.what << ": h";
+    for (int64_t r = 0; r < c.m; ++r)
+      for (int64_t n = 0; n < c.d; ++n) {
+        double s = 0;
+        for (int64_t k = 0; k < c.f; ++k) s += double(h[size_t(r * c.f + k)]) * wd[size_t(n * c.f + k)];
+        yref[size_t(r * c.d + n)] = float(s);
+      }
+    EXPECT_LT(rel_err(y, yref), 1e-5) << c.what << ": y (splits " << p.splits << ", " << p.items_per_block
+                                      << " items a block)";
+  }
+  const auto left = download<unsigned>(words, size_t(kExpertMlpSyncWords));
+  EXPECT_EQ(left[0], 0u) << "barrier arrivals not reset";
+  EXPECT_EQ(size_t(std::count(left.begin() + 2, left.end(), 0u)), left.size() - 2) << "phase B flags not reset";
 }
 
 }  // namespace

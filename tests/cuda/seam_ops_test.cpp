@@ -293,6 +293,36 @@ TEST_F(SeamOps, GateUpGemmInBf16FeedsGeglu) {
   }
 }
 
+// The same MLP at the expert's M as one launch (expert_mlp.h, plan_expert_mlp): within bf16
+// tolerance of the CPU and of the three launches (VLAC_EXPERT_MLP=0), not the same bits as those
+// (another sum order: the fused path ran), and the same bits on every run.
+TEST_F(SeamOps, ExpertMlpInOneLaunch) {
+  struct S { int64_t m, k, f; const char* what; };
+  for (S s : {S{50, 1024, 4096, "expert 50x1024, F 4096"}, S{9, 512, 2048, "9x512, F 2048"}}) {
+    OpCase c;
+    const ValueId x = c.input_f32("x", {s.m, s.k});
+    const ValueId gu = c.op(OpKind::Linear, {x, c.weight("gate_up", {2 * s.f, s.k}, DType::BF16)});
+    const ValueId gate = c.op(OpKind::Slice, {gu}, ir::Attrs{{"axis", int64_t{-1}}, {"start", int64_t{0}}, {"end", s.f}});
+    const ValueId up = c.op(OpKind::Slice, {gu}, ir::Attrs{{"axis", int64_t{-1}}, {"start", s.f}, {"end", 2 * s.f}});
+    const ValueId m = c.op(OpKind::GeGLU, {gate, up});
+    c.g.mark_output(c.op(OpKind::Linear, {m, c.weight("down", {s.k, s.f}, DType::BF16)}));
+    auto cpu = run_on("cpu", c, false);
+    auto fused = run_on("cuda", c, false, 2);
+    auto again = run_on("cuda", c, false);
+    setenv("VLAC_EXPERT_MLP", "0", 1);
+    auto apart = run_on("cuda", c, false);
+    unsetenv("VLAC_EXPERT_MLP");
+    ASSERT_TRUE(cpu.is_ok() && fused.is_ok() && again.is_ok() && apart.is_ok()) << s.what;
+    const double e = rel_err((*fused)[0], (*cpu)[0]), ea = rel_err((*fused)[0], (*apart)[0]);
+    std::printf("[ seam op  ] expert mlp %-47s vs cpu %.3g, vs three launches %.3g\n", s.what, e, ea);
+    EXPECT_LE(e, 1e-2) << s.what;
+    EXPECT_LE(ea, 1e-2) << s.what;
+    EXPECT_LE(rel_err((*apart)[0], (*cpu)[0]), 1e-2) << s.what;
+    EXPECT_NE((*fused)[0], (*apart)[0]) << s.what << ": the fused kernel did not run";
+    EXPECT_EQ((*fused)[0], (*again)[0]) << s.what << ": another run, other bits";
+  }
+}
+
 // SigLIP's fc1 -> GELU -> fc2 with bf16 weights: fc1's GEMM applies bias + GELU in its epilogue
 // and writes bf16, since fc2 rounds its input to bf16 (plan_gemm_gelu); within bf16 tolerance of
 // the CPU's unfused f32 graph, and no f32 [M, F] block in the arena. Where the GELU's value is

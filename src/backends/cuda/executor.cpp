@@ -13,6 +13,7 @@
 #include <string>
 
 #include "backends/cuda/env.h"
+#include "backends/cuda/expert_mlp.h"
 #include "backends/cuda/op_profile.h"
 #include "backends/cuda/skinny_gemm.h"
 #include "core/bytes.h"
@@ -552,6 +553,7 @@ Status CudaExecutable::plan(const CudaWeights& weights) {
   plan_bf16_stores();
   plan_k_parts();
   VLAC_RETURN_IF_ERROR(plan_quant_skinny());
+  VLAC_RETURN_IF_ERROR(plan_expert_mlp());
   // The scratch holds a bf16 copy of a bf16 Linear's x only where x is not stored in bf16 already
   // (the LM's down_proj reads GeGLU's bf16 output: no 32 MB copy), and an attention's copies only
   // of the q/k/v it must round itself, then its split partials.
@@ -1658,7 +1660,8 @@ Status CudaExecutable::profile_run(const std::vector<float>& ms, const std::vect
     std::string shape;
     if (op_profile_level() >= 2 && (n.op == OpKind::Linear || n.op == OpKind::PatchEmbed) && p.gemm.m > 0)
       shape = std::string(n.op == OpKind::Linear ? "linear " : "patch_embed ") + std::to_string(p.gemm.m) + "x" +
-              std::to_string(p.gemm.k) + "x" + std::to_string(p.gemm.n) + (p.gemm.in == DType::BF16 ? " bf16" : " f32");
+              std::to_string(p.gemm.k) + "x" + std::to_string(p.gemm.n) + (p.gemm.in == DType::BF16 ? " bf16" : " f32") +
+              (p.mlp >= 0 ? " + geglu + down (expert_mlp)" : "");
     // Memo hits launch nothing but a copy of a result that is not read in its slot.
     const uint8_t mk = i < memo_kind.size() ? memo_kind[i] : 0;
     const std::string name = mk == 0 ? n.name : n.name + (mk == 1 ? " (memo hit)" : " (memo hit, result copied)");
@@ -1744,6 +1747,94 @@ void CudaExecutable::plan_quant_exact() {
     qexact_w_[size_t(r)] = 1;
     qsum_bytes_ = std::max(qsum_bytes_, al(uint64_t(p.qexact) * uint64_t(sn) * 4));
   }
+}
+
+// The expert's MLP as one launch (expert_mlp.h): a GeGLU over the two column halves (views) of a
+// bf16-stored gate|up GEMM output, read by one down GEMM, all three small-M bf16 GEMMs with their
+// weights on the device, nothing else scheduled between them. The fused kernel writes h and y at
+// the gate|up node; y may share the block of the gate|up's x (dead after it), which the kernel
+// reads whole before it writes y. Runs before the scratch is sized: it needs its partial sums there.
+Status CudaExecutable::plan_expert_mlp() {
+  if (env_off("VLAC_EXPERT_MLP") || ctx_->sms() < 1) return Status::ok();
+  const ir::Graph& g = graph_;
+  int dev = 0, optin = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+    return Status::ok();
+  const auto readers = readers_by_root();
+  const auto is_out = output_roots();
+  std::vector<int64_t> pos(g.nodes().size(), -1);
+  for (size_t i = 0; i < order_.size(); ++i) pos[size_t(order_[i])] = int64_t(i);
+  auto plain_bf16_gemm = [&](NodeId id) {
+    const Node& n = g.node(id);
+    const NodePlan& p = plans_[size_t(id)];
+    if (n.op != OpKind::Linear || n.inputs.size() != 2 || memo_.node[size_t(id)] || !p.bf16 || p.qskinny ||
+        reads_on_demand_[size_t(id)] || !from_weight(n.inputs[1]) || widened(root_[size_t(n.inputs[1])]) ||
+        weight_dtype(n.inputs[1]) != DType::BF16)
+      return false;
+    const GemmDesc& d = p.gemm;
+    return d.m >= 1 && d.m <= 64 && !d.accumulate && d.k_parts <= 1 && d.epilogue == Epilogue::None;
+  };
+  for (NodeId ge : order_) {
+    const Node& gn = g.node(ge);
+    if (gn.op != OpKind::GeGLU || memo_.node[size_t(ge)] || gn.inputs.size() != 2) continue;
+    const ValueId gate = gn.inputs[0], up = gn.inputs[1], h = gn.outputs[0];
+    const NodeId sg = g.value(gate).producer, su = g.value(up).producer;
+    if (g.node(sg).op != OpKind::Slice || g.node(su).op != OpKind::Slice || !plans_[size_t(sg)].view ||
+        !plans_[size_t(su)].view || g.node(sg).inputs[0] != g.node(su).inputs[0])
+      continue;
+    const ValueId gu = g.node(sg).inputs[0];
+    const NodeId l1 = g.value(gu).producer;
+    if (root_[size_t(gu)] != gu || !plain_bf16_gemm(l1) || !bf16_stored(gu) || !bf16_stored(h) || is_out[size_t(gu)])
+      continue;
+    const GemmDesc& d1 = plans_[size_t(l1)].gemm;
+    const int64_t f = d1.n / 2;
+    if (d1.ldx != 0 && d1.ldx != d1.k) continue;
+    if (g.node(sg).attrs.get_int("start", -1) != 0 || g.node(sg).attrs.get_int("end", -1) != f ||
+        g.node(su).attrs.get_int("start", -1) != f || g.node(su).attrs.get_int("end", -1) != 2 * f)
+      continue;
+    // h's one reader: the down GEMM.
+    const auto& hr = readers[size_t(root_[size_t(h)])];
+    NodeId l2 = NodeId(-1);
+    bool only = !is_out[size_t(root_[size_t(h)])];
+    for (const auto& [rd, i] : hr) {
+      if (rd == sg || rd == su || rd == ge) continue;
+      if (g.node(rd).op == OpKind::Linear && i == 0 && g.node(rd).inputs[0] == h && l2 == NodeId(-1)) l2 = rd;
+      else only = false;
+    }
+    for (const auto& [rd, i] : readers[size_t(gu)])
+      if (rd != sg && rd != su && rd != ge && rd != l2) only = false;
+    if (!only || l2 == NodeId(-1) || !plain_bf16_gemm(l2) || !bf16_stored(h)) continue;
+    const GemmDesc& d2 = plans_[size_t(l2)].gemm;
+    const ValueId y = g.node(l2).outputs[0];
+    if (d2.m != d1.m || d2.k != f || d2.n != d1.k || d2.out != DType::F32 || bf16_stored(y) ||
+        k_parts_[size_t(root_[size_t(y)])] > 1 || (d2.ldy != 0 && d2.ldy < d2.n))
+      continue;
+    // Nothing that launches between them.
+    bool between = false;
+    for (int64_t i = pos[size_t(l1)] + 1; i < pos[size_t(l2)]; ++i) {
+      const NodeId m = order_[size_t(i)];
+      if (m != ge && !runs_nothing(m)) between = true;
+    }
+    ExpertMlp plan;
+    if (between || !expert_mlp_plan(d1.m, d1.k, f, ctx_->sms(), optin, &plan)) continue;
+    plans_[size_t(l1)].mlp = int(mlps_.size());
+    plans_[size_t(ge)].skip = true;
+    plans_[size_t(l2)].skip = true;
+    // An f32 x is rounded into the scratch first (run_node's Linear); the partial sums go after it.
+    const uint64_t off = bf16_stored(g.node(l1).inputs[0]) ? 0 : al(uint64_t(d1.m * d1.k) * 2);
+    mlps_.push_back(MlpRun{plan, ge, l2, off});
+    scratch_bytes_ = std::max(scratch_bytes_, off + al(expert_mlp_workspace_bytes(plan)));
+  }
+  if (!mlps_.empty() && !mlp_sync_) {
+    const uint64_t bytes = uint64_t(kExpertMlpSyncWords) * sizeof(unsigned);
+    VLAC_ASSIGN_OR_RETURN(void* c, device_alloc(bytes, "the expert MLP's barrier and flags"));
+    own_blocks_.push_back(c);
+    mlp_sync_ = static_cast<unsigned*>(c);
+    const cudaError_t ce = cudaMemset(mlp_sync_, 0, bytes);
+    if (ce != cudaSuccess) return cuda_error("zeroing the expert MLP's barrier and flags", ce);
+  }
+  return Status::ok();
 }
 
 Status CudaExecutable::plan_quant_skinny() {
@@ -1909,6 +2000,14 @@ Status CudaExecutable::run_node(NodeId id) {
       if (p.bf16 && !bf16_stored(n.inputs[0])) {
         VLAC_RETURN_IF_ERROR(cast(s, xin, DType::F32, scratch_at(p.cast_off), DType::BF16, x.numel()));
         xin = scratch_at(p.cast_off);
+      }
+      if (p.mlp >= 0) {  // gate|up, GeGLU and down in one launch (plan_expert_mlp)
+        const MlpRun& r = mlps_[size_t(p.mlp)];
+        const ValueId h = g.node(r.geglu).outputs[0], y = g.node(r.down).outputs[0];
+        const int64_t hs = view_stride_[size_t(h)] ? view_stride_[size_t(h)] : r.plan.f;
+        const int64_t ys = plans_[size_t(r.down)].gemm.ldy ? plans_[size_t(r.down)].gemm.ldy : r.plan.d;
+        return expert_mlp(s, r.plan, xin, ptr(n.inputs[1]), ptr(g.node(r.down).inputs[1]), ptr(h), hs,
+                          static_cast<float*>(ptr(y)), ys, scratch_at(r.ws_off), mlp_sync_);
       }
       const void* bias = p.bias_bf16 ? p.bias_bf16 : n.inputs.size() == 3 ? ptr(n.inputs[2]) : nullptr;
       if (p.qskinny) {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "backends/cuda/context.h"
+#include "backends/cuda/expert_mlp.h"
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/l2_prefetch.h"
 #include "backends/cuda/op_profile.h"
@@ -101,6 +102,16 @@ class CudaExecutable final : public Executable {
   /// only where plan_residual_norms then fused that norm.
   void plan_k_parts();
   void keep_fused_k_parts();
+  /// The expert's gate|up GEMM, GeGLU and down GEMM (M <= 56) as one expert_mlp launch at the
+  /// gate|up node (NodePlan::mlp); the other two are skipped. VLAC_EXPERT_MLP=0: three launches.
+  Status plan_expert_mlp();
+  struct MlpRun {
+    ExpertMlp plan;
+    ir::NodeId geglu, down;
+    uint64_t ws_off;  // its partial sums in the scratch (after x's bf16 copy, when x is f32)
+  };
+  std::vector<MlpRun> mlps_;
+  unsigned* mlp_sync_ = nullptr;  // expert_mlp's barrier and flags (kExpertMlpSyncWords, zeroed once)
   uint8_t* scratch_at(uint64_t off) const { return static_cast<uint8_t*>(scratch_) + off; }
 
   CudaContext* ctx_ = nullptr;
@@ -153,6 +164,7 @@ class CudaExecutable final : public Executable {
     bool f_has_gate = false;
     bool view = false;           // a Slice read in place by its readers (plan_slice_views)
     bool gelu_in_gemm = false;   // a GeluTanh computed by its Linear's GEMM epilogue (plan_gemm_gelu)
+    int mlp = -1;                // >= 0: this gate|up Linear runs the whole MLP (mlps_[mlp], plan_expert_mlp)
     int qskinny = 0;             // > 0: an 8-bit weight's GEMM in the skinny kernel, this many splits (plan_quant_skinny)
     int64_t qexact = 0;          // > 0: an 8-bit weight's GEMM on unscaled codes, its sums scaled after, this many x rows at once (run_quant_linear)
     void* bias_bf16 = nullptr;   // a Linear's bias rounded to bf16 for its bf16-output GEMM (own_blocks_)

@@ -1,17 +1,12 @@
-// The weight-streaming GEMM for few rows (skinny_gemm.h).
-//
-// Fragment layout (PTX mma.m16n8k16, bf16): in each 16-wide K step a thread with lane = 4g + t
-// holds, for A, rows g and g+8 at k ∈ {2t, 2t+1, 2t+8, 2t+9}, and for B the same k's at column g.
-// Which physical column each logical k is does not matter to the sum as long as A and B agree, so
-// a thread loads 16 contiguous bytes twice per 64-column step — columns 8t..8t+7 and 32+8t..+7 of
-// its rows of W, and the same columns of its tokens of x — and feeds them to four MMAs. Each load
-// instruction of a warp then reads whole 32-byte sectors (64 contiguous bytes of 8 rows).
+// The weight-streaming GEMM for few rows (skinny_gemm.h). Fragment layout: mma.cuh (each load
+// instruction of a warp reads whole 32-byte sectors: 64 contiguous bytes of 8 rows).
 #include "backends/cuda/skinny_gemm.h"
 
 #include <algorithm>
 #include <cmath>
 
 #include "backends/cuda/common.cuh"
+#include "backends/cuda/mma.cuh"
 #include "core/quant.h"
 
 namespace vlac::cuda {
@@ -20,41 +15,10 @@ namespace {
 
 constexpr int kWarps = 4;       // per block, splitting the block's K steps
 constexpr int kRows = 32;       // rows of W per block: two m16 tiles per warp
-constexpr int kStep = 64;       // K columns per step
+constexpr int kStep = kMmaStep;  // K columns per step
 constexpr int kMaxSplits = 16;
 
-__device__ __forceinline__ uint4 ld_stream(const uint16_t* p) {
-  // Weights are read once: do not keep them in L1.
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
 __device__ __forceinline__ uint4 ld_x(const uint16_t* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
-
-__device__ __forceinline__ uint32_t word(const uint4 (&v)[2], int p) {
-  const uint4& c = v[p >> 2];
-  switch (p & 3) {
-    case 0: return c.x;
-    case 1: return c.y;
-    case 2: return c.z;
-    default: return c.w;
-  }
-}
-
-__device__ __forceinline__ void mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                    uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-#else
-  (void)c, (void)a0, (void)a1, (void)a2, (void)a3, (void)b0, (void)b1;
-#endif
-}
 
 // 8 codes (8 bytes, read once) widened to 8 bf16 in the 16-byte form a bf16 load gives: exact
 // (|int8| ≤ 127 and e4m3 both fit bf16's 8 significant bits).
