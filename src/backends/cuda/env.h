@@ -13,6 +13,12 @@ inline bool env_off(const char* name) {
   return e && std::string(e) == "0";
 }
 
+/// True when `name` is set to "1" (a switch that is off by default, turned on).
+inline bool env_on(const char* name) {
+  const char* e = std::getenv(name);
+  return e && std::string(e) == "1";
+}
+
 /// `name` as a non-negative integer; `dflt` when unset, empty or not one.
 inline int64_t env_count(const char* name, int64_t dflt) {
   const char* e = std::getenv(name);
