@@ -20,6 +20,7 @@
 #include <string>
 
 #include "backends/cuda/common.cuh"
+#include "backends/cuda/env.h"
 #include "backends/cuda/kernels.h"
 
 namespace vlac::cuda {
@@ -589,8 +590,7 @@ int64_t keys_per_split(int64_t s, int splits) {
 // session-9 run): 8 splits leave half the multiprocessors idle and each block walks two key tiles.
 bool cluster_combine_available() {
   static const bool on = [] {
-    const char* e = std::getenv("VLAC_ATTN_CLUSTER");
-    if (!e || std::string(e) != "1") return false;
+    if (!env_on("VLAC_ATTN_CLUSTER")) return false;
     int dev = 0, major = 0;
     if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) !=
                                                   cudaSuccess) {
@@ -638,9 +638,8 @@ int max_cluster_splits() {
 // at every launch (host code that a recorded chunk does not run again), so the harness can take
 // both paths in one process.
 int attention_sub_setting() {
-  const char* e = std::getenv("VLAC_ATTN_SUB");
-  const int n = e ? std::atoi(e) : 0;
-  return n == 1 || n == 2 ? n : 0;
+  const int64_t n = env_count("VLAC_ATTN_SUB", 0);
+  return n == 1 || n == 2 ? int(n) : 0;
 }
 int subgroups(const Params& p, int d, int sms) {
   const int64_t keys = p.kv_block > 0 ? p.kv_block : p.keys_per_split;
@@ -752,15 +751,13 @@ int attention_splits(const AttentionShape& a, DType io, int num_sms) {
   // VLAC_ATTN_FORCE_SPLITS=N splits those too (a measurement knob: more blocks per SM against the
   // partials' traffic and the combine).
   static const int64_t force = [] {
-    const char* e = std::getenv("VLAC_ATTN_FORCE_SPLITS");
-    const int64_t v = e ? std::atoll(e) : 0;
+    const int64_t v = env_count("VLAC_ATTN_FORCE_SPLITS", 0);
     return v > 1 ? std::min<int64_t>(v, kMaxSplits) : int64_t(0);
   }();
   if (blocks * 8 > sms) return force ? int(cdiv(a.s, keys_per_split(a.s, int(force)))) : 1;
   // VLAC_ATTN_MAX_SPLITS caps the splits (a tuning knob for the measurement).
   static const int64_t cap = [] {
-    const char* e = std::getenv("VLAC_ATTN_MAX_SPLITS");
-    const int64_t v = e ? std::atoll(e) : 0;
+    const int64_t v = env_count("VLAC_ATTN_MAX_SPLITS", 0);
     return v > 0 ? std::min<int64_t>(v, kMaxSplits) : int64_t(kMaxSplits);
   }();
   // Merged inside the kernel (VLAC_ATTN_CLUSTER=1 on sm_90), the splits of a tile are one cluster:

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "backends/cuda/env.h"
 #include "backends/cuda/kernels.h"
 #include "core/bytes.h"
 #include "mem/host_memory.h"
@@ -114,10 +115,7 @@ int64_t delta(const std::optional<uint64_t>& before, const std::optional<uint64_
 // loading steps touched go back to the page cache (mem/host_memory.h): RSS falls, nothing is
 // lost (the next touch is a minor fault). VLAC_TRIM_CLEAN_PAGES=0 turns it off.
 bool trim_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("VLAC_TRIM_CLEAN_PAGES");
-    return !(v && std::string(v) == "0");
-  }();
+  static const bool on = !env_off("VLAC_TRIM_CLEAN_PAGES");
   return on;
 }
 

@@ -19,6 +19,12 @@ inline bool env_on(const char* name) {
   return e && std::string(e) == "1";
 }
 
+/// `name`'s value, "" when unset.
+inline std::string env_str(const char* name) {
+  const char* e = std::getenv(name);
+  return e ? std::string(e) : std::string();
+}
+
 /// `name` as a non-negative integer; `dflt` when unset, empty or not one.
 inline int64_t env_count(const char* name, int64_t dflt) {
   const char* e = std::getenv(name);

@@ -44,18 +44,14 @@ int64_t last_dim(const ValueInfo& v) { return v.shape.empty() ? 1 : v.shape.back
 // holds one slice, and a slice this size stays in the H200's 50 MB L2 between the widening
 // kernel's writes and the GEMM's reads. VLAC_DEQUANT_SLICE_MIB=0: whole matrices (A/B).
 uint64_t dequant_cap() {
-  if (const char* e = std::getenv("VLAC_DEQUANT_SLICE_MIB")) {
-    const long long v = std::atoll(e);
-    return v <= 0 ? UINT64_MAX : uint64_t(v) << 20;
-  }
-  return 32ull << 20;
+  const int64_t v = env_count("VLAC_DEQUANT_SLICE_MIB", -1);
+  return v < 0 ? 32ull << 20 : v == 0 ? UINT64_MAX : uint64_t(v) << 20;
 }
 // Rows of x per GEMM whose fp32 sums land in the scratch before scale_columns finishes them
 // (VLAC_QUANT_EXACT): all of them up to 8 MiB of sums (VLAC_QUANT_SUM_MIB), else a multiple of 64
 // under that.
 uint64_t quant_sum_cap() {
-  const char* e = std::getenv("VLAC_QUANT_SUM_MIB");
-  const long long v = e ? std::atoll(e) : 0;
+  const int64_t v = env_count("VLAC_QUANT_SUM_MIB", 0);
   return v > 0 ? uint64_t(v) << 20 : 8ull << 20;
 }
 int64_t quant_sum_rows(int64_t m, int64_t n) {
@@ -1075,8 +1071,7 @@ void CudaExecutable::plan_residual_norms() {
 // VLAC_GEMM_BF16_OUT=large|small limits it to GEMMs of more / at most 64 rows (a measurement knob).
 static int gemm_bf16_out_mode() {  // 0 off, 1 all, 2 large only, 3 small only
   static const int m = [] {
-    const char* e = std::getenv("VLAC_GEMM_BF16_OUT");
-    const std::string v = e ? e : "";
+    const std::string v = env_str("VLAC_GEMM_BF16_OUT");
     return v == "0" ? 0 : v == "large" ? 2 : v == "small" ? 3 : 1;
   }();
   return m;
@@ -1388,9 +1383,8 @@ uint64_t CudaExecutable::stored_bytes(ValueId r) const {
 // (~4 us and a launch per layer and step on the H200). Off by default until measured.
 static int k_parts_setting() {
   static const int v = [] {
-    const char* e = std::getenv("VLAC_DOWN_KPARTS");
-    const int n = e ? std::atoi(e) : 0;
-    return n >= 2 && n <= 16 ? n : 0;
+    const int64_t n = env_count("VLAC_DOWN_KPARTS", 0);
+    return n >= 2 && n <= 16 ? int(n) : 0;
   }();
   return v;
 }
@@ -1731,8 +1725,7 @@ void CudaExecutable::plan_dequant_groups() {
 // cuBLASLt algorithm choice moves it; docs/quantization.md).
 void CudaExecutable::plan_quant_exact() {
   const ir::Graph& g = graph_;
-  const char* e = std::getenv("VLAC_QUANT_EXACT");
-  const bool on = e && std::string(e) == "1";
+  const bool on = env_on("VLAC_QUANT_EXACT");
   qsum_bytes_ = 0;
   qexact_w_.assign(g.values().size(), 0);
   for (NodeId id : order_) {
@@ -1840,8 +1833,7 @@ Status CudaExecutable::plan_expert_mlp() {
 }
 
 Status CudaExecutable::plan_quant_skinny() {
-  const char* on = std::getenv("VLAC_QUANT_SKINNY");
-  if (!on || std::string(on) != "1") return Status::ok();
+  if (!env_on("VLAC_QUANT_SKINNY")) return Status::ok();
   const ir::Graph& g = graph_;
   bool any = false;
   for (NodeId id : order_) {

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "backends/cuda/common.cuh"
+#include "backends/cuda/env.h"
 #include "backends/cuda/mma.cuh"
 
 namespace vlac::cuda {
@@ -277,10 +278,7 @@ Status launch_one(cudaStream_t stream, const ExpertMlp& p, const Args& a) {
   int n = 0;
   // Co-residency of every block, which the grid barrier needs (VLAC_MLP_COOP=0: a plain launch,
   // resident in practice at one block per multiprocessor).
-  static const bool coop = [] {
-    const char* e = std::getenv("VLAC_MLP_COOP");
-    return !(e && e[0] == '0');
-  }();
+  static const bool coop = !env_off("VLAC_MLP_COOP");
   if (coop) {
     attrs[n].id = cudaLaunchAttributeCooperative;
     attrs[n++].val.cooperative = 1;

@@ -6,6 +6,7 @@
 #include <cublasLt.h>
 
 #include "backends/cuda/context.h"
+#include "backends/cuda/env.h"
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/skinny_gemm.h"
 #include "core/atomic_file.h"
@@ -75,17 +76,13 @@ struct Plan {
 constexpr int kMaxCandidates = 64;
 static int candidate_count() {
   static const int n = [] {
-    const char* e = std::getenv("VLAC_GEMM_CANDIDATES");
-    const int v = e ? std::atoi(e) : 8;
-    return v < 1 ? 8 : std::min(v, kMaxCandidates);
+    const int64_t v = env_count("VLAC_GEMM_CANDIDATES", 8);
+    return v < 1 ? 8 : int(std::min<int64_t>(v, kMaxCandidates));
   }();
   return n;
 }
 static bool tuning_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("VLAC_GEMM_TUNE");
-    return !(e && std::string(e) == "0");
-  }();
+  static const bool on = !env_off("VLAC_GEMM_TUNE");
   return on;
 }
 
@@ -95,10 +92,7 @@ static bool tuning_enabled() {
 // its own events (H200, session 10: recorded chunk 21.42 ms against 22.27 / 22.37 timed hot, one
 // run each). VLAC_GEMM_TUNE_COLD=0 times back to back as before.
 static bool cold_timing() {
-  static const bool on = [] {
-    const char* e = std::getenv("VLAC_GEMM_TUNE_COLD");
-    return !(e && std::string(e) == "0");
-  }();
+  static const bool on = !env_off("VLAC_GEMM_TUNE_COLD");
   return on;
 }
 namespace {
@@ -131,9 +125,9 @@ static std::pair<const void*, uint64_t> largest_flush_region() {
 enum class SkinnyMode { Off, Auto, Force };
 static SkinnyMode skinny_mode() {
   static const SkinnyMode m = [] {
-    const char* e = std::getenv("VLAC_SKINNY_GEMM");
-    if (e && std::string(e) == "auto") return SkinnyMode::Auto;
-    if (e && std::string(e) == "1") return SkinnyMode::Force;
+    const std::string e = env_str("VLAC_SKINNY_GEMM");
+    if (e == "auto") return SkinnyMode::Auto;
+    if (e == "1") return SkinnyMode::Force;
     return SkinnyMode::Off;
   }();
   return m;
@@ -145,10 +139,7 @@ static SkinnyMode skinny_mode() {
 // kernel they bring needs no more stack than vlac's (48 B) where the default answers' need
 // 160 B (stack_limit_now: +29 MB of GPU memory).
 static bool reduction_variants() {
-  static const bool on = [] {
-    const char* e = std::getenv("VLAC_GEMM_INPLACE_SPLITK");
-    return e && std::string(e) == "1";
-  }();
+  static const bool on = env_on("VLAC_GEMM_INPLACE_SPLITK");
   return on;
 }
 

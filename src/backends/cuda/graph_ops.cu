@@ -5,14 +5,14 @@
 #include <string>
 
 #include "backends/cuda/common.cuh"
+#include "backends/cuda/env.h"
 #include "backends/cuda/kernels.h"
 
 namespace vlac::cuda {
 
 bool pdl_enabled() {
   static const bool on = [] {
-    const char* env = std::getenv("VLAC_CUDA_PDL");
-    if (env && std::string(env) == "0") return false;
+    if (env_off("VLAC_CUDA_PDL")) return false;
     int dev = 0, major = 0;
     if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
       (void)cudaGetLastError();

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <utility>
 
+#include "backends/cuda/env.h"
 #include "backends/cuda/kernels.h"
 
 namespace vlac::cuda {
@@ -69,10 +70,7 @@ void for_each_part(const std::string& name, F&& part) {
 }  // namespace
 
 int op_profile_level() {
-  static const int level = [] {
-    const char* e = std::getenv("VLAC_PROFILE_OPS");
-    return e && *e ? std::atoi(e) : 0;
-  }();
+  static const int level = int(env_count("VLAC_PROFILE_OPS", 0));
   return level;
 }
 
