@@ -19,6 +19,7 @@
 #include "compile/pi05_compile.h"
 #include "core/quant.h"
 #include "io/safetensors.h"
+#include "models/pi05_demo.h"
 #include "policy/pi05_policy.h"
 #include "runtime/pi05_package_policy.h"
 
@@ -500,6 +501,62 @@ TEST_F(CudaChain, L2PrefetchChangesNoAction) {
   EXPECT_GT(launches[1], 0);
   EXPECT_EQ(max_abs_diff(actions[0], actions[1]), 0.0);
   std::printf("[ cuda     ] L2 prefetch: %lld launches a run of the engines, same actions\n", static_cast<long long>(launches[1]));
+}
+
+// The expert's MLP in one launch (VLAC_EXPERT_MLP=1, expert_mlp.h) inside whole package runs: a
+// random demo-sized policy whose expert is 512 wide with an MLP of 1024 (the kernel's smallest
+// shape), compiled bf16-all for CUDA. With it, eager, warm-up, recorded and replayed chunks give
+// the same bits (the cooperative launch inside a captured graph, with PDL); against the three
+// launches the actions differ (another sum order: it ran) by no more than bf16 roundings do.
+TEST_F(CudaChain, ExpertMlpInOneLaunchKeepsTheActions) {
+  std::string tmpl = (fs::temp_directory_path() / "vlac-mlp-XXXXXX").string();
+  ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
+  const fs::path tmp = tmpl;
+  struct Cleanup {
+    fs::path p;
+    ~Cleanup() { fs::remove_all(p); }
+  } cleanup{tmp};
+  Pi05Dims dims = Pi05Dims::demo();
+  dims.expert_width = 512, dims.expert_mlp = 1024;
+  const std::string policy = (tmp / "policy").string(), obs_path = (tmp / "obs.safetensors").string();
+  ASSERT_TRUE(write_random_pi05_folder(policy, dims, Pi05Layout::FineTune, 17).is_ok());
+  ASSERT_TRUE(write_pi05_sample_observation(policy, obs_path, 12, 17).is_ok());
+  Pi05CompileOptions co;
+  co.out = (tmp / "p.vlac").string();
+  co.backend = "cuda";
+  co.bf16 = true;
+  co.bf16_all_matrices = true;
+  auto sum = compile_pi05(policy, co);
+  ASSERT_TRUE(sum.is_ok()) << sum.status().message();
+  auto folder_pol = Pi05Policy::load(policy, {});
+  ASSERT_TRUE(folder_pol.is_ok()) << folder_pol.status().message();
+  auto obs = read_pi05_observation(obs_path, folder_pol->model());
+  ASSERT_TRUE(obs.is_ok()) << obs.status().message();
+  std::vector<float> noise(size_t(50 * dims.max_action_dim));
+  for (size_t i = 0; i < noise.size(); ++i) noise[i] = std::sin(float(i) * 0.731f) * 1.3f;
+  std::vector<float> actions[2];
+  for (int on = 0; on < 2; ++on) {
+    if (on) setenv("VLAC_EXPERT_MLP", "1", 1);
+    else unsetenv("VLAC_EXPERT_MLP");
+    Pi05PackageOptions po;
+    po.backend = "cuda";
+    auto pkg = Pi05PackagePolicy::open(co.out, po);
+    ASSERT_TRUE(pkg.is_ok()) << pkg.status().message();
+    for (int i = 0; i < 4; ++i) {  // eager, warm-up, recorded, replayed
+      std::vector<float> c(noise.size());
+      const Status st = pkg->run_chunk(*obs, noise.data(), c.data());
+      ASSERT_TRUE(st.is_ok()) << "expert mlp " << on << ", chunk " << i << ": " << st.message();
+      if (i == 0) actions[on] = c;
+      else EXPECT_EQ(max_abs_diff(c, actions[on]), 0.0) << "expert mlp " << on << ", chunk " << i;
+    }
+  }
+  unsetenv("VLAC_EXPERT_MLP");
+  double peak = 0;
+  for (float v : actions[0]) peak = std::max(peak, double(std::fabs(v)));
+  const double d = max_abs_diff(actions[1], actions[0]);
+  std::printf("[ cuda     ] expert mlp in one launch vs three: max|d| %.3g (max|action| %.3g)\n", d, peak);
+  EXPECT_GT(d, 0.0) << "the fused kernel did not run";
+  EXPECT_LE(d, 2e-2 * std::max(peak, 1.0));
 }
 
 // The finish of an exactly scaled 8-bit GEMM (scale_columns): y = [gelu](scale·t (+ y) + bias)
