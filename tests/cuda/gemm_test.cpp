@@ -379,6 +379,7 @@ TEST_F(CudaGemm, ExpertMlpMatchesCpu) {
   for (const auto& c : cases) {
     ExpertMlp p;
     ASSERT_TRUE(expert_mlp_plan(c.m, c.d, c.f, c.sms, optin, &p)) << c.what;
+    ASSERT_TRUE(expert_mlp_resident(p)) << c.what << ": " << p.smem << " bytes of shared memory a block";
     const int64_t hs = 2 * c.f;  // h in place over the gate|up output, as the executor lays it out
     auto x = bf16_values(randn(size_t(c.m * c.d), ++seed));
     auto wgu = bf16_values(randn(size_t(2 * c.f * c.d), ++seed, 1.0f / std::sqrt(float(c.d))));

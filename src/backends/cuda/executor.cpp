@@ -1812,7 +1812,7 @@ Status CudaExecutable::plan_expert_mlp() {
       if (m != ge && !runs_nothing(m)) between = true;
     }
     ExpertMlp plan;
-    if (between || !expert_mlp_plan(d1.m, d1.k, f, ctx_->sms(), optin, &plan)) continue;
+    if (between || !expert_mlp_plan(d1.m, d1.k, f, ctx_->sms(), optin, &plan) || !expert_mlp_resident(plan)) continue;
     plans_[size_t(l1)].mlp = int(mlps_.size());
     plans_[size_t(ge)].skip = true;
     plans_[size_t(l2)].skip = true;

@@ -2,8 +2,9 @@
 #include "backends/cuda/expert_mlp.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cstdlib>
+#include <map>
+#include <mutex>
 #include <string>
 
 #include "backends/cuda/common.cuh"
@@ -258,49 +259,27 @@ uint64_t smem_bytes(int nt, int64_t d, int64_t f, int splits, int items_per_bloc
          uint64_t(kWarps) * 16 * uint64_t(nt * 8 + 1) * 4;
 }
 
-template <int NT, int KS>
-Status launch_one(cudaStream_t stream, const ExpertMlp& p, const Args& a) {
-  auto* k = expert_mlp_kernel<NT, KS>;
-  static std::atomic<uint64_t> allowed{0};  // the largest dynamic shared memory opted into so far
-  if (p.smem > allowed.load()) {
-    const cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(p.smem));
-    if (e != cudaSuccess)
-      return Status(StatusCode::Backend, "expert_mlp: " + std::to_string(p.smem) + " bytes of shared memory: " +
-                                             cudaGetErrorString(e));
-    allowed = p.smem;
-  }
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned(p.blocks));
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = p.smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attrs[2];
-  int n = 0;
-  // Co-residency of every block, which the grid barrier needs (VLAC_MLP_COOP=0: a plain launch,
-  // resident in practice at one block per multiprocessor).
-  static const bool coop = !env_off("VLAC_MLP_COOP");
-  if (coop) {
-    attrs[n].id = cudaLaunchAttributeCooperative;
-    attrs[n++].val.cooperative = 1;
-  }
-  if (pdl_enabled()) {
-    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attrs[n++].val.programmaticStreamSerializationAllowed = 1;
-  }
-  cfg.attrs = attrs;
-  cfg.numAttrs = unsigned(n);
-  (void)cudaLaunchKernelEx(&cfg, k, a);
-  return launch_status("expert_mlp");
+using KernelFn = void (*)(Args);
+
+KernelFn pick_kernel(int64_t m, int64_t d) {
+  const int nt = nt_for(m);
+  if (d == 512)
+    return nt == 2 ? expert_mlp_kernel<2, 1> : nt == 4 ? expert_mlp_kernel<4, 1> : nt == 7 ? expert_mlp_kernel<7, 1>
+                                                                                          : expert_mlp_kernel<8, 1>;
+  return nt == 2 ? expert_mlp_kernel<2, 2> : nt == 4 ? expert_mlp_kernel<4, 2> : nt == 7 ? expert_mlp_kernel<7, 2>
+                                                                                        : expert_mlp_kernel<8, 2>;
 }
 
-template <int KS>
-Status launch_ks(cudaStream_t stream, const ExpertMlp& p, const Args& a) {
-  switch (nt_for(p.m)) {
-    case 2: return launch_one<2, KS>(stream, p, a);
-    case 4: return launch_one<4, KS>(stream, p, a);
-    case 7: return launch_one<7, KS>(stream, p, a);
-    default: return launch_one<8, KS>(stream, p, a);
-  }
+// Opts the kernel into `smem` bytes of dynamic shared memory (once per kernel and size).
+cudaError_t allow_smem(KernelFn k, uint64_t smem) {
+  static std::mutex mu;
+  static std::map<KernelFn, uint64_t> allowed;
+  std::lock_guard<std::mutex> lock(mu);
+  uint64_t& have = allowed[k];
+  if (smem <= have) return cudaSuccess;
+  const cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  if (e == cudaSuccess) have = smem;
+  return e;
 }
 
 }  // namespace
@@ -340,7 +319,43 @@ Status expert_mlp(cudaStream_t stream, const ExpertMlp& p, const void* x, const 
   const Args a{static_cast<const uint16_t*>(x), static_cast<const uint16_t*>(w_gu), static_cast<const uint16_t*>(w_down),
                static_cast<uint16_t*>(h), y, static_cast<float*>(workspace), sync, int(p.m), int(p.f), p.splits,
                int(h_stride), int(y_stride)};
-  return p.d == 512 ? launch_ks<1>(stream, p, a) : launch_ks<2>(stream, p, a);
+  const KernelFn k = pick_kernel(p.m, p.d);
+  if (const cudaError_t e = allow_smem(k, p.smem); e != cudaSuccess)
+    return Status(StatusCode::Backend,
+                  "expert_mlp: " + std::to_string(p.smem) + " bytes of shared memory: " + cudaGetErrorString(e));
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(p.blocks));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = p.smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attrs[2];
+  int n = 0;
+  // Co-residency of every block, which the grid barrier needs (VLAC_MLP_COOP=0: a plain launch,
+  // resident in practice at one block per multiprocessor: expert_mlp_resident).
+  static const bool coop = !env_off("VLAC_MLP_COOP");
+  if (coop) {
+    attrs[n].id = cudaLaunchAttributeCooperative;
+    attrs[n++].val.cooperative = 1;
+  }
+  if (pdl_enabled()) {
+    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  cfg.attrs = attrs;
+  cfg.numAttrs = unsigned(n);
+  (void)cudaLaunchKernelEx(&cfg, k, a);
+  return launch_status("expert_mlp");
+}
+
+bool expert_mlp_resident(const ExpertMlp& p) {
+  const KernelFn k = pick_kernel(p.m, p.d);
+  int per_sm = 0, dev = 0, sms = 0;
+  const bool ok = allow_smem(k, p.smem) == cudaSuccess &&
+                  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, kThreads, size_t(p.smem)) == cudaSuccess &&
+                  cudaGetDevice(&dev) == cudaSuccess &&
+                  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess;
+  if (!ok) (void)cudaGetLastError();
+  return ok && int64_t(per_sm) * sms >= p.blocks;
 }
 
 }  // namespace vlac::cuda

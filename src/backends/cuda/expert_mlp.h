@@ -36,6 +36,9 @@ struct ExpertMlp {
 /// block may opt into; false where the kernel does not apply (M > 56 or what does not fit, D not
 /// 512 or 1024, F not a multiple of 1024).
 bool expert_mlp_plan(int64_t m, int64_t d, int64_t f, int sms, int64_t smem_optin, ExpertMlp* out);
+/// Whether every block of `p` fits on the GPU at once (the grid barrier needs it): registers and
+/// shared memory from the occupancy calculator. Needs the device; false on any CUDA error.
+bool expert_mlp_resident(const ExpertMlp& p);
 /// Bytes of workspace it needs: the S−1 partial sums of phase B, fp32.
 uint64_t expert_mlp_workspace_bytes(const ExpertMlp& p);
 /// Unsigned words of synchronisation state it needs (the grid barrier, one flag per 16 rows of
