@@ -295,12 +295,16 @@ TEST_F(SeamOps, GateUpGemmInBf16FeedsGeglu) {
 
 // The same MLP at the expert's M as one launch (expert_mlp.h, plan_expert_mlp, VLAC_EXPERT_MLP=1):
 // within bf16 tolerance of the CPU and of the three launches, not the same bits as those (another
-// sum order: the fused path ran), and the same bits on every run.
+// sum order: the fused path ran), and the same bits on every run. x as the graph's f32 input (its
+// bf16 copy in the scratch) and as an RMSNorm's output (bf16 in the arena, where down_proj's output
+// may take its block: written only after every block has read x).
 TEST_F(SeamOps, ExpertMlpInOneLaunch) {
-  struct S { int64_t m, k, f; const char* what; };
-  for (S s : {S{50, 1024, 4096, "expert 50x1024, F 4096"}, S{9, 512, 2048, "9x512, F 2048"}}) {
+  struct S { int64_t m, k, f; bool normed; const char* what; };
+  for (S s : {S{50, 1024, 4096, false, "expert 50x1024, F 4096"}, S{50, 1024, 4096, true, "expert, x from a norm"},
+              S{9, 512, 2048, false, "9x512, F 2048"}, S{9, 512, 2048, true, "9x512, x from a norm"}}) {
     OpCase c;
-    const ValueId x = c.input_f32("x", {s.m, s.k});
+    ValueId x = c.input_f32("x", {s.m, s.k});
+    if (s.normed) x = c.op(OpKind::RMSNorm, {x, c.weight("norm", {s.k})}, ir::Attrs{{"eps", 1e-6}});
     const ValueId gu = c.op(OpKind::Linear, {x, c.weight("gate_up", {2 * s.f, s.k}, DType::BF16)});
     const ValueId gate = c.op(OpKind::Slice, {gu}, ir::Attrs{{"axis", int64_t{-1}}, {"start", int64_t{0}}, {"end", s.f}});
     const ValueId up = c.op(OpKind::Slice, {gu}, ir::Attrs{{"axis", int64_t{-1}}, {"start", s.f}, {"end", 2 * s.f}});

@@ -1799,7 +1799,11 @@ Status CudaExecutable::plan_expert_mlp() {
     }
     for (const auto& [rd, i] : readers[size_t(gu)])
       if (rd != sg && rd != su && rd != ge && rd != l2) only = false;
-    if (!only || l2 == NodeId(-1) || !plain_bf16_gemm(l2) || !bf16_stored(h)) continue;
+    // h in place over the gate|up output (plan_geglu_in_place): the arena places it from the gate|up
+    // node on, where the fused kernel writes it. A block of its own could start after x's last
+    // read, and so overlap x, which other blocks may still be reading while h is written.
+    if (!only || l2 == NodeId(-1) || !plain_bf16_gemm(l2) || !bf16_stored(h) || root_[size_t(h)] != gu) continue;
+    if (view_off_[size_t(g.node(l1).inputs[0])] % 16 != 0 || view_off_[size_t(h)] % 16 != 0) continue;  // 16-byte loads
     const GemmDesc& d2 = plans_[size_t(l2)].gemm;
     const ValueId y = g.node(l2).outputs[0];
     if (d2.m != d1.m || d2.k != f || d2.n != d1.k || d2.out != DType::F32 || bf16_stored(y) ||

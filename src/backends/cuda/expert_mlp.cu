@@ -2,6 +2,7 @@
 #include "backends/cuda/expert_mlp.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -248,7 +249,7 @@ __global__ void __launch_bounds__(kThreads, 1) expert_mlp_kernel(Args a) {
         a.y[int64_t(c) * a.ys + 16 * rt + r] = s;
       }
     }
-    __syncthreads();  // red is reused by the next item
+    // (Both branches synchronise after the last read of red: the next item may reuse it.)
   }
 }
 
@@ -305,9 +306,13 @@ uint64_t expert_mlp_workspace_bytes(const ExpertMlp& p) { return uint64_t(p.spli
 
 Status expert_mlp(cudaStream_t stream, const ExpertMlp& p, const void* x, const void* w_gu, const void* w_down, void* h,
                   int64_t h_stride, float* y, int64_t y_stride, void* workspace, unsigned* sync) {
-  ExpertMlp check;
-  if (p.blocks < 1 || !expert_mlp_plan(p.m, p.d, p.f, p.blocks, 232448, &check) || check.splits != p.splits ||
-      check.smem != p.smem)
+  const int64_t items = p.d / 16 * p.splits;
+  const bool plan_ok = p.m >= 1 && p.m <= 64 && (p.d == 512 || p.d == 1024) && p.f >= 1024 && p.f % 1024 == 0 &&
+                       (p.splits == 1 || p.splits == 2 || p.splits == 4 || p.splits == 8) &&
+                       p.f % (int64_t(p.splits) * kMmaStep * kWarps) == 0 && p.blocks >= 1 && p.items_per_block >= 1 &&
+                       p.items_per_block <= 2 && int64_t(p.items_per_block) * p.blocks >= items &&
+                       p.smem >= smem_bytes(nt_for(p.m), p.d, p.f, p.splits, p.items_per_block);
+  if (!plan_ok)
     return invalid_argument("expert_mlp: a plan from expert_mlp_plan is needed (M " + std::to_string(p.m) + ", D " +
                             std::to_string(p.d) + ", F " + std::to_string(p.f) + ")");
   if (h_stride < p.f || h_stride % 8 != 0 || y_stride < p.d)
@@ -343,7 +348,16 @@ Status expert_mlp(cudaStream_t stream, const ExpertMlp& p, const void* x, const 
   }
   cfg.attrs = attrs;
   cfg.numAttrs = unsigned(n);
-  (void)cudaLaunchKernelEx(&cfg, k, a);
+  // Should a driver refuse the cooperative launch together with PDL, the first (eager) launch
+  // finds out and every later one goes without PDL (griddepcontrol.wait is then a no-op).
+  static std::atomic<bool> no_pdl{false};
+  if (no_pdl.load() && pdl_enabled()) cfg.numAttrs = unsigned(n - 1);
+  if (cudaLaunchKernelEx(&cfg, k, a) != cudaSuccess && pdl_enabled() && cfg.numAttrs == unsigned(n)) {
+    (void)cudaGetLastError();
+    no_pdl = true;
+    cfg.numAttrs = unsigned(n - 1);
+    (void)cudaLaunchKernelEx(&cfg, k, a);
+  }
   return launch_status("expert_mlp");
 }
 

@@ -1,4 +1,4 @@
-// The action expert's MLP in one launch, for few tokens (M ≤ 56: the 50 action tokens):
+// The action expert's MLP in one launch, for few tokens (M ≤ 56, ≤ 64 where D = 512: the 50 action tokens):
 //   h = bf16(gelu_tanh(bf16(x·W_gateᵀ)) · bf16(x·W_upᵀ)),  y = h·W_downᵀ  (fp32 y)
 // x [M, D] bf16, W_gu [2F, D] bf16 (gate rows, then up rows: the fused gate|up weight), W_down
 // [D, F] bf16. It replaces three launches (the gate|up GEMM, GeGLU, the down GEMM) whose time at
@@ -33,8 +33,9 @@ struct ExpertMlp {
 };
 
 /// The launch plan for a GPU with `sms` multiprocessors and `smem_optin` bytes of shared memory a
-/// block may opt into; false where the kernel does not apply (M > 56 or what does not fit, D not
-/// 512 or 1024, F not a multiple of 1024).
+/// block may opt into; false where the kernel does not apply (more than 64 tokens, or a block's
+/// shared memory over the limit, as for M > 56 at D = 1024; D not 512 or 1024; F not a multiple
+/// of 1024). The cached shared-memory opt-in is per kernel, for one GPU per process.
 bool expert_mlp_plan(int64_t m, int64_t d, int64_t f, int sms, int64_t smem_optin, ExpertMlp* out);
 /// Whether every block of `p` fits on the GPU at once (the grid barrier needs it): registers and
 /// shared memory from the occupancy calculator. Needs the device; false on any CUDA error.
