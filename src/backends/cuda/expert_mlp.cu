@@ -74,6 +74,19 @@ __device__ __forceinline__ void item_of(int i, int tiles16, int splits, int* rt,
   *p = splits - 1 - i / tiles16;
 }
 
+// A warp's MMA sums into red[warp][16 rows][8·NT + 1] (c0, c1: row g; c2, c3: row g + 8), to be
+// added across warps in warp order.
+template <int NT>
+__device__ __forceinline__ void store_sums(float* red, int warp, int g, int t, const float (&acc)[NT][4]) {
+  constexpr int RS = NT * 8 + 1;
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    float* r0 = red + (warp * 16 + g) * RS + 8 * j + 2 * t;
+    r0[0] = acc[j][0], r0[1] = acc[j][1];
+    r0[8 * RS] = acc[j][2], r0[8 * RS + 1] = acc[j][3];
+  }
+}
+
 // NT: token tiles of 8 (M ≤ 8·NT; rows past M repeat row M−1: computed, never stored).
 // KS = D / 512: 64-column steps per warp in phase A.
 template <int NT, int KS>
@@ -153,12 +166,7 @@ __global__ void __launch_bounds__(kThreads, 1) expert_mlp_kernel(Args a) {
           mma_step(acc[j], wv[i][s][0], wv[i][s][1], xv);
         }
       }
-#pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        float* r0 = red + (warp * 16 + g) * RS + 8 * j + 2 * t;
-        r0[0] = acc[j][0], r0[1] = acc[j][1];
-        r0[8 * RS] = acc[j][2], r0[8 * RS + 1] = acc[j][3];
-      }
+      store_sums<NT>(red, warp, g, t, acc);
       __syncthreads();
       for (int e = int(threadIdx.x); e < 8 * M; e += kThreads) {
         const int r = e % 8, c = e / 8;
@@ -207,12 +215,7 @@ __global__ void __launch_bounds__(kThreads, 1) expert_mlp_kernel(Args a) {
         for (int j = 0; j < NT; ++j) mma_step(acc[j], w0, w1, hv[u][j]);
       }
     }
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      float* r0 = red + (warp * 16 + g) * RS + 8 * j + 2 * t;
-      r0[0] = acc[j][0], r0[1] = acc[j][1];
-      r0[8 * RS] = acc[j][2], r0[8 * RS + 1] = acc[j][3];
-    }
+    store_sums<NT>(red, warp, g, t, acc);
     __syncthreads();
     constexpr int kPer = (16 * 8 * NT + kThreads - 1) / kThreads;
     float v[kPer];
