@@ -1,8 +1,6 @@
 // CUDA graph executor (executor.h): planning, the memo, and the per-op dispatch.
 #include "backends/cuda/executor.h"
 
-#include "backends/cuda/env.h"
-
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
@@ -36,7 +34,6 @@ namespace {
 constexpr uint64_t kScratchAlign = 256;
 uint64_t al(uint64_t v) { return exec::align_up(v, kScratchAlign); }
 int64_t last_dim(const ValueInfo& v) { return v.shape.empty() ? 1 : v.shape.back(); }
-// A plan-time switch (read at every plan, so a test can take both paths in one process).
 
 // Rows of an 8-bit [n, k] matrix widened at once (quant.cu): all of it up to 32 MiB of bf16 (every
 // matrix of the expert and SigLIP), else equal slices of a multiple of 64 rows under that, each
@@ -1780,7 +1777,11 @@ Status CudaExecutable::plan_expert_mlp() {
       continue;
     const ValueId gu = g.node(sg).inputs[0];
     const NodeId l1 = g.value(gu).producer;
-    if (root_[size_t(gu)] != gu || !plain_bf16_gemm(l1) || !bf16_stored(gu) || !bf16_stored(h) || is_out[size_t(gu)])
+    // h in place over the gate|up output (plan_geglu_in_place): the arena places it from the gate|up
+    // node on, where the fused kernel writes it. A block of its own could start after x's last
+    // read, and so overlap x, which other blocks may still be reading while h is written.
+    if (root_[size_t(gu)] != gu || root_[size_t(h)] != gu || !plain_bf16_gemm(l1) || !bf16_stored(gu) ||
+        !bf16_stored(h) || is_out[size_t(gu)])
       continue;
     const GemmDesc& d1 = plans_[size_t(l1)].gemm;
     const int64_t f = d1.n / 2;
@@ -1788,21 +1789,15 @@ Status CudaExecutable::plan_expert_mlp() {
     if (g.node(sg).attrs.get_int("start", -1) != 0 || g.node(sg).attrs.get_int("end", -1) != f ||
         g.node(su).attrs.get_int("start", -1) != f || g.node(su).attrs.get_int("end", -1) != 2 * f)
       continue;
-    // h's one reader: the down GEMM.
-    const auto& hr = readers[size_t(root_[size_t(h)])];
+    // The block's readers: the two slices, GeGLU and one down GEMM reading h.
     NodeId l2 = NodeId(-1);
-    bool only = !is_out[size_t(root_[size_t(h)])];
-    for (const auto& [rd, i] : hr) {
+    bool only = true;
+    for (const auto& [rd, i] : readers[size_t(gu)]) {
       if (rd == sg || rd == su || rd == ge) continue;
       if (g.node(rd).op == OpKind::Linear && i == 0 && g.node(rd).inputs[0] == h && l2 == NodeId(-1)) l2 = rd;
       else only = false;
     }
-    for (const auto& [rd, i] : readers[size_t(gu)])
-      if (rd != sg && rd != su && rd != ge && rd != l2) only = false;
-    // h in place over the gate|up output (plan_geglu_in_place): the arena places it from the gate|up
-    // node on, where the fused kernel writes it. A block of its own could start after x's last
-    // read, and so overlap x, which other blocks may still be reading while h is written.
-    if (!only || l2 == NodeId(-1) || !plain_bf16_gemm(l2) || !bf16_stored(h) || root_[size_t(h)] != gu) continue;
+    if (!only || l2 == NodeId(-1) || !plain_bf16_gemm(l2)) continue;
     if (view_off_[size_t(g.node(l1).inputs[0])] % 16 != 0 || view_off_[size_t(h)] % 16 != 0) continue;  // 16-byte loads
     const GemmDesc& d2 = plans_[size_t(l2)].gemm;
     const ValueId y = g.node(l2).outputs[0];
@@ -1822,7 +1817,8 @@ Status CudaExecutable::plan_expert_mlp() {
     plans_[size_t(l2)].skip = true;
     // An f32 x is rounded into the scratch first (run_node's Linear); the partial sums go after it.
     const uint64_t off = bf16_stored(g.node(l1).inputs[0]) ? 0 : al(uint64_t(d1.m * d1.k) * 2);
-    mlps_.push_back(MlpRun{plan, ge, l2, off});
+    mlps_.push_back(MlpRun{plan, ge, l2, off, view_stride_[size_t(h)] ? view_stride_[size_t(h)] : f,
+                           d2.ldy ? d2.ldy : d2.n});
     scratch_bytes_ = std::max(scratch_bytes_, off + al(expert_mlp_workspace_bytes(plan)));
   }
   if (!mlps_.empty() && !mlp_sync_) {
@@ -2001,11 +1997,9 @@ Status CudaExecutable::run_node(NodeId id) {
       }
       if (p.mlp >= 0) {  // gate|up, GeGLU and down in one launch (plan_expert_mlp)
         const MlpRun& r = mlps_[size_t(p.mlp)];
-        const ValueId h = g.node(r.geglu).outputs[0], y = g.node(r.down).outputs[0];
-        const int64_t hs = view_stride_[size_t(h)] ? view_stride_[size_t(h)] : r.plan.f;
-        const int64_t ys = plans_[size_t(r.down)].gemm.ldy ? plans_[size_t(r.down)].gemm.ldy : r.plan.d;
-        return expert_mlp(s, r.plan, xin, ptr(n.inputs[1]), ptr(g.node(r.down).inputs[1]), ptr(h), hs,
-                          static_cast<float*>(ptr(y)), ys, scratch_at(r.ws_off), mlp_sync_);
+        return expert_mlp(s, r.plan, xin, ptr(n.inputs[1]), ptr(g.node(r.down).inputs[1]),
+                          ptr(g.node(r.geglu).outputs[0]), r.h_stride, static_cast<float*>(ptr(g.node(r.down).outputs[0])),
+                          r.y_stride, scratch_at(r.ws_off), mlp_sync_);
       }
       const void* bias = p.bias_bf16 ? p.bias_bf16 : n.inputs.size() == 3 ? ptr(n.inputs[2]) : nullptr;
       if (p.qskinny) {

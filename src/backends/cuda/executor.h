@@ -109,6 +109,7 @@ class CudaExecutable final : public Executable {
     ExpertMlp plan;
     ir::NodeId geglu, down;
     uint64_t ws_off;  // its partial sums in the scratch (after x's bf16 copy, when x is f32)
+    int64_t h_stride, y_stride;  // row strides of GeGLU's output (in place: 2F) and down's
   };
   std::vector<MlpRun> mlps_;
   unsigned* mlp_sync_ = nullptr;  // expert_mlp's barrier and flags (kExpertMlpSyncWords, zeroed once)

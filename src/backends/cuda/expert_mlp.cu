@@ -256,6 +256,14 @@ __global__ void __launch_bounds__(kThreads, 1) expert_mlp_kernel(Args a) {
   }
 }
 
+// The shapes the kernel takes, and the phase B splits of F it takes (whole steps per warp).
+bool shape_ok(int64_t m, int64_t d, int64_t f) {
+  return m >= 1 && m <= 64 && (d == 512 || d == 1024) && f >= 1024 && f % 1024 == 0 && f <= (int64_t(1) << 20);
+}
+bool split_ok(int64_t f, int splits) {
+  return (splits == 1 || splits == 2 || splits == 4 || splits == 8) && f % (int64_t(splits) * kMmaStep * kWarps) == 0;
+}
+
 int nt_for(int64_t m) { return m <= 16 ? 2 : m <= 32 ? 4 : m <= 56 ? 7 : 8; }
 
 uint64_t smem_bytes(int nt, int64_t d, int64_t f, int splits, int items_per_block) {
@@ -289,14 +297,13 @@ cudaError_t allow_smem(KernelFn k, uint64_t smem) {
 }  // namespace
 
 bool expert_mlp_plan(int64_t m, int64_t d, int64_t f, int sms, int64_t smem_optin, ExpertMlp* out) {
-  if (m < 1 || m > 64 || (d != 512 && d != 1024) || f < 1024 || f % 1024 != 0 || f > (int64_t(1) << 20) || sms < 1)
-    return false;
+  if (!shape_ok(m, d, f) || sms < 1) return false;
   const int nt = nt_for(m);
   for (int splits : {2, 4, 1, 8}) {
-    if (f % (int64_t(splits) * kMmaStep * kWarps) != 0) continue;  // whole steps per warp in phase B
+    if (!split_ok(f, splits)) continue;
     const int64_t items = d / 16 * splits;
     const int ipb = int((items + sms - 1) / sms);
-    if (ipb > 2 || d / 16 + 2 > kExpertMlpSyncWords) continue;
+    if (ipb > 2) continue;
     const uint64_t smem = smem_bytes(nt, d, f, splits, ipb);
     if (smem > uint64_t(smem_optin) || smem > 232448) continue;
     *out = ExpertMlp{m, d, f, sms, splits, ipb, smem};
@@ -310,9 +317,7 @@ uint64_t expert_mlp_workspace_bytes(const ExpertMlp& p) { return uint64_t(p.spli
 Status expert_mlp(cudaStream_t stream, const ExpertMlp& p, const void* x, const void* w_gu, const void* w_down, void* h,
                   int64_t h_stride, float* y, int64_t y_stride, void* workspace, unsigned* sync) {
   const int64_t items = p.d / 16 * p.splits;
-  const bool plan_ok = p.m >= 1 && p.m <= 64 && (p.d == 512 || p.d == 1024) && p.f >= 1024 && p.f % 1024 == 0 &&
-                       (p.splits == 1 || p.splits == 2 || p.splits == 4 || p.splits == 8) &&
-                       p.f % (int64_t(p.splits) * kMmaStep * kWarps) == 0 && p.blocks >= 1 && p.items_per_block >= 1 &&
+  const bool plan_ok = shape_ok(p.m, p.d, p.f) && split_ok(p.f, p.splits) && p.blocks >= 1 && p.items_per_block >= 1 &&
                        p.items_per_block <= 2 && int64_t(p.items_per_block) * p.blocks >= items &&
                        p.smem >= smem_bytes(nt_for(p.m), p.d, p.f, p.splits, p.items_per_block);
   if (!plan_ok)
@@ -345,20 +350,20 @@ Status expert_mlp(cudaStream_t stream, const ExpertMlp& p, const void* x, const 
     attrs[n].id = cudaLaunchAttributeCooperative;
     attrs[n++].val.cooperative = 1;
   }
-  if (pdl_enabled()) {
+  // Should a driver refuse the cooperative launch together with PDL, the first (eager) launch
+  // finds out and every later one goes without PDL (griddepcontrol.wait is then a no-op).
+  static std::atomic<bool> no_pdl{false};
+  const bool pdl = pdl_enabled() && !no_pdl.load();
+  if (pdl) {
     attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attrs[n++].val.programmaticStreamSerializationAllowed = 1;
   }
   cfg.attrs = attrs;
   cfg.numAttrs = unsigned(n);
-  // Should a driver refuse the cooperative launch together with PDL, the first (eager) launch
-  // finds out and every later one goes without PDL (griddepcontrol.wait is then a no-op).
-  static std::atomic<bool> no_pdl{false};
-  if (no_pdl.load() && pdl_enabled()) cfg.numAttrs = unsigned(n - 1);
-  if (cudaLaunchKernelEx(&cfg, k, a) != cudaSuccess && pdl_enabled() && cfg.numAttrs == unsigned(n)) {
+  if (cudaLaunchKernelEx(&cfg, k, a) != cudaSuccess && pdl) {
     (void)cudaGetLastError();
     no_pdl = true;
-    cfg.numAttrs = unsigned(n - 1);
+    cfg.numAttrs = unsigned(n - 1);  // PDL is the last attribute
     (void)cudaLaunchKernelEx(&cfg, k, a);
   }
   return launch_status("expert_mlp");

@@ -1,10 +1,10 @@
 // The prefetch planner and its settings (host-only; the kernel is in l2_prefetch.cu).
 #include "backends/cuda/l2_prefetch.h"
 
-#include "backends/cuda/env.h"
-
 #include <algorithm>
 #include <string>
+
+#include "backends/cuda/env.h"
 
 namespace vlac::cuda {
 
