@@ -366,11 +366,14 @@ TEST_F(CudaGemm, SkinnyKernelRejectsWhatItCannotRun) {
 TEST_F(CudaGemm, ExpertMlpMatchesCpu) {
   int optin = 0;
   VLAC_CUDART_OK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
-  struct S { int64_t m, d, f; int sms; const char* what; };
+  struct S { int64_t m, d, f; int sms, splits; const char* what; };
   const int sms = device_sm_count();
-  const S cases[] = {{50, 1024, 4096, sms, "pi0.5 expert"},     {56, 1024, 4096, sms, "M = 56"},
-                     {1, 512, 1024, sms, "one token"},          {9, 512, 2048, 40, "two items a block, two tile rounds"},
-                     {33, 1024, 2048, sms, "M = 33"}};
+  const S cases[] = {{50, 1024, 4096, sms, 0, "pi0.5 expert"},
+                     {56, 1024, 4096, sms, 0, "M = 56"},
+                     {1, 512, 1024, sms, 0, "one token"},
+                     {9, 512, 2048, 40, 8, "two items a block, two tile rounds"},
+                     {33, 1024, 2048, sms, 0, "M = 33"},
+                     {50, 1024, 4096, sms, 2, "two K parts"}};
   DevBuf words(kExpertMlpSyncWords * sizeof(unsigned));
   VLAC_CUDART_OK(cudaMemset(words.get(), 0, kExpertMlpSyncWords * sizeof(unsigned)));
   uint32_t seed = 300;
@@ -378,7 +381,10 @@ TEST_F(CudaGemm, ExpertMlpMatchesCpu) {
   auto bf = [](double v) { return double(bf16_to_f32(f32_to_bf16(float(v)))); };
   for (const auto& c : cases) {
     ExpertMlp p;
-    ASSERT_TRUE(expert_mlp_plan(c.m, c.d, c.f, c.sms, optin, &p)) << c.what;
+    ASSERT_TRUE(expert_mlp_plan(c.m, c.d, c.f, c.sms, optin, &p, c.splits)) << c.what;
+    if (c.splits == 8 && c.sms == 40) {
+      EXPECT_EQ(p.items_per_block, 2) << c.what;
+    }
     ASSERT_TRUE(expert_mlp_resident(p)) << c.what << ": " << p.smem << " bytes of shared memory a block";
     const int64_t hs = 2 * c.f;  // h in place over the gate|up output, as the executor lays it out
     auto x = bf16_values(randn(size_t(c.m * c.d), ++seed));

@@ -1,0 +1,264 @@
+// The action expert's MLP at pi0.5's size (M = 50 tokens, D = 1024, F = 4096): the three launches
+// the executor runs by default (cuBLASLt gate|up, GeGLU in place, cuBLASLt down) against
+// expert_mlp's one cooperative launch, per phase-B split and with parts of it left out
+// (ExpertMlpProbe::skip), and where that launch spends its time (per-block %globaltimer stamps).
+// Each setting is timed as a CUDA graph of 180 calls over 18 layers' weights, as a chunk runs
+// them (a layer's 25 MB are not in L2 from its previous call), with programmatic dependent launch
+// as the executor uses it. Prints one line per setting and JSON (--out FILE).
+//
+// Usage: expert_mlp_bench [--reps N] [--out FILE]
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "backends/cuda/expert_mlp.h"
+#include "backends/cuda/gemm.h"
+#include "backends/cuda/kernels.h"
+#include "core/dtype.h"
+
+using namespace vlac;
+using namespace vlac::cuda;
+
+namespace {
+
+#define CK(expr)                                                                  \
+  do {                                                                            \
+    const cudaError_t e_ = (expr);                                                \
+    if (e_ != cudaSuccess) {                                                      \
+      std::fprintf(stderr, "expert_mlp_bench: %s: %s\n", #expr, cudaGetErrorString(e_)); \
+      std::exit(1);                                                               \
+    }                                                                             \
+  } while (0)
+#define SK(expr)                                                                  \
+  do {                                                                            \
+    const Status s_ = (expr);                                                     \
+    if (!s_.is_ok()) {                                                            \
+      std::fprintf(stderr, "expert_mlp_bench: %s\n", s_.message().c_str());        \
+      std::exit(1);                                                               \
+    }                                                                             \
+  } while (0)
+
+void* dalloc(size_t bytes) {
+  void* p = nullptr;
+  CK(cudaMalloc(&p, bytes));
+  CK(cudaMemset(p, 0, bytes));
+  return p;
+}
+
+// Uniform bf16 in [-a, a), filled on the host once per buffer.
+void fill_bf16(void* d, size_t n, uint32_t seed, float a) {
+  std::vector<uint16_t> h(n);
+  uint32_t s = seed * 2654435761u + 1;
+  for (size_t i = 0; i < n; ++i) {
+    s = s * 1664525u + 1013904223u;
+    h[i] = f32_to_bf16((float(s >> 8) / float(1 << 24) * 2.f - 1.f) * a);
+  }
+  CK(cudaMemcpy(d, h.data(), n * 2, cudaMemcpyHostToDevice));
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Median over reps of one graph replay of `calls` enqueued by fn(i), per call (ms).
+template <typename F>
+double graph_ms(cudaStream_t st, int reps, int calls, F&& fn) {
+  for (int i = 0; i < 2; ++i) fn(i);  // module load, cuBLASLt plans
+  CK(cudaStreamSynchronize(st));
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < calls; ++i) fn(i);
+  CK(cudaStreamEndCapture(st, &g));
+  CK(cudaGraphInstantiate(&ge, g, 0));
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  std::vector<double> ms;
+  for (int r = 0; r < reps + 2; ++r) {
+    CK(cudaEventRecord(a, st));
+    CK(cudaGraphLaunch(ge, st));
+    CK(cudaEventRecord(b, st));
+    CK(cudaEventSynchronize(b));
+    float t = 0;
+    CK(cudaEventElapsedTime(&t, a, b));
+    if (r >= 2) ms.push_back(double(t) / calls);
+  }
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+  CK(cudaGraphExecDestroy(ge));
+  CK(cudaGraphDestroy(g));
+  return median(ms);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int reps = 20;
+  std::string out_path;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--reps" && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
+    else if (a == "--out" && i + 1 < argc) out_path = argv[++i];
+    else {
+      std::fprintf(stderr, "usage: expert_mlp_bench [--reps N] [--out FILE]\n");
+      return 2;
+    }
+  }
+  SK(device_status());
+  constexpr int64_t M = 50, D = 1024, F = 4096;
+  constexpr int kLayers = 18, kCalls = 180;
+  cudaDeviceProp prop{};
+  CK(cudaGetDeviceProperties(&prop, 0));
+  int optin = 0;
+  CK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
+  const int sms = prop.multiProcessorCount;
+  cudaStream_t st;
+  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+
+  std::vector<void*> wgu(kLayers), wd(kLayers);
+  for (int l = 0; l < kLayers; ++l) {
+    wgu[size_t(l)] = dalloc(size_t(2 * F * D) * 2);
+    wd[size_t(l)] = dalloc(size_t(D * F) * 2);
+    fill_bf16(wgu[size_t(l)], size_t(2 * F * D), 10 + l, 0.03f);
+    fill_bf16(wd[size_t(l)], size_t(D * F), 40 + l, 0.015f);
+  }
+  void* x = dalloc(size_t(M * D) * 2);
+  fill_bf16(x, size_t(M * D), 7, 1.f);
+  void* gu = dalloc(size_t(M * 2 * F) * 2);  // gate|up out, h in place (row stride 2F)
+  auto* y = static_cast<float*>(dalloc(size_t(M * D) * 4));
+
+  nlohmann::json j;
+  j["device"] = prop.name;
+  j["sms"] = sms;
+  j["shape"] = {{"m", M}, {"d", D}, {"f", F}};
+  j["calls_per_graph"] = kCalls;
+  j["reps"] = reps;
+  nlohmann::json rows = nlohmann::json::array();
+  auto report = [&](const std::string& name, double ms, nlohmann::json extra = nlohmann::json::object()) {
+    std::printf("%-40s %8.2f us a call\n", name.c_str(), ms * 1e3);
+    extra["name"] = name;
+    extra["us_per_call"] = ms * 1e3;
+    rows.push_back(extra);
+  };
+
+  // The executor's default: three launches.
+  {
+    auto runner = GemmRunner::create();
+    SK(runner.status());
+    void* ws = dalloc(runner->workspace_bytes());
+    const GemmDesc d1{M, 2 * F, D, DType::BF16, DType::BF16, Epilogue::None, false};
+    GemmDesc d2{M, D, F, DType::BF16, DType::F32, Epilogue::None, false};
+    d2.ldx = 2 * F;
+    SK(runner->plan(d1));
+    SK(runner->plan(d2));
+    const double ms = graph_ms(st, reps, kCalls, [&](int i) {
+      SK(runner->run(st, d1, x, wgu[size_t(i % kLayers)], nullptr, gu, ws));
+      SK(geglu(st, gu, static_cast<uint16_t*>(gu) + F, DType::BF16, 2 * F, gu, DType::BF16, M, F, 2 * F));
+      SK(runner->run(st, d2, gu, wd[size_t(i % kLayers)], nullptr, y, ws));
+    });
+    report("three launches (cuBLASLt, geglu, cuBLASLt)", ms);
+    const double g1 = graph_ms(st, reps, kCalls, [&](int i) { SK(runner->run(st, d1, x, wgu[size_t(i % kLayers)], nullptr, gu, ws)); });
+    report("  gate|up GEMM alone", g1);
+    const double g2 = graph_ms(st, reps, kCalls, [&](int i) { SK(runner->run(st, d2, gu, wd[size_t(i % kLayers)], nullptr, y, ws)); });
+    report("  down GEMM alone", g2);
+    CK(cudaFree(ws));
+  }
+
+  // The one launch, per split and with parts left out.
+  unsigned* sync = static_cast<unsigned*>(dalloc(size_t(kExpertMlpSyncWords) * 4));
+  void* work = dalloc(size_t(8) * M * D * 4);
+  unsigned long long* stamps =
+      static_cast<unsigned long long*>(dalloc(size_t(kCalls) * sms * kExpertMlpStamps * sizeof(unsigned long long)));
+  for (int splits : {0, 4, 2, 16}) {  // 0: the planner's choice
+    ExpertMlp p;
+    if (!expert_mlp_plan(M, D, F, sms, optin, &p, splits)) {
+      std::printf("splits %d: no plan\n", splits);
+      continue;
+    }
+    if (!expert_mlp_resident(p)) {
+      std::printf("splits %d: not resident\n", splits);
+      continue;
+    }
+    const std::string tag = "one launch, splits " + std::to_string(p.splits) + (splits ? "" : " (planned)");
+    nlohmann::json plan = {{"splits", p.splits}, {"items_per_block", p.items_per_block}, {"smem", p.smem},
+                           {"blocks", p.blocks}};
+    for (int skip : {0, 1, 2, 4, 8, 1 | 4, 1 | 2 | 4 | 8}) {
+      if (splits != 0 && skip != 0) continue;
+      ExpertMlpProbe pr;
+      pr.skip = skip;
+      const double ms = graph_ms(st, reps, kCalls, [&](int i) {
+        SK(expert_mlp(st, p, x, wgu[size_t(i % kLayers)], wd[size_t(i % kLayers)], gu, 2 * F, y, D, work, sync, &pr));
+      });
+      nlohmann::json e = plan;
+      e["skip"] = skip;
+      report(tag + (skip ? ", skip " + std::to_string(skip) : std::string()), ms, e);
+    }
+    // Where it spends its time: stamps of every block of every call of one replay.
+    std::vector<ExpertMlpProbe> probes(kCalls);
+    for (int i = 0; i < kCalls; ++i) probes[size_t(i)].stamps = stamps + size_t(i) * sms * kExpertMlpStamps;
+    const double ms = graph_ms(st, 1, kCalls, [&](int i) {
+      SK(expert_mlp(st, p, x, wgu[size_t(i % kLayers)], wd[size_t(i % kLayers)], gu, 2 * F, y, D, work, sync,
+                    &probes[size_t(i % kCalls)]));
+    });
+    std::vector<unsigned long long> hs(size_t(kCalls) * sms * kExpertMlpStamps);
+    CK(cudaMemcpy(hs.data(), stamps, hs.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
+    // Per call: each phase's median and max over blocks (ns), the call's span, the gap to the next.
+    const char* names[kExpertMlpStamps - 1] = {"entry to PDL wait", "x and W_down in smem", "phase A",
+                                               "grid barrier", "phase B"};
+    std::vector<std::vector<double>> med(kExpertMlpStamps - 1), mx(kExpertMlpStamps - 1);
+    std::vector<double> span, gap;
+    for (int c = 0; c < kCalls; ++c) {
+      const unsigned long long* s = hs.data() + size_t(c) * p.blocks * kExpertMlpStamps;
+      unsigned long long lo = ~0ull, hi = 0;
+      for (int ph = 0; ph + 1 < kExpertMlpStamps; ++ph) {
+        std::vector<double> v;
+        for (int b = 0; b < p.blocks; ++b)
+          v.push_back(double(s[b * kExpertMlpStamps + ph + 1]) - double(s[b * kExpertMlpStamps + ph]));
+        med[size_t(ph)].push_back(median(v));
+        mx[size_t(ph)].push_back(*std::max_element(v.begin(), v.end()));
+      }
+      for (int b = 0; b < p.blocks; ++b) {
+        lo = std::min(lo, s[b * kExpertMlpStamps]);
+        hi = std::max(hi, s[b * kExpertMlpStamps + kExpertMlpStamps - 1]);
+      }
+      span.push_back(double(hi - lo));
+      if (c + 1 < kCalls) {
+        const unsigned long long* n = s + size_t(p.blocks) * kExpertMlpStamps;
+        unsigned long long nlo = ~0ull;
+        for (int b = 0; b < p.blocks; ++b) nlo = std::min(nlo, n[b * kExpertMlpStamps]);
+        gap.push_back(double(nlo) - double(hi));
+      }
+    }
+    nlohmann::json ph = nlohmann::json::object();
+    for (int k = 0; k + 1 < kExpertMlpStamps; ++k) {
+      ph[names[k]] = {{"median_over_blocks_ns", median(med[size_t(k)])}, {"max_over_blocks_ns", median(mx[size_t(k)])}};
+      std::printf("  %-24s median block %7.0f ns, slowest block %7.0f ns\n", names[k], median(med[size_t(k)]),
+                  median(mx[size_t(k)]));
+    }
+    std::printf("  call span %7.0f ns, gap to the next call %7.0f ns (graph %.2f us a call with stamps)\n",
+                median(span), median(gap), ms * 1e3);
+    nlohmann::json e = plan;
+    e["phases"] = ph;
+    e["span_ns"] = median(span);
+    e["gap_to_next_ns"] = median(gap);
+    report(tag + ", stamped", ms, e);
+  }
+  j["settings"] = rows;
+  const std::string text = j.dump(2);
+  if (!out_path.empty()) {
+    std::ofstream f(out_path);
+    f << text << "\n";
+  } else {
+    std::printf("%s\n", text.c_str());
+  }
+  return 0;
+}
