@@ -21,6 +21,7 @@
 #include "backends/cuda/gemm.h"
 #include "backends/cuda/kernels.h"
 #include "core/dtype.h"
+#include "weight_stream_probe.h"
 
 using namespace vlac;
 using namespace vlac::cuda;
@@ -251,6 +252,41 @@ int main(int argc, char** argv) {
     e["span_ns"] = median(span);
     e["gap_to_next_ns"] = median(gap);
     report(tag + ", stamped", ms, e);
+  }
+  // How fast one block a multiprocessor can stream the same 25 MB (18 buffers, as above): into
+  // registers, and by the bulk copy engine into shared memory stages.
+  {
+    const int64_t per_block = (int64_t(3) * F * D * 2 / sms) / 16384 * 16384;  // whole 16 KB chunks
+    const int64_t total = per_block * sms;
+    std::vector<void*> buf(kLayers);
+    for (int l = 0; l < kLayers; ++l) {
+      buf[size_t(l)] = dalloc(size_t(total));
+      fill_bf16(buf[size_t(l)], size_t(total / 2), 70 + l, 1.f);
+    }
+    unsigned* sink = static_cast<unsigned*>(dalloc(64));
+    auto gbps = [&](double ms) { return double(total) / (ms * 1e-3) / 1e9; };
+    for (int threads : {256, 512, 1024})
+      for (int batch : {4, 8, 16, 32}) {
+        if (threads * batch > 8192) continue;
+        const double ms = graph_ms(st, reps, kCalls, [&](int i) {
+          CK(bench::weight_stream_regs(st, buf[size_t(i % kLayers)], per_block, sms, threads, batch, sink));
+        });
+        report("stream " + std::to_string(total >> 10) + " KiB into registers, " + std::to_string(threads) +
+                   " threads x " + std::to_string(batch) + " loads",
+               ms, {{"gb_per_s", gbps(ms)}, {"threads", threads}, {"batch", batch}});
+      }
+    if (prop.major >= 9)
+      for (int chunk : {16384, 8192, 32768})
+        for (int stages : {4, 8, 2}) {
+          if (int64_t(chunk) * stages > 200 * 1024 || per_block % chunk != 0) continue;
+          const double ms = graph_ms(st, reps, kCalls, [&](int i) {
+            CK(bench::weight_stream_bulk(st, buf[size_t(i % kLayers)], per_block, sms, chunk, stages, sink));
+          });
+          report("stream by cp.async.bulk, " + std::to_string(chunk >> 10) + " KiB x " + std::to_string(stages) +
+                     " stages",
+                 ms, {{"gb_per_s", gbps(ms)}, {"chunk", chunk}, {"stages", stages}});
+        }
+    for (void* b : buf) CK(cudaFree(b));
   }
   j["settings"] = rows;
   const std::string text = j.dump(2);
