@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <string>
 #include <cstring>
 #include <filesystem>
 #include <optional>
@@ -535,9 +536,10 @@ TEST_F(CudaChain, ExpertMlpInOneLaunchKeepsTheActions) {
   std::vector<float> noise(size_t(50 * dims.max_action_dim));
   for (size_t i = 0; i < noise.size(); ++i) noise[i] = std::sin(float(i) * 0.731f) * 1.3f;
   std::vector<float> actions[2];
+  const char* was = std::getenv("VLAC_EXPERT_MLP");
+  const std::string prev = was ? was : "";
   for (int on = 0; on < 2; ++on) {
-    if (on) setenv("VLAC_EXPERT_MLP", "1", 1);
-    else unsetenv("VLAC_EXPERT_MLP");
+    setenv("VLAC_EXPERT_MLP", on ? "1" : "0", 1);
     Pi05PackageOptions po;
     po.backend = "cuda";
     auto pkg = Pi05PackagePolicy::open(co.out, po);
@@ -550,7 +552,8 @@ TEST_F(CudaChain, ExpertMlpInOneLaunchKeepsTheActions) {
       else EXPECT_EQ(max_abs_diff(c, actions[on]), 0.0) << "expert mlp " << on << ", chunk " << i;
     }
   }
-  unsetenv("VLAC_EXPERT_MLP");
+  if (was) setenv("VLAC_EXPERT_MLP", prev.c_str(), 1);  // as the test found it (whichever the default)
+  else unsetenv("VLAC_EXPERT_MLP");
   double peak = 0;
   for (float v : actions[0]) peak = std::max(peak, double(std::fabs(v)));
   const double d = max_abs_diff(actions[1], actions[0]);

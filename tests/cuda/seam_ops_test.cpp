@@ -311,11 +311,15 @@ TEST_F(SeamOps, ExpertMlpInOneLaunch) {
     const ValueId m = c.op(OpKind::GeGLU, {gate, up});
     c.g.mark_output(c.op(OpKind::Linear, {m, c.weight("down", {s.k, s.f}, DType::BF16)}));
     auto cpu = run_on("cpu", c, false);
+    const char* was = std::getenv("VLAC_EXPERT_MLP");
+    const std::string prev = was ? was : "";
     setenv("VLAC_EXPERT_MLP", "1", 1);
     auto fused = run_on("cuda", c, false, 2);
     auto again = run_on("cuda", c, false);
-    unsetenv("VLAC_EXPERT_MLP");
+    setenv("VLAC_EXPERT_MLP", "0", 1);
     auto apart = run_on("cuda", c, false);
+    if (was) setenv("VLAC_EXPERT_MLP", prev.c_str(), 1);  // as the test found it (whichever the default)
+    else unsetenv("VLAC_EXPERT_MLP");
     ASSERT_TRUE(cpu.is_ok() && fused.is_ok() && again.is_ok() && apart.is_ok()) << s.what;
     const double e = rel_err((*fused)[0], (*cpu)[0]), ea = rel_err((*fused)[0], (*apart)[0]);
     std::printf("[ seam op  ] expert mlp %-47s vs cpu %.3g, vs three launches %.3g\n", s.what, e, ea);
