@@ -6,7 +6,7 @@
 // them (a layer's 25 MB are not in L2 from its previous call), with programmatic dependent launch
 // as the executor uses it. Prints one line per setting and JSON (--out FILE).
 //
-// Usage: expert_mlp_bench [--reps N] [--out FILE]
+// Usage: expert_mlp_bench [--reps N] [--out FILE] [--stream-only]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -104,13 +104,15 @@ double graph_ms(cudaStream_t st, int reps, int calls, F&& fn) {
 
 int main(int argc, char** argv) {
   int reps = 20;
+  bool stream_only = false;  // --stream-only: the weight-streaming probes alone
   std::string out_path;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--reps" && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
     else if (a == "--out" && i + 1 < argc) out_path = argv[++i];
+    else if (a == "--stream-only") stream_only = true;
     else {
-      std::fprintf(stderr, "usage: expert_mlp_bench [--reps N] [--out FILE]\n");
+      std::fprintf(stderr, "usage: expert_mlp_bench [--reps N] [--out FILE] [--stream-only]\n");
       return 2;
     }
   }
@@ -152,7 +154,7 @@ int main(int argc, char** argv) {
   };
 
   // The executor's default: three launches.
-  {
+  if (!stream_only) {
     auto runner = GemmRunner::create();
     SK(runner.status());
     void* ws = dalloc(runner->workspace_bytes());
@@ -180,6 +182,7 @@ int main(int argc, char** argv) {
   unsigned long long* stamps =
       static_cast<unsigned long long*>(dalloc(size_t(kCalls) * sms * kExpertMlpStamps * sizeof(unsigned long long)));
   for (int splits : {0, 4, 2, 16}) {  // 0: the planner's choice
+    if (stream_only) break;
     ExpertMlp p;
     if (!expert_mlp_plan(M, D, F, sms, optin, &p, splits)) {
       std::printf("splits %d: no plan\n", splits);

@@ -373,7 +373,7 @@ TEST_F(CudaGemm, ExpertMlpMatchesCpu) {
                      {1, 512, 1024, sms, 0, "one token"},
                      {9, 512, 2048, 40, 8, "two items a block, two tile rounds"},
                      {33, 1024, 2048, sms, 0, "M = 33"},
-                     {50, 1024, 4096, sms, 2, "two K parts"}};
+                     {50, 1024, 4096, sms, 16, "16 K parts, two items a block"}};
   DevBuf words(kExpertMlpSyncWords * sizeof(unsigned));
   VLAC_CUDART_OK(cudaMemset(words.get(), 0, kExpertMlpSyncWords * sizeof(unsigned)));
   uint32_t seed = 300;

@@ -103,7 +103,7 @@ class CudaExecutable final : public Executable {
   void plan_k_parts();
   void keep_fused_k_parts();
   /// The expert's gate|up GEMM, GeGLU and down GEMM (M <= 56) as one expert_mlp launch at the
-  /// gate|up node (NodePlan::mlp); the other two are skipped. Opt-in: VLAC_EXPERT_MLP=1.
+  /// gate|up node (NodePlan::mlp); the other two are skipped. Opt-in (measured slower): VLAC_EXPERT_MLP=1.
   Status plan_expert_mlp();
   struct MlpRun {
     ExpertMlp plan;
