@@ -9,6 +9,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <random>
 #include <string>
 
 #include "backends/cpu/kernels.h"
@@ -429,6 +431,165 @@ TEST_F(CudaGemm, ExpertMlpMatchesCpu) {
   const auto left = download<unsigned>(words, size_t(kExpertMlpSyncWords));
   EXPECT_EQ(left[0], 0u) << "barrier arrivals not reset";
   EXPECT_EQ(size_t(std::count(left.begin() + 2, left.end(), 0u)), left.size() - 2) << "phase B flags not reset";
+}
+
+// FP8 W8A8 (quantize_rows_e4m3 + GemmRunner::run_scaled): the activation quantizer gives the host's
+// codes and scales bit for bit, and the FP8 GEMM multiplies the sums of decoded codes by both
+// scale vectors (x's per row of y, W's per column), at pi0.5's shapes, with its epilogues.
+// Decoded e4m3 products are exact in fp32, so only the accumulation order separates it from the
+// double reference (Hopper's FP8 MMA adds in reduced precision between its fp32 promotions).
+
+// The host's quantization of one row, the kernel's arithmetic (kernels.h).
+void quantize_row_e4m3_reference(const float* x, int64_t k, uint8_t* codes, float* scale) {
+  float amax = 0.0f;
+  bool nan = false;
+  for (int64_t c = 0; c < k; ++c) amax = std::max(amax, std::fabs(x[c])), nan = nan || std::isnan(x[c]);
+  if (nan) amax = NAN;
+  const float inv = amax > 0.0f ? 448.0f / amax : 0.0f;
+  for (int64_t c = 0; c < k; ++c) codes[c] = f32_to_f8e4m3(x[c] * inv);
+  *scale = amax / 448.0f;
+}
+
+bool fp8_capable(std::string* why) {
+  const int cc = device_compute_capability();
+  if (cc >= 89) return true;
+  *why = "FP8 GEMMs need compute capability 8.9 or later; this GPU is " + std::to_string(cc / 10) + "." +
+         std::to_string(cc % 10);
+  return false;
+}
+
+TEST_F(CudaGemm, QuantizeRowsE4m3MatchesTheHost) {
+  struct S { int64_t m, k, ldx; DType xt; const char* what; };
+  for (S s : {S{50, 2048, 2048, DType::BF16, "expert x, bf16 (16-byte loads)"},
+              S{7, 16384, 16384, DType::BF16, "gemma down x, bf16"},
+              S{9, 100, 104, DType::BF16, "odd k, strided bf16 rows (element loads)"},
+              S{13, 1152, 1160, DType::F32, "f32 rows, strided"}}) {
+    auto x = randn(size_t(s.m * s.ldx), uint32_t(s.k + s.m), 3.0f);
+    for (int64_t c = 0; c < s.ldx; ++c) x[size_t(c)] = 0.0f;             // row 0: zeros
+    x[size_t(s.ldx + 3)] = 1e6f;                                         // row 1: one huge value
+    if (s.m > 4) x[size_t(2 * s.ldx + s.k - 1)] = NAN;                   // row 2: a NaN at the end
+    for (int64_t c = 0; c < s.k; ++c) x[size_t(3 * s.ldx + c)] *= 1e-30f;  // row 3: tiny values
+    if (s.xt == DType::BF16) x = bf16_values(x);
+    auto dx = s.xt == DType::BF16 ? to_device(to_bf16(x)) : to_device(x);
+    DevBuf codes(size_t(s.m * s.k)), scales(size_t(s.m) * 4);
+    codes.poison();
+    scales.poison();
+    VLAC_CUDA_OK(quantize_rows_e4m3(stream_, dx->get(), s.xt, s.m, s.k, s.ldx, codes.get(), scales.as<float>()));
+    sync();
+    const auto got = download<uint8_t>(codes, size_t(s.m * s.k));
+    const auto got_s = download<float>(scales, size_t(s.m));
+    std::vector<uint8_t> want(size_t(s.k));
+    for (int64_t r = 0; r < s.m; ++r) {
+      float ws = 0;
+      quantize_row_e4m3_reference(&x[size_t(r * s.ldx)], s.k, want.data(), &ws);
+      EXPECT_EQ(std::memcmp(&got[size_t(r * s.k)], want.data(), size_t(s.k)), 0) << s.what << ": codes of row " << r;
+      if (std::isnan(ws)) EXPECT_TRUE(std::isnan(got_s[size_t(r)])) << s.what << ": scale of row " << r;
+      else EXPECT_EQ(got_s[size_t(r)], ws) << s.what << ": scale of row " << r;
+    }
+    EXPECT_EQ(got_s[0], 0.0f) << s.what << ": a zero row has scale 0";
+  }
+  DevBuf codes(64), scales(64);
+  EXPECT_FALSE(quantize_rows_e4m3(stream_, codes.get(), DType::BF16, 2, 16, 8, codes.get(), scales.as<float>()).is_ok())
+      << "a row stride below k";
+  EXPECT_FALSE(quantize_rows_e4m3(stream_, codes.get(), DType::I8, 2, 16, 16, codes.get(), scales.as<float>()).is_ok())
+      << "8-bit activations";
+}
+
+TEST_F(CudaGemm, Fp8GemmAppliesBothScaleVectors) {
+  std::string why;
+  if (!fp8_capable(&why)) GTEST_SKIP() << why;
+  auto runner = GemmRunner::create();
+  ASSERT_TRUE(runner.is_ok()) << runner.status().message();
+  DevBuf ws(runner->workspace_bytes());
+  std::mt19937 rng(7);
+  // Codes from every finite e4m3 value (0x7F and 0xFF are NaN), scales spread over 2^±4.
+  auto random_codes = [&](size_t n) {
+    std::vector<uint8_t> c(n);
+    for (auto& v : c) do v = uint8_t(rng() & 0xFFu); while ((v & 0x7Fu) == 0x7Fu);
+    return c;
+  };
+  auto random_scales = [&](size_t n) {
+    std::uniform_real_distribution<float> e(-4.0f, 4.0f);
+    std::vector<float> s(n);
+    for (auto& v : s) v = std::exp2(e(rng)) / 448.0f;
+    return s;
+  };
+  struct S { int64_t m, k, n; const char* what; };
+  int ran = 0;
+  for (S c : {S{968, 2048, 2560, "prefix fused qkv"}, S{50, 4096, 1024, "expert down"},
+              S{50, 1024, 8192, "expert fused gate+up"}, S{256, 1152, 4304, "siglip fc1"},
+              S{1, 1024, 3072, "adaRMS modulation"}, S{37, 112, 80, "odd"}}) {
+    const auto xc = random_codes(size_t(c.m * c.k)), wc = random_codes(size_t(c.n * c.k));
+    const auto xs = random_scales(size_t(c.m)), wsc = random_scales(size_t(c.n));
+    auto dxc = to_device(xc), dwc = to_device(wc), dxs = to_device(xs), dws = to_device(wsc);
+    std::vector<double> sums(size_t(c.m * c.n));
+    for (int64_t i = 0; i < c.m; ++i)
+      for (int64_t j = 0; j < c.n; ++j) {
+        double t = 0;
+        for (int64_t q = 0; q < c.k; ++q)
+          t += double(f8e4m3_to_f32(xc[size_t(i * c.k + q)])) * f8e4m3_to_f32(wc[size_t(j * c.k + q)]);
+        sums[size_t(i * c.n + j)] = t * xs[size_t(i)] * wsc[size_t(j)];
+      }
+    auto bias = bf16_values(randn(size_t(c.n), 11)), y0 = bf16_values(randn(size_t(c.m * c.n), 12));
+    auto db = to_device(to_bf16(bias)), dbf = to_device(bias);
+    struct V { DType out; Epilogue epi; bool acc; int parts; bool required; };
+    for (V v : {V{DType::BF16, Epilogue::None, false, 0, true}, V{DType::F32, Epilogue::None, false, 0, true},
+                V{DType::BF16, Epilogue::Bias, false, 0, true}, V{DType::BF16, Epilogue::BiasGelu, false, 0, false},
+                V{DType::BF16, Epilogue::None, true, 0, false}, V{DType::F32, Epilogue::Bias, false, 0, false},
+                V{DType::F32, Epilogue::None, false, 4, false}}) {
+      GemmDesc d{c.m, c.n, c.k, DType::F8_E4M3, v.out, v.epi, v.acc};
+      d.k_parts = v.parts;
+      const std::string what = std::string(c.what) + " -> " + dtype_name(v.out) + " epilogue " +
+                               std::to_string(int(v.epi)) + (v.acc ? " accumulate" : "") +
+                               (v.parts ? " in " + std::to_string(v.parts) + " K parts" : "");
+      if (v.parts && c.k % (16 * v.parts) != 0) continue;
+      const Status planned = runner->plan(d);
+      if (!planned.is_ok()) {
+        EXPECT_FALSE(v.required) << what << ": " << planned.message();
+        EXPECT_EQ(planned.code(), StatusCode::Unsupported) << what << ": " << planned.message();
+        std::printf("[ fp8 gemm ] %-60s not offered by cuBLASLt: %s\n", what.c_str(), planned.message().c_str());
+        continue;
+      }
+      const size_t yn = size_t(c.m * c.n) * size_t(std::max(1, v.parts));
+      const bool bf = v.out == DType::BF16;
+      auto dy = bf ? to_device(to_bf16(y0)) : to_device(std::vector<float>(yn));
+      if (!v.acc) dy->poison();
+      const bool has_b = v.epi == Epilogue::Bias || v.epi == Epilogue::BiasGelu;
+      VLAC_CUDA_OK(runner->run_scaled(stream_, d, dxc->get(), dxs->as<float>(), dwc->get(), dws->as<float>(),
+                                      has_b ? (bf ? db->get() : dbf->get()) : nullptr, dy->get(), ws.get()));
+      sync();
+      std::vector<float> y = bf ? from_bf16(download<uint16_t>(*dy, yn)) : download<float>(*dy, yn);
+      if (v.parts > 1) {  // the reader's sum of the parts
+        for (int part = 1; part < v.parts; ++part)
+          for (size_t i = 0; i < size_t(c.m * c.n); ++i) y[i] += y[size_t(part) * size_t(c.m * c.n) + i];
+        y.resize(size_t(c.m * c.n));
+      }
+      std::vector<float> ref(size_t(c.m * c.n));
+      for (int64_t i = 0; i < c.m; ++i)
+        for (int64_t j = 0; j < c.n; ++j) {
+          double r = sums[size_t(i * c.n + j)] + (has_b ? bias[size_t(j)] : 0.0);
+          if (v.epi == Epilogue::BiasGelu) r = 0.5 * r * (1.0 + std::tanh(0.7978845608028654 * (r + 0.044715 * r * r * r)));
+          if (v.acc) r += y0[size_t(i * c.n + j)];
+          ref[size_t(i * c.n + j)] = float(r);
+        }
+      const double err = rel_err(y, ref), tol = bf ? 8e-3 : 2e-4;
+      std::printf("[ fp8 gemm ] %-60s max|d|/max|ref| = %.3g (tol %.1g)\n", what.c_str(), err, tol);
+      EXPECT_LT(err, tol) << what;
+      ++ran;
+    }
+  }
+  EXPECT_GT(ran, 0);
+  // Scales are required for FP8 and refused otherwise.
+  GemmDesc d{50, 1024, 1024, DType::F8_E4M3, DType::BF16, Epilogue::None, false};
+  DevBuf x(50 * 1024), w(1024 * 1024), y(50 * 1024 * 2), sc(1024 * 4);
+  EXPECT_EQ(runner->run(stream_, d, x.get(), w.get(), nullptr, y.get(), ws.get()).code(), StatusCode::InvalidArgument);
+  GemmDesc b16{50, 1024, 1024, DType::BF16, DType::BF16, Epilogue::None, false};
+  EXPECT_EQ(runner->run_scaled(stream_, b16, x.get(), sc.as<float>(), w.get(), sc.as<float>(), nullptr, y.get(), ws.get())
+                .code(),
+            StatusCode::InvalidArgument);
+  GemmDesc odd = d;
+  odd.k = 1000;  // no multiple of 16
+  EXPECT_EQ(runner->plan(odd).code(), StatusCode::Unsupported);
 }
 
 }  // namespace

@@ -250,11 +250,11 @@ TEST_F(SeamOps, LinearEightBitWeights) {
   unsetenv("VLAC_QUANT_EXACT");
 }
 
-// Planned arena bytes of `c` on the cuda backend (fast_vision as given).
-uint64_t cuda_arena_bytes(const OpCase& c, bool fast_vision) {
+// The memory plan of `c` on the cuda backend (fast_vision as given).
+MemoryPlan cuda_memory(const OpCase& c, bool fast_vision) {
   auto b = backend_registry().get("cuda", "seam op test");
   EXPECT_TRUE(b.is_ok());
-  if (!b.is_ok()) return 0;
+  if (!b.is_ok()) return {};
   WeightBinding wb;
   wb.refs = c.g.weights();
   wb.run_dtypes = c.run_dtypes;
@@ -262,13 +262,44 @@ uint64_t cuda_arena_bytes(const OpCase& c, bool fast_vision) {
   wb.files.push_back({c.file.data(), c.file.size(), "op case", nullptr});
   auto w = (*b)->runtime().bind_weights(wb);
   EXPECT_TRUE(w.is_ok()) << w.status().message();
-  if (!w.is_ok()) return 0;
+  if (!w.is_ok()) return {};
   ExecOptions o;
   o.label = "op case";
   o.fast_vision = fast_vision;
   auto ex = (*b)->runtime().plan(c.g, **w, o);
   EXPECT_TRUE(ex.is_ok()) << ex.status().message();
-  return ex.is_ok() ? (*ex)->memory().arena_bytes : 0;
+  return ex.is_ok() ? (*ex)->memory() : MemoryPlan{};
+}
+uint64_t cuda_arena_bytes(const OpCase& c, bool fast_vision) { return cuda_memory(c, fast_vision).arena_bytes; }
+
+// FP8 W8A8 (VLAC_FP8_GEMM=1): a Linear over an e4m3 weight quantizes its x per row (e4m3, one
+// scale a row) and runs cuBLASLt's FP8 GEMM on the weight's own codes. Against the CPU's
+// weight-only e4m3 (x kept in fp32) the difference is x's own rounding, ~2-3 % of max|y| on these
+// normal inputs; the scratch then holds x's codes, not a widened weight. Where the FP8 GEMM
+// cannot run (k no multiple of 16) the weight widens as before, within the widened tolerance.
+TEST_F(SeamOps, LinearFp8WeightsAndActivations) {
+  if (cuda::device_compute_capability() < 89) GTEST_SKIP() << "FP8 GEMMs need compute capability 8.9 or later";
+  struct S { int64_t m, k, n; bool bias, gelu; const char* what; };
+  for (S s : {S{50, 1024, 2560, false, false, "expert qkv 50x1024x2560"},
+              S{50, 4096, 1024, true, false, "expert down 50x4096x1024 (+bias)"},
+              S{968, 2048, 4096, false, false, "prefix 968x2048x4096"},
+              S{300, 1152, 1056, true, true, "siglip fc1+gelu 300x1152x1056"},
+              S{37, 112, 80, true, false, "odd 37x112x80"},
+              S{37, 104, 77, true, false, "k 104: widened instead"}}) {
+    OpCase c;
+    const ValueId x = c.input_f32("x", {s.m, s.k});
+    std::vector<ValueId> in{x, c.qweight("w", {s.n, s.k}, DType::F8_E4M3)};
+    if (s.bias) in.push_back(c.weight("b", {s.n}));
+    ValueId y = c.op(OpKind::Linear, in);
+    c.g.mark_output(s.gelu ? c.op(OpKind::GeluTanh, {y}) : y);
+    setenv("VLAC_FP8_GEMM", "1", 1);
+    const bool fp8 = s.k % 16 == 0;
+    check(std::string("linear fp8 w8a8 ") + s.what, c, fp8 ? 6e-2 : 8e-3);
+    const MemoryPlan mp = cuda_memory(c, false);
+    if (fp8) EXPECT_LT(mp.scratch_bytes, uint64_t(s.n * s.k)) << s.what << ": a widened weight in the scratch";
+    else EXPECT_GE(mp.scratch_bytes, uint64_t(s.n * s.k) * 2) << s.what << ": no widened weight in the scratch";
+    unsetenv("VLAC_FP8_GEMM");
+  }
 }
 
 // The fused gate|up GEMM read only by GeGLU (through its two slice views) writes bf16 itself

@@ -296,6 +296,17 @@ int device_sm_count() {
   return sms;
 }
 
+int device_compute_capability() {
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return major * 10 + minor;
+}
+
 Status cast(cudaStream_t stream, const void* x, DType xt, void* y, DType yt, int64_t n) {
   if (!is_act(xt) || !is_act(yt)) return bad_dtype("cast");
   VLAC_RETURN_IF_ERROR(check_n("cast", n));

@@ -547,6 +547,7 @@ Status CudaExecutable::plan(const CudaWeights& weights) {
   plan_k_parts();
   VLAC_RETURN_IF_ERROR(plan_quant_skinny());
   VLAC_RETURN_IF_ERROR(plan_expert_mlp());
+  VLAC_RETURN_IF_ERROR(plan_quant_fp8());
   // The scratch holds a bf16 copy of a bf16 Linear's x only where x is not stored in bf16 already
   // (the LM's down_proj reads GeGLU's bf16 output: no 32 MB copy), and an attention's copies only
   // of the q/k/v it must round itself, then its split partials.
@@ -582,6 +583,10 @@ Status CudaExecutable::plan(const CudaWeights& weights) {
   if (qsum_bytes_) {
     qsum_off_ = al(scratch_bytes_);
     scratch_bytes_ = qsum_off_ + qsum_bytes_;
+  }
+  if (qfp8_bytes_) {
+    qfp8_off_ = al(scratch_bytes_);
+    scratch_bytes_ = qfp8_off_ + qfp8_bytes_;
   }
 
   // Activations: one arena from liveness (exec/arena_plan), the CPU executor's plan, each block
@@ -1695,7 +1700,7 @@ void CudaExecutable::plan_dequant_groups() {
     if (!widened_linear(n)) continue;
     const ValueId r = root_[size_t(n.inputs[1])];
     const NodePlan& p = plans_[size_t(id)];
-    if (p.qskinny) continue;  // reads the codes: no scratch
+    if (p.qskinny || p.qfp8) continue;  // reads the codes: no scratch
     const CudaWeights::Entry* e = weight_entry_[size_t(r)];
     if (sliced(r) || readers[size_t(r)] != 1 || e->on_demand || memo_.node[size_t(id)]) {
       cur = -1;  // widens at its own GEMM, over the start of the region
@@ -1729,7 +1734,7 @@ void CudaExecutable::plan_quant_exact() {
     const Node& n = g.node(id);
     NodePlan& p = plans_[size_t(id)];
     p.qexact = 0;
-    if (!on || n.op != OpKind::Linear || p.qskinny || p.gemm.m <= 0 || !from_weight(n.inputs[1])) continue;
+    if (!on || n.op != OpKind::Linear || p.qskinny || p.qfp8 || p.gemm.m <= 0 || !from_weight(n.inputs[1])) continue;
     const ValueId r = root_[size_t(n.inputs[1])];
     if (!widened(r)) continue;
     const int64_t sn = sliced(r) ? slice_rows_[size_t(r)] : weight_entry_[size_t(r)]->shape[0];
@@ -1916,6 +1921,84 @@ Status CudaExecutable::run_quant_linear(NodeId id, const void* xin, const void* 
   return Status::ok();
 }
 
+// FP8 W8A8 (opt-in, VLAC_FP8_GEMM=1; docs/quantization.md): every Linear over an e4m3 weight whose
+// FP8 GEMM cuBLASLt can plan (sm_89 and later, k a multiple of 16, its epilogue) quantizes its x
+// per row into the scratch and runs on the weight's codes, with no widening; the rest widen as
+// before (a note names how many fell back). The widening scratch then only needs the weights some
+// widening GEMM still reads.
+Status CudaExecutable::plan_quant_fp8() {
+  qfp8_bytes_ = 0;
+  if (!env_on("VLAC_FP8_GEMM")) return Status::ok();
+  const ir::Graph& g = graph_;
+  int64_t planned = 0, fell_back = 0;
+  std::string why;
+  for (NodeId id : order_) {
+    const Node& n = g.node(id);
+    NodePlan& p = plans_[size_t(id)];
+    if (n.op != OpKind::Linear || n.inputs.size() < 2 || !from_weight(n.inputs[1]) || p.gemm.m <= 0 || p.skip ||
+        p.qskinny || p.mlp >= 0)
+      continue;
+    const ValueId r = root_[size_t(n.inputs[1])];
+    if (!widened(r) || weight_entry_[size_t(r)]->dtype != DType::F8_E4M3) continue;
+    GemmDesc fd = p.gemm;
+    fd.in = DType::F8_E4M3;
+    fd.ldx = 0;  // x's codes are contiguous
+    Status st = ctx_->gemm().plan(fd);
+    const bool gelu = fd.epilogue == Epilogue::Gelu || fd.epilogue == Epilogue::BiasGelu;
+    if (!st.is_ok() && gelu && (fd.ldy == 0 || fd.ldy == fd.n) && !fd.accumulate) {
+      // No FP8 GEMM with a GELU epilogue: the GEMM rounds y (as torch's bf16 Linear does before
+      // its GELU), then the GELU runs over y in place.
+      fd.epilogue = fd.epilogue == Epilogue::BiasGelu ? Epilogue::Bias : Epilogue::None;
+      st = ctx_->gemm().plan(fd);
+      p.qfp8_gelu = st.is_ok();
+    }
+    if (!st.is_ok()) {
+      ++fell_back;
+      if (why.empty()) why = st.message();
+      continue;
+    }
+    p.qfp8 = true;
+    ++planned;
+    qfp8_bytes_ = std::max(qfp8_bytes_, al(uint64_t(fd.m * fd.k)) + al(uint64_t(fd.m) * 4));
+  }
+  if (fell_back > 0)
+    std::fprintf(stderr, "vlac: note: engine '%s': %lld of %lld e4m3 GEMMs widen to bf16 instead of running in FP8 (%s)\n",
+                 options_.label.c_str(), static_cast<long long>(fell_back), static_cast<long long>(fell_back + planned),
+                 why.c_str());
+  if (planned == 0) return Status::ok();
+  dequant_bytes_ = 0;
+  for (NodeId id : order_) {
+    const Node& n = g.node(id);
+    if (n.op != OpKind::Linear || n.inputs.size() < 2 || !from_weight(n.inputs[1]) || plans_[size_t(id)].qfp8) continue;
+    const ValueId r = root_[size_t(n.inputs[1])];
+    if (!widened(r)) continue;
+    dequant_bytes_ = std::max(dequant_bytes_, al(uint64_t(slice_rows_[size_t(r)] * weight_entry_[size_t(r)]->shape[1]) * 2));
+  }
+  return Status::ok();
+}
+
+Status CudaExecutable::run_fp8_linear(NodeId id, const void* bias, void* out) {
+  const Node& n = graph_.node(id);
+  const NodePlan& p = plans_[size_t(id)];
+  const size_t r = size_t(root_[size_t(n.inputs[1])]);
+  const CudaWeights::Entry* e = weight_entry_[r];
+  GemmDesc fd = p.gemm;
+  fd.in = DType::F8_E4M3;
+  fd.ldx = 0;
+  if (p.qfp8_gelu) fd.epilogue = fd.epilogue == Epilogue::BiasGelu ? Epilogue::Bias : Epilogue::None;
+  if (e->shape[0] != fd.n || e->shape[1] != fd.k)
+    return internal_error(where(n) + ": FP8 GEMM planned with another shape than its weight");
+  cudaStream_t s = ctx_->stream();
+  uint8_t* codes = static_cast<uint8_t*>(scratch_at(qfp8_off_));
+  auto* scales = reinterpret_cast<float*>(codes + al(uint64_t(fd.m * fd.k)));
+  const DType xt = bf16_stored(n.inputs[0]) ? DType::BF16 : DType::F32;
+  VLAC_RETURN_IF_ERROR(
+      quantize_rows_e4m3(s, ptr(n.inputs[0]), xt, fd.m, fd.k, p.gemm.ldx ? p.gemm.ldx : fd.k, codes, scales));
+  VLAC_RETURN_IF_ERROR(ctx_->gemm().run_scaled(s, fd, codes, scales, quant_src_[r],
+                                               quant_row_scales(quant_src_[r], fd.n, fd.k), bias, out, ctx_->workspace()));
+  return p.qfp8_gelu ? gelu_tanh(s, out, fd.out, out, fd.out, fd.m * fd.n) : Status::ok();
+}
+
 Status CudaExecutable::fetch_on_demand(NodeId id) {
   const Node& n = graph_.node(id);
   int slot = 0;
@@ -1946,7 +2029,7 @@ Status CudaExecutable::run_node(NodeId id) {
   const DType od = !n.outputs.empty() && bf16_stored(n.outputs[0]) ? DType::BF16 : DType::F32;
   const ValueInfo& x = info(n.inputs.empty() ? n.outputs[0] : n.inputs[0]);
   if (p.skip) return Status::ok();  // folded into a later residual_norm_to (plan_residual_norms)
-  if (n.op == OpKind::Linear && !p.qskinny && n.inputs.size() > 1 && from_weight(n.inputs[1])) {
+  if (n.op == OpKind::Linear && !p.qskinny && !p.qfp8 && n.inputs.size() > 1 && from_weight(n.inputs[1])) {
     const size_t r = size_t(root_[size_t(n.inputs[1])]);
     if (dequant_group_at_[size_t(id)] >= 0) {  // this GEMM's weight and the next ones' (plan_dequant_groups)
       DequantJob jobs[kMaxDequantJobs];
@@ -1990,6 +2073,7 @@ Status CudaExecutable::run_node(NodeId id) {
       return Status::ok();
     case OpKind::Linear: {
       if (p.gemm.m == 0) return Status::ok();
+      if (p.qfp8) return run_fp8_linear(id, p.bias_bf16 ? p.bias_bf16 : n.inputs.size() == 3 ? ptr(n.inputs[2]) : nullptr, out);
       const void* xin = ptr(n.inputs[0]);
       if (p.bf16 && !bf16_stored(n.inputs[0])) {
         VLAC_RETURN_IF_ERROR(cast(s, xin, DType::F32, scratch_at(p.cast_off), DType::BF16, x.numel()));

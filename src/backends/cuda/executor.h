@@ -168,6 +168,8 @@ class CudaExecutable final : public Executable {
     int mlp = -1;                // >= 0: this gate|up Linear runs the whole MLP (mlps_[mlp], plan_expert_mlp)
     int qskinny = 0;             // > 0: an 8-bit weight's GEMM in the skinny kernel, this many splits (plan_quant_skinny)
     int64_t qexact = 0;          // > 0: an 8-bit weight's GEMM on unscaled codes, its sums scaled after, this many x rows at once (run_quant_linear)
+    bool qfp8 = false;           // an e4m3 weight's GEMM in FP8: x quantized per row, cuBLASLt's FP8 GEMM (plan_quant_fp8)
+    bool qfp8_gelu = false;      // ... whose planned GELU epilogue runs after it (no FP8 GEMM offers it)
     void* bias_bf16 = nullptr;   // a Linear's bias rounded to bf16 for its bf16-output GEMM (own_blocks_)
     // A Concat over stable inputs (ExecOptions::stable_inputs): its output lives in a buffer of
     // its own, and the pieces flagged here are written only when those inputs changed.
@@ -220,6 +222,12 @@ class CudaExecutable final : public Executable {
   // scale_columns applying the row scales and the GEMM's epilogue with one rounding (quant.cu).
   // Otherwise the weight is widened to bf16(code · scale).
   uint64_t qsum_off_ = 0, qsum_bytes_ = 0;
+  // FP8 W8A8 GEMMs (NodePlan::qfp8, opt-in VLAC_FP8_GEMM=1): x's e4m3 codes and row scales in the
+  // scratch at qfp8_off_ (quantize_rows_e4m3), then cuBLASLt's FP8 GEMM on the weight's own codes
+  // and row scales: nothing widened.
+  uint64_t qfp8_off_ = 0, qfp8_bytes_ = 0;
+  Status plan_quant_fp8();
+  Status run_fp8_linear(ir::NodeId id, const void* bias, void* out);
   // VLAC_PROFILE_OPS (op_profile.h): events between the nodes of eager runs after the first.
   std::unique_ptr<NodeTimer> timer_;
   int64_t eager_runs_ = 0;

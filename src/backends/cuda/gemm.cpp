@@ -37,7 +37,9 @@ Status lt_error(const std::string& what, cublasStatus_t s) {
     if (vlac_lt_ != CUBLAS_STATUS_SUCCESS) return lt_error(what, vlac_lt_); \
   } while (0)
 
-cudaDataType_t cuda_type(DType t) { return t == DType::F32 ? CUDA_R_32F : CUDA_R_16BF; }
+cudaDataType_t cuda_type(DType t) {
+  return t == DType::F32 ? CUDA_R_32F : t == DType::F8_E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
+}
 
 std::string shape_name(const GemmDesc& d) {
   return std::to_string(d.m) + "x" + std::to_string(d.k) + "x" + std::to_string(d.n) + " " + dtype_name(d.in) +
@@ -335,9 +337,16 @@ void GemmRunner::Impl::tune(cudaStream_t stream, const GemmDesc& d, Plan& p, con
 Status GemmRunner::Impl::make(const GemmDesc& d, Plan& p) {
   const std::string name = shape_name(d);
   if (d.m <= 0 || d.n <= 0 || d.k <= 0) return invalid_argument("gemm " + name + ": sizes must be positive");
-  if ((d.in != DType::BF16 && d.in != DType::F32) || (d.out != DType::BF16 && d.out != DType::F32))
-    return unsupported("gemm " + name + ": inputs and output must be BF16 or F32");
+  if ((d.in != DType::BF16 && d.in != DType::F32 && d.in != DType::F8_E4M3) ||
+      (d.out != DType::BF16 && d.out != DType::F32))
+    return unsupported("gemm " + name + ": inputs must be BF16, F32 or F8_E4M3, the output BF16 or F32");
   if (d.in == DType::F32 && d.out != DType::F32) return unsupported("gemm " + name + ": F32 inputs need an F32 output");
+  const bool fp8 = d.in == DType::F8_E4M3;
+  // FP8 rows must be 16-byte multiples (cuBLASLt's FP8 leading dimensions); sm_89 and later.
+  if (fp8 && (d.k % (16 * std::max(1, d.k_parts)) != 0 || (d.ldx != 0 && d.ldx % 16 != 0)))
+    return unsupported("gemm " + name + ": FP8 needs k and x's row stride multiples of 16");
+  if (fp8 && device_compute_capability() < 89)
+    return unsupported("gemm " + name + ": FP8 GEMMs need compute capability 8.9 or later");
   const cublasComputeType_t ct = d.tf32 && d.in == DType::F32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   VLAC_LT(cublasLtMatmulDescCreate(&p.op, ct, CUDA_R_32F), "descriptor " + name);
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
@@ -351,6 +360,15 @@ Status GemmRunner::Impl::make(const GemmDesc& d, Plan& p) {
     case Epilogue::BiasGelu: epi = CUBLASLT_EPILOGUE_GELU_BIAS; break;
   }
   VLAC_LT(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)), "epilogue " + name);
+  if (fp8) {  // one fp32 scale per row of W (cuBLASLt's A: our n) and of x (its B: our m)
+    const int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+    VLAC_LT(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof(mode)), "W scales " + name);
+    VLAC_LT(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof(mode)), "x scales " + name);
+    if (has_bias(d.epilogue)) {  // the bias has y's dtype (as everywhere here), said explicitly for FP8
+      const int32_t bt = cuda_type(d.out);
+      VLAC_LT(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)), "bias type " + name);
+    }
+  }
   const cudaDataType_t ti = cuda_type(d.in), to = cuda_type(d.out);
   if (d.k_parts > 1 && (d.epilogue != Epilogue::None || d.out != DType::F32 || d.accumulate || d.k % (8 * d.k_parts) != 0))
     return invalid_argument("gemm " + name + ": K parts need an F32 output, no epilogue and k a multiple of 8 per part");
@@ -466,15 +484,30 @@ Status GemmRunner::plan(const GemmDesc& d) {
 
 Status GemmRunner::run(cudaStream_t stream, const GemmDesc& d, const void* x, const void* w, const void* bias, void* y,
                        void* workspace) {
+  if (d.in == DType::F8_E4M3)
+    return invalid_argument("gemm " + shape_name(d) + ": FP8 GEMMs need their scales (run_scaled)");
+  return run_scaled(stream, d, x, nullptr, w, nullptr, bias, y, workspace);
+}
+
+Status GemmRunner::run_scaled(cudaStream_t stream, const GemmDesc& d, const void* x, const float* x_scales,
+                              const void* w, const float* w_scales, const void* bias, void* y, void* workspace) {
   VLAC_RETURN_IF_ERROR(plan(d));
   const std::string name = "gemm " + shape_name(d);
+  const bool fp8 = d.in == DType::F8_E4M3;
   if (has_bias(d.epilogue) != (bias != nullptr))
     return invalid_argument(name + ": a bias is given iff the epilogue adds one");
-  for (const void* ptr : {x, w, static_cast<const void*>(y), bias})
+  if (fp8 != (x_scales != nullptr) || fp8 != (w_scales != nullptr))
+    return invalid_argument(name + ": scales are given iff the inputs are FP8");
+  for (const void* ptr : {x, w, static_cast<const void*>(y), bias, static_cast<const void*>(x_scales),
+                          static_cast<const void*>(w_scales)})
     if ((reinterpret_cast<uintptr_t>(ptr) & 15u) != 0) return invalid_argument(name + ": pointers must be 16-byte aligned");
   if (impl_->workspace > 0 && workspace == nullptr) return invalid_argument(name + ": no workspace given");
   Plan& p = impl_->plans.at(d.key());
   if (bias) VLAC_LT(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)), name);
+  if (fp8) {  // set before the timing below too: it runs this descriptor
+    VLAC_LT(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &w_scales, sizeof(w_scales)), name);
+    VLAC_LT(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &x_scales, sizeof(x_scales)), name);
+  }
   if (!p.tuned) {
     cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing(stream, &cs) != cudaSuccess) (void)cudaGetLastError();

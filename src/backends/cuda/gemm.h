@@ -22,7 +22,8 @@ enum class Epilogue : uint8_t { None, Bias, Gelu, BiasGelu };
 
 struct GemmDesc {
   int64_t m = 0, n = 0, k = 0;
-  DType in = DType::BF16;   // x and W: BF16 (fp32 accumulate) or F32 (fp32 math, TF32 off)
+  DType in = DType::BF16;   // x and W: BF16 (fp32 accumulate), F32 (fp32 math, TF32 off), or
+                            // F8_E4M3 codes with one fp32 scale per row of each (run_scaled)
   DType out = DType::BF16;  // y: BF16 or F32; the bias has this dtype too (torch's Linear in bf16)
   Epilogue epilogue = Epilogue::None;
   bool accumulate = false;  // y = y + x·Wᵀ...: a residual add fused into the GEMM (beta = 1)
@@ -58,6 +59,11 @@ class GemmRunner {
   /// workspace at least workspace_bytes() (may be null when that is 0).
   Status run(cudaStream_t stream, const GemmDesc& d, const void* x, const void* w, const void* bias, void* y,
              void* workspace);
+  /// The FP8 GEMM (d.in = F8_E4M3, sm_89 and later): x and w e4m3 codes, x_scales one fp32 per
+  /// row of x (d.m), w_scales one per row of W (d.n), 16-byte aligned like every pointer.
+  /// plan() of such a desc fails (Unsupported) where cuBLASLt has no algorithm for it.
+  Status run_scaled(cudaStream_t stream, const GemmDesc& d, const void* x, const float* x_scales, const void* w,
+                    const float* w_scales, const void* bias, void* y, void* workspace);
   uint64_t workspace_bytes() const;
   /// Shapes whose cuBLASLt candidates were timed at their first run, and those where another
   /// candidate than the heuristic's first won (VLAC_GEMM_TUNE=0: none).

@@ -30,6 +30,8 @@ constexpr float kMaskValue = -2.3819763e38f;
 Status device_status();
 /// Multiprocessors of the current device (attention_splits wants it); 0 when there is no device.
 int device_sm_count();
+/// The current device's compute capability as 10·major + minor (90 for sm_90); 0 without one.
+int device_compute_capability();
 
 // ---------------------------------------------------------------------------------------------
 // Casts and small elementwise ops (n elements; in place allowed where the dtypes agree)
@@ -60,6 +62,12 @@ Status dequant_bf16_many(cudaStream_t stream, const DequantJob* jobs, int count)
 /// itself (in place, same strides). scale = the blob's per-row scales of the slice's rows.
 Status scale_columns(cudaStream_t stream, const float* t, int64_t ldt, int64_t m, int64_t n, const float* scale,
                      const void* bias, bool gelu, bool accumulate, void* y, DType yt, int64_t ldy);
+/// FP8 W8A8's activations: each row i < m of x (F32 or BF16, row stride ldx elements) as e4m3
+/// codes (codes[i·k + c], nearest even, saturating) times scales[i] = max|row| / 448: codes =
+/// e4m3(x · (448 / max|row|)), as f32_to_f8e4m3 on the host. A zero row: zero codes and scale 0;
+/// a row holding NaN: scale NaN. One block a row.
+Status quantize_rows_e4m3(cudaStream_t stream, const void* x, DType xt, int64_t m, int64_t k, int64_t ldx, void* codes,
+                          float* scales);
 /// The per-row scales of an 8-bit blob of [n, k] (core/quant.h: after the codes).
 const float* quant_row_scales(const void* blob, int64_t n, int64_t k);
 /// The same over rows: y[r·y_stride + c] = x[r·x_stride + c] for r < rows, c < cols (a column

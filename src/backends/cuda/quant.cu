@@ -9,6 +9,10 @@
 // error no lower than what another cuBLASLt algorithm choice moves it (docs/quantization.md).
 // cuBLASLt 13.0 on the H200 has no bf16 GEMM with a per-row alpha vector
 // (CUBLASLT_POINTER_MODE_ALPHA_DEVICE_VECTOR_*, tried in session 14), hence the extra pass.
+// FP8 W8A8 (opt-in, VLAC_FP8_GEMM=1): quantize_rows_e4m3 turns a GEMM's x into e4m3 codes with
+// one fp32 scale per row, and cuBLASLt's FP8 GEMM applies both scale vectors (gemm.h): no widening.
+#include <cuda_fp8.h>
+
 #include <type_traits>
 
 #include "backends/cuda/common.cuh"
@@ -115,7 +119,88 @@ __global__ void dequant16_many_kernel(ManyArgs a) {
   }
 }
 
+// One block per row of x: the row's absolute maximum, then its codes e4m3(x · 448 / amax) and
+// scale amax / 448 (a zero row: zero codes, scale 0). The arithmetic of the host reference
+// (quantize_row_e4m3_reference in the tests): the same float operations in the same order.
+constexpr int kQuantRowThreads = 256;
+
+__device__ __forceinline__ uint8_t to_e4m3(float v) {
+  return uint8_t(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
+}
+
+template <typename Tx, bool kVec>
+__global__ void quantize_rows_e4m3_kernel(const Tx* x, int64_t ldx, int64_t k, uint8_t* codes, float* scales) {
+  pdl_wait();
+  const Tx* row = x + int64_t(blockIdx.x) * ldx;
+  uint8_t* out = codes + int64_t(blockIdx.x) * k;
+  // fmaxf drops NaN: a row holding one is noted apart, so it does not quantize as if finite.
+  float amax = 0.0f;
+  bool nan = false;
+  auto see = [&](float v) {
+    amax = fmaxf(amax, fabsf(v));
+    nan = nan || isnan(v);
+  };
+  if constexpr (kVec) {  // 8 bf16 (16 bytes) a load, 8 codes (8 bytes) a store
+    for (int64_t c = threadIdx.x; c < k / 8; c += blockDim.x) {
+      const uint4 v = reinterpret_cast<const uint4*>(row)[c];
+      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) see(bf2f(uint16_t(w[i]))), see(bf2f(uint16_t(w[i] >> 16)));
+    }
+  } else {
+    for (int64_t c = threadIdx.x; c < k; c += blockDim.x) see(ld(row, c));
+  }
+  __shared__ float red[kQuantRowThreads / 32];
+  __shared__ int any_nan;
+  if (threadIdx.x == 0) any_nan = 0;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  __syncthreads();
+  if (nan) atomicOr(&any_nan, 1);
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x / 32] = amax;
+  __syncthreads();
+  amax = red[0];
+  for (int i = 1; i < int(blockDim.x / 32); ++i) amax = fmaxf(amax, red[i]);
+  if (any_nan) amax = __int_as_float(0x7FC00000);
+  const float inv = amax > 0.0f ? 448.0f / amax : 0.0f;
+  if (threadIdx.x == 0) scales[blockIdx.x] = amax / 448.0f;
+  if constexpr (kVec) {
+    for (int64_t c = threadIdx.x; c < k / 8; c += blockDim.x) {
+      const uint4 v = reinterpret_cast<const uint4*>(row)[c];
+      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+      uint32_t o[2] = {0, 0};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const uint32_t lo = to_e4m3(bf2f(uint16_t(w[i])) * inv), hi = to_e4m3(bf2f(uint16_t(w[i] >> 16)) * inv);
+        o[i / 2] |= (lo | (hi << 8)) << (16 * (i % 2));
+      }
+      reinterpret_cast<uint2*>(out)[c] = make_uint2(o[0], o[1]);
+    }
+  } else {
+    for (int64_t c = threadIdx.x; c < k; c += blockDim.x) out[c] = to_e4m3(ld(row, c) * inv);
+  }
+}
+
 }  // namespace
+
+Status quantize_rows_e4m3(cudaStream_t stream, const void* x, DType xt, int64_t m, int64_t k, int64_t ldx, void* codes,
+                          float* scales) {
+  if (!is_act(xt)) return bad_dtype("quantize_rows_e4m3");
+  if (m < 0 || k <= 0 || ldx < k) return invalid_argument("quantize_rows_e4m3: bad shape or row stride");
+  if (m == 0) return Status::ok();
+  if (m > 0x7FFFFFFF) return invalid_argument("quantize_rows_e4m3: too many rows");
+  auto* c = static_cast<uint8_t*>(codes);
+  if (xt == DType::BF16) {
+    const bool vec = k % 8 == 0 && ldx % 8 == 0 &&
+                     ((reinterpret_cast<uintptr_t>(x) & 15u) | (reinterpret_cast<uintptr_t>(codes) & 7u)) == 0;
+    launch(vec ? quantize_rows_e4m3_kernel<uint16_t, true> : quantize_rows_e4m3_kernel<uint16_t, false>, dim3(unsigned(m)),
+           kQuantRowThreads, 0, stream, static_cast<const uint16_t*>(x), ldx, k, c, scales);
+  } else {
+    launch(quantize_rows_e4m3_kernel<float, false>, dim3(unsigned(m)), kQuantRowThreads, 0, stream,
+           static_cast<const float*>(x), ldx, k, c, scales);
+  }
+  return launch_status("quantize_rows_e4m3");
+}
 
 Status dequant_bf16(cudaStream_t stream, const void* blob, DType dt, int64_t n, int64_t k, int64_t row0, int64_t rows,
                     void* out, bool scaled) {
