@@ -4,9 +4,11 @@
 // back-to-back calls), and per-chunk sums (count × median). GEMM weights rotate through a 1 GiB
 // pool of random bf16 so that a weight is not in L2 from the previous call (as in a real chunk);
 // inputs are random, never zeros. The expert's 180 attention calls are also timed as one CUDA
-// graph replay, the number to hold against PyTorch SDPA's 5.2 ms (issue 13).
+// graph replay, the number to hold against PyTorch SDPA's 5.2 ms (issue 13). On sm_89 and later
+// each GEMM is also timed as FP8 W8A8 (issue 14, VLAC_FP8_GEMM's path): cuBLASLt's FP8 GEMM on
+// e4m3 weights from a pool of random codes, alone and after quantize_rows_e4m3 of its x, in graphs.
 //
-// Usage: cuda_bench [--reps N] [--inner N] [--out FILE] [--attention-only] [--case SUBSTR]
+// Usage: cuda_bench [--reps N] [--inner N] [--out FILE] [--attention-only | --gemms-only] [--case SUBSTR]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -98,7 +100,7 @@ Stat time_op(cudaStream_t st, int reps, int inner, F&& fn) {
 
 int main(int argc, char** argv) {
   int reps = 30, inner = 10;
-  bool attention_only = false;
+  bool attention_only = false, gemms_only = false;
   std::string only_case;  // --case SUBSTR: only the attention cases whose name contains it
   std::string out_path;
   for (int i = 1; i < argc; ++i) {
@@ -107,9 +109,11 @@ int main(int argc, char** argv) {
     else if (a == "--inner" && i + 1 < argc) inner = std::max(1, std::atoi(argv[++i]));
     else if (a == "--out" && i + 1 < argc) out_path = argv[++i];
     else if (a == "--attention-only") attention_only = true;
+    else if (a == "--gemms-only") gemms_only = true;
     else if (a == "--case" && i + 1 < argc) only_case = argv[++i], attention_only = true;
     else {
-      std::fprintf(stderr, "usage: cuda_bench [--reps N] [--inner N] [--out FILE] [--attention-only] [--case SUBSTR]\n");
+      std::fprintf(stderr, "usage: cuda_bench [--reps N] [--inner N] [--out FILE] [--attention-only | --gemms-only] "
+                           "[--case SUBSTR]\n");
       return 2;
     }
   }
@@ -143,6 +147,7 @@ int main(int argc, char** argv) {
   double attn_chunk_ms = 0, attn_graph_chunk_ms = 0;
   nlohmann::json ja = nlohmann::json::array();
   for (const auto& c : attn) {
+    if (gemms_only) break;
     if (!only_case.empty() && std::string(c.name).find(only_case) == std::string::npos) continue;
     AttentionShape a;
     a.t = c.t, a.h = c.h, a.hk = c.hk, a.s = c.s, a.dh = a.dv = c.d;
@@ -275,6 +280,42 @@ int main(int argc, char** argv) {
   fill_bf16(bias, 65536, 6, 0.1f);
   double gemm_chunk_ms = 0, gemm_graph_chunk_ms = 0, gemm_flop = 0;
   nlohmann::json jg = nlohmann::json::array();
+  // Median of one call of fn(0..9) captured as one graph of 10 calls.
+  auto in_graph_ms = [&](auto&& fn) {
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < 10; ++i) fn(i);
+    CK(cudaStreamEndCapture(st, &g));
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    const Stat gs = time_op(st, reps, 1, [&](int) { CK(cudaGraphLaunch(ge, st)); });
+    CK(cudaGraphExecDestroy(ge));
+    CK(cudaGraphDestroy(g));
+    return gs.median_ms / 10;
+  };
+  // FP8 W8A8 (sm_89+): a pool of random e4m3 codes (no NaN code), one scale per weight row, and
+  // x's codes and row scales as quantize_rows_e4m3 writes them.
+  const bool fp8 = device_compute_capability() >= 89;
+  const size_t pool8_bytes = pool_bytes / 2;
+  void *pool8 = nullptr, *xcodes = nullptr;
+  float *wscales = nullptr, *xscales = nullptr;
+  double fp8_graph_chunk_ms = 0, fp8q_graph_chunk_ms = 0;
+  if (fp8) {
+    pool8 = dalloc(pool8_bytes);
+    std::vector<uint8_t> h(pool8_bytes);
+    uint32_t r = 12345;
+    for (auto& v : h) {
+      r = r * 1664525u + 1013904223u;
+      v = uint8_t(r >> 24);
+      if ((v & 0x7Fu) == 0x7Fu) v ^= 1u;
+    }
+    CK(cudaMemcpy(pool8, h.data(), h.size(), cudaMemcpyHostToDevice));
+    std::vector<float> sc(65536, 0.03f / 448.0f);
+    wscales = static_cast<float*>(dalloc(sc.size() * 4));
+    CK(cudaMemcpy(wscales, sc.data(), sc.size() * 4, cudaMemcpyHostToDevice));
+    xcodes = dalloc(size_t(968) * 32768);
+    xscales = static_cast<float*>(dalloc(968 * 4));
+  }
   for (const auto& c : gemms) {
     GemmDesc d{c.m, c.n, c.k, DType::BF16, DType::BF16, c.epi, c.accumulate};
     const size_t wbytes = (size_t(c.n * c.k) * 2 + 255) / 256 * 256;
@@ -303,13 +344,60 @@ int main(int argc, char** argv) {
     gemm_chunk_ms += s.median_ms * c.per_chunk;
     gemm_graph_chunk_ms += graph_ms * c.per_chunk;
     gemm_flop += flop * c.per_chunk;
-    jg.push_back({{"name", c.name}, {"m", c.m}, {"k", c.k}, {"n", c.n}, {"median_ms", s.median_ms},
-                  {"min_ms", s.min_ms}, {"tflops", flop / (s.median_ms * 1e-3) / 1e12}, {"per_chunk", c.per_chunk},
-                  {"chunk_ms", s.median_ms * c.per_chunk}, {"graph_median_ms", graph_ms},
-                  {"graph_tflops", flop / (graph_ms * 1e-3) / 1e12}});
+    nlohmann::json jc = {{"name", c.name}, {"m", c.m}, {"k", c.k}, {"n", c.n}, {"median_ms", s.median_ms},
+                         {"min_ms", s.min_ms}, {"tflops", flop / (s.median_ms * 1e-3) / 1e12}, {"per_chunk", c.per_chunk},
+                         {"chunk_ms", s.median_ms * c.per_chunk}, {"graph_median_ms", graph_ms},
+                         {"graph_tflops", flop / (graph_ms * 1e-3) / 1e12}};
     std::printf("gemm %-34s %4lldx%5lldx%5lld  median %.4f ms  min %.4f ms  %.0f TFLOP/s  in a graph %.4f ms  x%d\n",
                 c.name, (long long)c.m, (long long)c.k, (long long)c.n, s.median_ms, s.min_ms,
                 flop / (s.median_ms * 1e-3) / 1e12, graph_ms, c.per_chunk);
+    if (fp8) {
+      GemmDesc f = d;
+      f.in = DType::F8_E4M3;
+      Status ps = runner->plan(f);
+      bool gelu_after = false;  // as the executor: no FP8 GELU epilogue, the GELU after the GEMM
+      if (!ps.is_ok() && c.epi == Epilogue::BiasGelu) {
+        f.epilogue = Epilogue::Bias;
+        ps = runner->plan(f);
+        gelu_after = ps.is_ok();
+      }
+      if (!ps.is_ok()) {
+        std::printf("  fp8: not offered: %s\n", ps.message().c_str());
+        jc["fp8_not_offered"] = ps.message();
+        // The widening path's cost is the bf16 GEMM's plus the widening: counted as bf16 here.
+        fp8_graph_chunk_ms += graph_ms * c.per_chunk;
+        fp8q_graph_chunk_ms += graph_ms * c.per_chunk;
+      } else {
+        const size_t w8 = (size_t(c.n * c.k) + 255) / 256 * 256;
+        const size_t slots8 = std::max<size_t>(1, pool8_bytes / w8);
+        auto gemm8 = [&](int i) {
+          const void* w = static_cast<const uint8_t*>(pool8) + (size_t(i) % slots8) * w8;
+          SK(runner->run_scaled(st, f, xcodes, xscales, w, wscales, has_b ? bias : nullptr, y, ws));
+          if (gelu_after) SK(gelu_tanh(st, y, DType::BF16, y, DType::BF16, c.m * c.n));
+        };
+        auto quant = [&] { SK(quantize_rows_e4m3(st, x, DType::BF16, c.m, c.k, c.k, xcodes, xscales)); };
+        quant();
+        for (int i = 0; i < 3; ++i) gemm8(i);  // plans and timing outside the capture
+        CK(cudaStreamSynchronize(st));
+        const double g8 = in_graph_ms(gemm8);
+        const double gq = in_graph_ms([&](int i) { quant(), gemm8(i); });
+        fp8_graph_chunk_ms += g8 * c.per_chunk;
+        fp8q_graph_chunk_ms += gq * c.per_chunk;
+        jc["fp8_graph_median_ms"] = g8;
+        jc["fp8_with_quantize_graph_median_ms"] = gq;
+        jc["fp8_graph_tflops"] = flop / (g8 * 1e-3) / 1e12;
+        jc["fp8_gelu_after"] = gelu_after;
+        std::printf("  fp8: in a graph %.4f ms (%.0f TFLOP/s), with x's quantization %.4f ms%s\n", g8,
+                    flop / (g8 * 1e-3) / 1e12, gq, gelu_after ? " (GELU after)" : "");
+      }
+    }
+    jg.push_back(jc);
+  }
+  if (fp8) {
+    j["fp8_gemm_chunk_ms_in_graphs"] = fp8_graph_chunk_ms;
+    j["fp8_with_quantize_chunk_ms_in_graphs"] = fp8q_graph_chunk_ms;
+    std::printf("per chunk in graphs: bf16 GEMMs %.3f ms, FP8 %.3f ms, FP8 with x's quantization %.3f ms\n",
+                gemm_graph_chunk_ms, fp8_graph_chunk_ms, fp8q_graph_chunk_ms);
   }
   j["gemms"] = jg;
   j["gemm_chunk_ms_sum_of_medians"] = gemm_chunk_ms;
@@ -328,6 +416,12 @@ int main(int argc, char** argv) {
   }
   CK(cudaFree(ws));
   CK(cudaFree(pool));
+  if (pool8) {
+    CK(cudaFree(pool8));
+    CK(cudaFree(xcodes));
+    CK(cudaFree(wscales));
+    CK(cudaFree(xscales));
+  }
   CK(cudaFree(x));
   CK(cudaFree(y));
   CK(cudaFree(bias));
