@@ -770,3 +770,70 @@ TEST_F(CudaChain, EightBitPackagesAgreeWithTheCpuAndLerobot) {
       fs::remove_all(tmp);
     }
 }
+
+// An fp8 package as W8A8 on FP8 tensor cores (VLAC_FP8_GEMM=1, sm_89+): recorded chunks equal the
+// eager run; x's codes written by the fused residual norms (the default) give the same actions,
+// bit for bit, as quantizing in each GEMM's launch (VLAC_FP8_NORM_CODES=0); and the actions stay
+// near the CPU's weight-only e4m3 package and lerobot fp32 (x's own e4m3 rounding on top: loose
+// bounds, the measured distances printed). The tiny models' K of 40 and 160 are no multiple of
+// 16 in places: those GEMMs widen as before.
+TEST_F(CudaChain, Fp8PackageRunsAsW8A8) {
+  if (cuda::device_compute_capability() < 89) GTEST_SKIP() << "FP8 GEMMs need compute capability 8.9 or later";
+  for (const char* fx : {"tiny_a", "tiny_b"}) {
+    const std::string dir = kFixtures + "/" + fx;
+    std::string tmpl = (fs::temp_directory_path() / "vlac-fp8-XXXXXX").string();
+    const fs::path tmp = mkdtemp(tmpl.data());
+    auto folder_pol = Pi05Policy::load(dir + "/policy", {});
+    ASSERT_TRUE(folder_pol.is_ok());
+    auto obs = read_pi05_observation(dir + "/obs.safetensors", folder_pol->model());
+    auto noise = read_pi05_noise(dir + "/noise.safetensors", folder_pol->model());
+    ASSERT_TRUE(obs.is_ok() && noise.is_ok());
+    std::vector<float> cpu, fused, apart;
+    for (int b = 0; b < 2; ++b) {
+      Pi05CompileOptions co;
+      co.out = (tmp / (std::string(b ? "cuda" : "cpu") + ".vlac")).string();
+      co.backend = b ? "cuda" : "cpu";
+      co.bf16 = true;
+      co.bf16_all_matrices = true;
+      co.weight_quant = DType::F8_E4M3;
+      co.engine_cap = 64 << 10;
+      auto sum = compile_pi05(dir + "/policy", co);
+      ASSERT_TRUE(sum.is_ok()) << fx << ": " << sum.status().message();
+      for (const char* norm_codes : {"1", "0"}) {
+        if (!b && norm_codes[0] == '0') continue;
+        if (b) setenv("VLAC_FP8_GEMM", "1", 1);
+        setenv("VLAC_FP8_NORM_CODES", norm_codes, 1);
+        Pi05PackageOptions po;
+        po.backend = b ? "cuda" : "cpu";
+        auto pkg = Pi05PackagePolicy::open(co.out, po);
+        ASSERT_TRUE(pkg.is_ok()) << fx << ": " << pkg.status().message();
+        std::vector<float> c(noise->size()), first;
+        for (int i = 0; i < 3; ++i) {
+          const Status st = pkg->run_chunk(*obs, noise->data(), c.data());
+          ASSERT_TRUE(st.is_ok()) << fx << ": " << st.message();
+          if (i == 0) first = c;
+          else EXPECT_EQ(max_abs_diff(c, first), 0.0) << fx << " chunk " << i;
+        }
+        (!b ? cpu : norm_codes[0] == '1' ? fused : apart) = first;
+        unsetenv("VLAC_FP8_GEMM");
+        unsetenv("VLAC_FP8_NORM_CODES");
+      }
+    }
+    EXPECT_EQ(max_abs_diff(fused, apart), 0.0) << fx << ": codes from the norms against codes in the GEMMs' launches";
+    const std::vector<float> want = read_f32(dir + "/expected.safetensors", "action_normalized");
+    const size_t width = size_t(folder_pol->model().dims().max_action_dim), rows = want.size() / width;
+    double cos = 0;
+    for (size_t r = 0; r < rows; ++r) {
+      double ab = 0, aa = 0, bb = 0;
+      for (size_t j = r * width; j < (r + 1) * width; ++j)
+        ab += double(fused[j]) * want[j], aa += double(fused[j]) * fused[j], bb += double(want[j]) * want[j];
+      cos += ab / std::sqrt(aa * bb) / double(rows);
+    }
+    const double gpu_cpu = max_abs_diff(fused, cpu), gpu_lr = max_abs_diff(fused, want);
+    std::printf("[ cuda     ] %s fp8 package as W8A8: cuda vs cpu (weight-only) %.3g, vs lerobot fp32 %.3g, mean cosine %.6f\n",
+                fx, gpu_cpu, gpu_lr, cos);
+    EXPECT_LE(gpu_cpu, 0.3) << fx;
+    EXPECT_GE(cos, 0.995) << fx;
+    fs::remove_all(tmp);
+  }
+}

@@ -7,6 +7,7 @@
 //     next to a rounding boundary may round the other way (one bf16 ulp, 2^-8 relative).
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <numeric>
 
 #include "backends/cpu/kernels.h"
@@ -182,6 +183,62 @@ TEST_F(CudaKernels, ResidualNormOffTheVectorAlignmentMatchesCpu) {
     y.erase(y.begin());
     EXPECT_LT(rel_err(y, ref), kTolBf16) << dtype_name(ht);
   }
+}
+
+// NormArgs::codes (FP8 W8A8's x straight from the norm): the same codes and row scales, bit for
+// bit, as the norm's output in its dtype followed by quantize_rows_e4m3, and the same residual
+// stream h; each norm kind, bf16 and f32 outputs, K parts and a gate, one and two runs a thread.
+// Where the 4-column kernel cannot run (d no multiple of 4) codes are refused, not approximated.
+TEST_F(CudaKernels, ResidualNormWritesTheFp8GemmsCodes) {
+  struct C { int64_t rows, d; int parts; };
+  uint32_t seed = 700;
+  for (C c : {C{50, 1024, 1}, C{7, 2048, 2}, C{5, 6144, 1}, C{3, 1152, 1}})
+    for (DType yt : {DType::BF16, DType::F32})
+      for (NormKind kind : {NormKind::Rms, NormKind::AdaRms, NormKind::Layer}) {
+        const size_t n = size_t(c.rows * c.d);
+        auto h = bf16_values(randn(n, ++seed, 2.0f)), br = randn(n * size_t(c.parts), ++seed);
+        if (c.rows > 3) h[size_t(c.d)] = 300.0f;  // row 1: one large value
+        const auto w = randn(size_t(c.d), ++seed, 0.5f), b = randn(size_t(c.d), ++seed, 0.5f);
+        const auto mod = randn(size_t(3 * c.d), ++seed, 0.5f), g = randn(size_t(c.d), ++seed);
+        auto dw = to_device(w), db = to_device(b), dmod = to_device(mod), dg = to_device(g), dbr = to_device(br);
+        NormArgs na;
+        na.kind = kind;
+        na.w = dw->as<float>(), na.b = db->as<float>(), na.mod = dmod->as<float>();
+        // Two kernels: the norm's output, then quantize_rows_e4m3.
+        auto dh1 = to_device(to_bf16(h)), dh2 = to_device(to_bf16(h));
+        DevBuf dy(n * 4), codes1(n), scales1(size_t(c.rows) * 4), codes2(n), scales2(size_t(c.rows) * 4);
+        codes2.poison();
+        scales2.poison();
+        VLAC_CUDA_OK(residual_norm_to(stream_, dh1->get(), dh1->get(), DType::BF16, dbr->get(), DType::F32,
+                                      dg->as<float>(), na, dy.get(), yt, c.rows, c.d, c.parts, int64_t(n)));
+        VLAC_CUDA_OK(quantize_rows_e4m3(stream_, dy.get(), yt, c.rows, c.d, c.d, codes1.get(), scales1.as<float>()));
+        // One: the codes from the norm kernel.
+        NormArgs nc = na;
+        nc.codes = codes2.as<uint8_t>();
+        nc.code_scales = scales2.as<float>();
+        VLAC_CUDA_OK(residual_norm_to(stream_, dh2->get(), dh2->get(), DType::BF16, dbr->get(), DType::F32,
+                                      dg->as<float>(), nc, nullptr, yt, c.rows, c.d, c.parts, int64_t(n)));
+        sync();
+        char what[96];
+        std::snprintf(what, sizeof what, "[%lld, %lld] norm %d -> %s, %d K parts", static_cast<long long>(c.rows),
+                      static_cast<long long>(c.d), int(kind), dtype_name(yt), c.parts);
+        EXPECT_EQ(download<uint16_t>(*dh1, n), download<uint16_t>(*dh2, n)) << what << ": h";
+        EXPECT_EQ(download<uint8_t>(codes1, n), download<uint8_t>(codes2, n)) << what << ": codes";
+        EXPECT_EQ(download<float>(scales1, size_t(c.rows)), download<float>(scales2, size_t(c.rows))) << what << ": scales";
+      }
+  EXPECT_TRUE(residual_norm_codes_fit(1024));
+  EXPECT_FALSE(residual_norm_codes_fit(1026));
+  DevBuf h(64 * 4), codes(64), scales(16);
+  NormArgs na;
+  na.kind = NormKind::Rms;
+  auto w = to_device(std::vector<float>(64, 0.0f));
+  na.w = w->as<float>();
+  na.codes = codes.as<uint8_t>();
+  na.code_scales = scales.as<float>();
+  EXPECT_EQ(residual_norm_to(stream_, h.get(), h.get(), DType::F32, h.get(), DType::F32, nullptr, na, nullptr, DType::BF16,
+                             2, 30)
+                .code(),
+            StatusCode::Unsupported);
 }
 
 TEST_F(CudaKernels, GeluAndGegluMatchCpu) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -83,6 +84,11 @@ __device__ __forceinline__ float e4m3_to_f32(uint32_t v) {
   if (e == 15u && m == 7u) return __uint_as_float(0x7FC00000u | (s << 31));
   const float r = e == 0u ? float(m) * 0x1p-9f : __uint_as_float(((e + 120u) << 23) | (m << 20));
   return s ? -r : r;
+}
+
+// fp32 to FP8 e4m3fn, nearest even, saturating at ±448, NaN kept (the bits of f32_to_f8e4m3).
+__device__ __forceinline__ uint8_t f32_to_e4m3(float v) {
+  return uint8_t(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
 }
 
 // GELU, tanh form (pi0.5's gelu_pytorch_tanh; cuBLASLt's GELU epilogue is the same function).

@@ -618,6 +618,7 @@ Status CudaExecutable::plan(const CudaWeights& weights) {
       return internal_error(where(g.node(id)) + ": a slice view cannot be a memo result");
   plan_residual_norms();
   keep_fused_k_parts();
+  plan_fp8_norm_codes();
   plan_rope_pairs();
   plan_prefix_qkv();
   plan_prefetches();
@@ -1977,6 +1978,37 @@ Status CudaExecutable::plan_quant_fp8() {
   return Status::ok();
 }
 
+// An FP8 GEMM whose x is a fused residual norm's output read by it alone: the norm kernel writes
+// x's codes and row scales itself (NormArgs::codes, the same bits as quantize_rows_e4m3 of its
+// output), one launch fewer a GEMM (the expert's q|k|v and gate|up, the LM's and SigLIP's). Only
+// where no other FP8 GEMM runs between the two (they share the codes' scratch) and neither is a
+// memo node. VLAC_FP8_NORM_CODES=0 quantizes in the GEMM's own launch as before (A/B).
+void CudaExecutable::plan_fp8_norm_codes() {
+  if (qfp8_bytes_ == 0 || env_off("VLAC_FP8_NORM_CODES")) return;
+  const ir::Graph& g = graph_;
+  const auto readers = readers_by_root();
+  const auto is_out = output_roots();
+  std::vector<int64_t> pos(g.nodes().size(), -1);
+  for (size_t i = 0; i < order_.size(); ++i) pos[size_t(order_[i])] = int64_t(i);
+  for (size_t i = 0; i < order_.size(); ++i) {
+    const NodeId id = order_[i];
+    NodePlan& p = plans_[size_t(id)];
+    if (!p.qfp8 || (p.gemm.ldx != 0 && p.gemm.ldx != p.gemm.k) || memo_.node[size_t(id)]) continue;
+    const ValueId xv = g.node(id).inputs[0];
+    if (root_[size_t(xv)] != xv || is_out[size_t(xv)] || readers[size_t(xv)].size() != 1) continue;
+    const NodeId pid = g.value(xv).producer;
+    NodePlan& pp = plans_[size_t(pid)];
+    if (!pp.fused || pp.skip || g.node(pid).outputs[0] != xv || memo_.node[size_t(pid)] || pos[size_t(pid)] < 0 ||
+        pos[size_t(pid)] >= int64_t(i) || !residual_norm_codes_fit(last_dim(g.info(xv))))
+      continue;
+    bool between = false;
+    for (int64_t j = pos[size_t(pid)] + 1; j < int64_t(i) && !between; ++j) between = plans_[size_t(order_[size_t(j)])].qfp8;
+    if (between) continue;
+    pp.f_codes = true;
+    p.qfp8_x_ready = true;
+  }
+}
+
 Status CudaExecutable::run_fp8_linear(NodeId id, const void* bias, void* out) {
   const Node& n = graph_.node(id);
   const NodePlan& p = plans_[size_t(id)];
@@ -1992,8 +2024,9 @@ Status CudaExecutable::run_fp8_linear(NodeId id, const void* bias, void* out) {
   uint8_t* codes = static_cast<uint8_t*>(scratch_at(qfp8_off_));
   auto* scales = reinterpret_cast<float*>(codes + al(uint64_t(fd.m * fd.k)));
   const DType xt = bf16_stored(n.inputs[0]) ? DType::BF16 : DType::F32;
-  VLAC_RETURN_IF_ERROR(
-      quantize_rows_e4m3(s, ptr(n.inputs[0]), xt, fd.m, fd.k, p.gemm.ldx ? p.gemm.ldx : fd.k, codes, scales));
+  if (!p.qfp8_x_ready)
+    VLAC_RETURN_IF_ERROR(
+        quantize_rows_e4m3(s, ptr(n.inputs[0]), xt, fd.m, fd.k, p.gemm.ldx ? p.gemm.ldx : fd.k, codes, scales));
   VLAC_RETURN_IF_ERROR(ctx_->gemm().run_scaled(s, fd, codes, scales, quant_src_[r],
                                                quant_row_scales(quant_src_[r], fd.n, fd.k), bias, out, ctx_->workspace()));
   return p.qfp8_gelu ? gelu_tanh(s, out, fd.out, out, fd.out, fd.m * fd.n) : Status::ok();
@@ -2053,6 +2086,10 @@ Status CudaExecutable::run_node(NodeId id) {
     if (n.op == OpKind::RMSNorm) na.kind = NormKind::Rms, na.w = f(1);
     else if (n.op == OpKind::LayerNorm) na.kind = NormKind::Layer, na.w = f(1), na.b = f(2);
     else na.kind = NormKind::AdaRms, na.mod = f(1);
+    if (p.f_codes) {  // the FP8 GEMM's x, where run_fp8_linear would have quantized it
+      na.codes = static_cast<uint8_t*>(scratch_at(qfp8_off_));
+      na.code_scales = reinterpret_cast<float*>(na.codes + al(uint64_t(x.numel())));
+    }
     VLAC_RETURN_IF_ERROR(residual_norm_to(s, ptr(p.f_h), ptr(p.f_sum), DType::F32, ptr(p.f_branch), DType::F32,
                                           p.f_has_gate ? static_cast<const float*>(ptr(p.f_gate)) : nullptr, na, out,
                                           od, x.numel() / d, d, p.f_branch_parts, p.f_part_stride));

@@ -124,7 +124,14 @@ struct NormArgs {
   const float* b = nullptr;    // Layer: bias [D]
   const float* mod = nullptr;  // AdaRms: [3D] = scale | shift | gate
   float eps = 1e-6f;
+  // Set (both): y is not written; each row of norm(h), rounded as yt stores it, goes out as e4m3
+  // codes [rows, d] and one scale a row, quantize_rows_e4m3's arithmetic and bits (an FP8 GEMM's
+  // x). Where residual_norm_codes_fit(d) and codes is 4-byte aligned; Unsupported otherwise.
+  uint8_t* codes = nullptr;
+  float* code_scales = nullptr;
 };
+/// Whether residual_norm_to can write e4m3 codes for rows of d elements (NormArgs::codes).
+bool residual_norm_codes_fit(int64_t d);
 /// The gated residual with the next norm fused: h[R,D] += branch ⊙ gate (gate [D] fp32 broadcast
 /// over rows; null: plain h += branch), then y = norm(h) (nothing for NormKind::None). With a BF16
 /// residual stream h, gate·branch and the sum are each rounded to bf16 (torch in bf16: the gate is

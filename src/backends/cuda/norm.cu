@@ -26,6 +26,18 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
   return s;
 }
 
+// Maximum of v over the block, as block_sum.
+__device__ __forceinline__ float block_max(float v, float* red) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float m = red[0];
+  for (int i = 1; i < int(blockDim.x / 32); ++i) m = fmaxf(m, red[i]);
+  return m;
+}
+
 // y = norm(x) for one row, x read through Tx (the stored values), y written as Ty.
 template <typename Tx, typename Ty>
 __device__ void norm_row(const Tx* xr, Ty* yr, int64_t d, NormKind kind, const float* w, const float* b,
@@ -116,10 +128,14 @@ template <> __device__ __forceinline__ void st4<uint16_t>(uint16_t* p, int64_t i
 }
 
 // branch null: no residual (x = h_in, nothing written to h).
-template <typename Th, typename Tb, typename Ty, int C>
+// kCodes (NormArgs::codes): y is not written; the row as Ty would store it is quantized to e4m3
+// with quantize_rows_e4m3's arithmetic (amax, NaN noted apart, codes of v · 448 / amax, scale
+// amax / 448) into codes and scales, the FP8 GEMM's x, with no launch of its own.
+template <typename Th, typename Tb, typename Ty, int C, bool kCodes>
 __global__ void __launch_bounds__(1024) norm4_kernel(const Th* h_in, Th* h, const Tb* branch, const float* gate, Ty* y,
                                                      int64_t d, NormKind kind, const float* w, const float* b,
-                                                     const float* mod, float eps, int parts, int64_t part_stride) {
+                                                     const float* mod, float eps, int parts, int64_t part_stride,
+                                                     uint8_t* codes, float* scales) {
   pdl_wait();
   __shared__ float red[32];
   const int64_t row = int64_t(blockIdx.x) * d;
@@ -175,6 +191,7 @@ __global__ void __launch_bounds__(1024) norm4_kernel(const Th* h_in, Th* h, cons
         ss += u * u;
       }
   const float inv = rsqrtf(block_sum<0>(ss, red) / float(d) + eps);
+  float amax = 0.0f, nan = 0.0f;
 #pragma unroll
   for (int c = 0; c < C; ++c) {
     if (!ok[c]) continue;
@@ -186,7 +203,31 @@ __global__ void __launch_bounds__(1024) norm4_kernel(const Th* h_in, Th* h, cons
       else if (kind == NormKind::Rms) o[k] = (v[c][k] * inv) * (1.0f + p0[c][k]);
       else o[k] = (v[c][k] * inv) * (1.0f + p0[c][k]) + p1[c][k];
     }
-    st4(y + row, e, o);
+    if constexpr (kCodes) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        v[c][k] = as_stored<Ty>(o[k]);  // the row y would hold, kept for the codes
+        amax = fmaxf(amax, fabsf(v[c][k]));
+        if (isnan(v[c][k])) nan = 1.0f;
+      }
+    } else {
+      st4(y + row, e, o);
+    }
+  }
+  if constexpr (kCodes) {
+    amax = block_max(amax, red);
+    if (block_max(nan, red) > 0.0f) amax = __int_as_float(0x7FC00000);
+    const float qinv = amax > 0.0f ? 448.0f / amax : 0.0f;
+    if (threadIdx.x == 0) scales[blockIdx.x] = amax / 448.0f;
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      if (!ok[c]) continue;
+      const int64_t e = 4 * (int64_t(threadIdx.x) + int64_t(c) * blockDim.x);
+      uint32_t q = 0;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) q |= uint32_t(f32_to_e4m3(v[c][k] * qinv)) << (8 * k);
+      *reinterpret_cast<uint32_t*>(codes + row + e) = q;
+    }
   }
 }
 
@@ -196,14 +237,19 @@ template <typename T> bool al_vec(const void* p) { return sizeof(T) == 4 ? al16(
 
 // The 4-column kernel where it applies (d % 4 == 0, d <= 8192, every pointer aligned for its
 // dtype's 4 elements): launches it and returns true.
+bool norm4_on() {
+  static const bool on = !env_off("VLAC_NORM_VEC");
+  return on;
+}
+
 template <typename Th, typename Tb, typename Ty>
 bool try_norm4(cudaStream_t stream, const Th* h_in, Th* h, const Tb* branch, const float* gate, Ty* y, int64_t rows,
                int64_t d, NormKind kind, const float* w, const float* b, const float* mod, float eps, int parts,
-               int64_t part_stride) {
-  static const bool on = !env_off("VLAC_NORM_VEC");
+               int64_t part_stride, uint8_t* codes = nullptr, float* scales = nullptr) {
   // d <= 8192: at most 2 runs a thread, in registers (4 runs at 1024 threads took a stack frame).
-  if (!on || d % 4 != 0 || d > 8192) return false;
-  if (!al_vec<Th>(h_in) || !al_vec<Th>(h) || !al_vec<Ty>(y)) return false;
+  if (!norm4_on() || d % 4 != 0 || d > 8192) return false;
+  if (!al_vec<Th>(h_in) || !al_vec<Th>(h) || (!codes && !al_vec<Ty>(y))) return false;
+  if (codes && ((reinterpret_cast<uintptr_t>(codes) & 3u) != 0 || !scales)) return false;
   if (branch && (!al_vec<Tb>(branch) || (parts > 1 && (part_stride % 4) != 0))) return false;
   for (const float* f : {gate, w, b, mod})
     if (f && !al16(f)) return false;
@@ -212,10 +258,15 @@ bool try_norm4(cudaStream_t stream, const Th* h_in, Th* h, const Tb* branch, con
   const int threads = int(((runs + c - 1) / c + 31) / 32 * 32);
   auto go = [&](auto kernel) {
     launch(kernel, unsigned(rows), unsigned(threads), 0, stream, h_in, h, branch, gate, y, d, kind, w, b, mod, eps, parts,
-           part_stride);
+           part_stride, codes, scales);
   };
-  if (c == 1) go(norm4_kernel<Th, Tb, Ty, 1>);
-  else go(norm4_kernel<Th, Tb, Ty, 2>);
+  if (codes) {
+    if (c == 1) go(norm4_kernel<Th, Tb, Ty, 1, true>);
+    else go(norm4_kernel<Th, Tb, Ty, 2, true>);
+  } else {
+    if (c == 1) go(norm4_kernel<Th, Tb, Ty, 1, false>);
+    else go(norm4_kernel<Th, Tb, Ty, 2, false>);
+  }
   return true;
 }
 
@@ -240,6 +291,8 @@ Status launch_norm(const char* name, cudaStream_t stream, const void* x, DType x
 }
 
 }  // namespace
+
+bool residual_norm_codes_fit(int64_t d) { return norm4_on() && d % 4 == 0 && d <= 8192; }
 
 Status rms_norm(cudaStream_t stream, const void* x, DType xt, const float* w, void* y, DType yt, int64_t rows,
                 int64_t d, float eps) {
@@ -271,10 +324,15 @@ Status residual_norm_to(cudaStream_t stream, const void* h_in, void* h, DType ht
   VLAC_RETURN_IF_ERROR(check_rows(name, rows, d));
   if (rows == 0) return Status::ok();
   if (norm.kind == NormKind::None) yt = ht;  // unused output type
+  if (norm.codes && norm.kind == NormKind::None) return invalid_argument("residual_norm: e4m3 codes of no norm");
   auto go = [&]<typename Th, typename Tb, typename Ty>() {
-    if (!try_norm4<Th, Tb, Ty>(stream, static_cast<const Th*>(h_in), static_cast<Th*>(h), static_cast<const Tb*>(branch),
-                               gate, static_cast<Ty*>(y), rows, d, norm.kind, norm.w, norm.b, norm.mod, norm.eps,
-                               branch_parts, part_stride))
+    const bool vec = try_norm4<Th, Tb, Ty>(stream, static_cast<const Th*>(h_in), static_cast<Th*>(h),
+                                           static_cast<const Tb*>(branch), gate, static_cast<Ty*>(y), rows, d, norm.kind,
+                                           norm.w, norm.b, norm.mod, norm.eps, branch_parts, part_stride, norm.codes,
+                                           norm.code_scales);
+    if (!vec && norm.codes)
+      return unsupported("residual_norm: e4m3 codes need the 4-column kernel (residual_norm_codes_fit, aligned rows)");
+    if (!vec)
       launch(residual_norm_kernel<Th, Tb, Ty>, unsigned(rows), kThreads, 0, stream, static_cast<const Th*>(h_in),
              static_cast<Th*>(h), static_cast<const Tb*>(branch), gate, static_cast<Ty*>(y), d, norm.kind, norm.w,
              norm.b, norm.mod, norm.eps, branch_parts, part_stride);

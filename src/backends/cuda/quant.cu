@@ -11,8 +11,6 @@
 // (CUBLASLT_POINTER_MODE_ALPHA_DEVICE_VECTOR_*, tried in session 14), hence the extra pass.
 // FP8 W8A8 (opt-in, VLAC_FP8_GEMM=1): quantize_rows_e4m3 turns a GEMM's x into e4m3 codes with
 // one fp32 scale per row, and cuBLASLt's FP8 GEMM applies both scale vectors (gemm.h): no widening.
-#include <cuda_fp8.h>
-
 #include <type_traits>
 
 #include "backends/cuda/common.cuh"
@@ -124,10 +122,6 @@ __global__ void dequant16_many_kernel(ManyArgs a) {
 // (quantize_row_e4m3_reference in the tests): the same float operations in the same order.
 constexpr int kQuantRowThreads = 256;
 
-__device__ __forceinline__ uint8_t to_e4m3(float v) {
-  return uint8_t(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
-}
-
 template <typename Tx, bool kVec>
 __global__ void quantize_rows_e4m3_kernel(const Tx* x, int64_t ldx, int64_t k, uint8_t* codes, float* scales) {
   pdl_wait();
@@ -171,13 +165,13 @@ __global__ void quantize_rows_e4m3_kernel(const Tx* x, int64_t ldx, int64_t k, u
       uint32_t o[2] = {0, 0};
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const uint32_t lo = to_e4m3(bf2f(uint16_t(w[i])) * inv), hi = to_e4m3(bf2f(uint16_t(w[i] >> 16)) * inv);
+        const uint32_t lo = f32_to_e4m3(bf2f(uint16_t(w[i])) * inv), hi = f32_to_e4m3(bf2f(uint16_t(w[i] >> 16)) * inv);
         o[i / 2] |= (lo | (hi << 8)) << (16 * (i % 2));
       }
       reinterpret_cast<uint2*>(out)[c] = make_uint2(o[0], o[1]);
     }
   } else {
-    for (int64_t c = threadIdx.x; c < k; c += blockDim.x) out[c] = to_e4m3(ld(row, c) * inv);
+    for (int64_t c = threadIdx.x; c < k; c += blockDim.x) out[c] = f32_to_e4m3(ld(row, c) * inv);
   }
 }
 
