@@ -5,6 +5,8 @@
 // without a GPU.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
+
+#include <algorithm>
 #include <stdlib.h>
 
 #include <cmath>
@@ -289,6 +291,54 @@ void make_tiny_bf16_package(TinyBf16Package* t, uint64_t engine_cap) {
   t->obs = std::move(*obs);
   t->noise = std::move(*noise);
 }
+// A recorded chunk's text embedding is gathered on the host before each replay (a replay hook),
+// not by a host node inside the graph: chunks with other tokens replay to the actions an eager
+// run gives them, bit for bit, and a token outside the vocabulary in a replayed chunk is one
+// clear error, after which the next chunk runs. VLAC_GATHER_IN_GRAPH=1 (the host node) is checked
+// the same way.
+TEST_F(CudaChain, ReplayedChunksGatherTheirOwnTokens) {
+  TinyBf16Package t;
+  make_tiny_bf16_package(&t, 0);
+  if (HasFatalFailure()) return;
+  Pi05Observation b = *t.obs;
+  ASSERT_GE(b.tokens.size(), 3u);
+  std::reverse(b.tokens.begin(), b.tokens.end());
+  ASSERT_NE(b.tokens, t.obs->tokens);
+  std::vector<float> want_a(t.noise.size()), want_b(t.noise.size());
+  for (int which = 0; which < 2; ++which) {  // eager reference chunks, one fresh package each
+    Pi05PackageOptions po;
+    po.backend = "cuda";
+    auto pkg = Pi05PackagePolicy::open(t.path, po);
+    ASSERT_TRUE(pkg.is_ok()) << pkg.status().message();
+    ASSERT_TRUE(pkg->run_chunk(which ? b : *t.obs, t.noise.data(), (which ? want_b : want_a).data()).is_ok());
+  }
+  ASSERT_GT(max_abs_diff(want_a, want_b), 0.0) << "the two prompts must give different actions";
+  for (const char* in_graph : {"0", "1"}) {
+    setenv("VLAC_GATHER_IN_GRAPH", in_graph, 1);
+    Pi05PackageOptions po;
+    po.backend = "cuda";
+    auto pkg = Pi05PackagePolicy::open(t.path, po);
+    ASSERT_TRUE(pkg.is_ok()) << pkg.status().message();
+    std::vector<float> c(t.noise.size());
+    const Pi05Observation* order[] = {&*t.obs, &b, &*t.obs, &b, &b, &*t.obs};  // eager, recorded, replays
+    for (size_t i = 0; i < std::size(order); ++i) {
+      ASSERT_TRUE(pkg->run_chunk(*order[i], t.noise.data(), c.data()).is_ok()) << in_graph << " chunk " << i;
+      EXPECT_EQ(max_abs_diff(c, order[i] == &b ? want_b : want_a), 0.0) << "in graph " << in_graph << ", chunk " << i;
+    }
+    EXPECT_EQ(pkg->chunk_replays(), 4u) << in_graph;
+    if (in_graph[0] == '0') {
+      Pi05Observation bad = b;
+      bad.tokens[1] = int64_t(1) << 30;
+      const Status st = pkg->run_chunk(bad, t.noise.data(), c.data());
+      EXPECT_FALSE(st.is_ok());
+      EXPECT_NE(st.message().find("vocabulary"), std::string::npos) << st.message();
+      ASSERT_TRUE(pkg->run_chunk(b, t.noise.data(), c.data()).is_ok());
+      EXPECT_EQ(max_abs_diff(c, want_b), 0.0) << "the chunk after a bad one";
+    }
+    unsetenv("VLAC_GATHER_IN_GRAPH");
+  }
+}
+
 // A value of the package runtime's memory breakdown, -1 when absent.
 int64_t breakdown_value(const Pi05PackagePolicy& p, const std::string& key) {
   for (const auto& [k, v] : p.runtime().memory_breakdown())

@@ -34,7 +34,8 @@ class CudaBuffer final : public BackendBuffer {
 };
 
 // Recorded run sequences: per key, run directly once, capture the second call into a CUDA graph,
-// replay it after that.
+// replay it after that. Host work the graph needs (CudaContext::add_replay_hook) runs before each
+// replay once the stream is idle (it may rewrite a page-locked buffer the last run read from).
 class CudaSequence final : public RunSequence {
  public:
   explicit CudaSequence(CudaContext* ctx) : ctx_(ctx) {}
@@ -43,15 +44,25 @@ class CudaSequence final : public RunSequence {
     VLAC_RETURN_IF_ERROR(ctx_->ensure());
     Entry& e = entries_[key];
     if (e.exec) {
+      if (!e.hooks.empty()) {
+        const cudaError_t se = cudaStreamSynchronize(ctx_->stream());
+        if (se != cudaSuccess) return cuda_error("waiting for the stream before a replay's host work", se);
+        for (const auto& h : e.hooks) VLAC_RETURN_IF_ERROR(h());
+      }
       const cudaError_t ce = cudaGraphLaunch(e.exec, ctx_->stream());
       if (ce != cudaSuccess) return cuda_error("replaying a recorded chunk", ce);
       ++replays_;
       return Status::ok();
     }
     if (e.calls++ == 0) return body();  // warm-up: plans, cuBLASLt algorithms, memo slots
-    cudaError_t ce = cudaStreamBeginCapture(ctx_->stream(), cudaStreamCaptureModeThreadLocal);
+    // Idle first: what registers a replay hook does its host work now, during the capture.
+    cudaError_t ce = cudaStreamSynchronize(ctx_->stream());
+    if (ce != cudaSuccess) return cuda_error("waiting for the stream before recording a chunk", ce);
+    (void)ctx_->take_replay_hooks();
+    ce = cudaStreamBeginCapture(ctx_->stream(), cudaStreamCaptureModeThreadLocal);
     if (ce != cudaSuccess) return cuda_error("starting to record a chunk", ce);
     Status st = body();
+    e.hooks = ctx_->take_replay_hooks();
     cudaGraph_t graph = nullptr;
     ce = cudaStreamEndCapture(ctx_->stream(), &graph);
     if (!st.is_ok()) {
@@ -85,6 +96,7 @@ class CudaSequence final : public RunSequence {
   struct Entry {
     int calls = 0;
     cudaGraphExec_t exec = nullptr;
+    std::vector<std::function<Status()>> hooks;  // before each replay (CudaContext::add_replay_hook)
   };
   CudaContext* ctx_;
   std::map<uint64_t, Entry> entries_;

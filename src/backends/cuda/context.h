@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -85,6 +86,12 @@ class CudaContext {
   std::vector<std::pair<std::string, int64_t>> breakdown() const;
   /// Device bytes a CUDA-graph instantiation took (NVML delta; RunSequence adds each).
   void add_graph_bytes(int64_t b) { graph_bytes_ += b; }
+  /// Host work a recorded chunk needs before each replay, registered while it is recorded: an
+  /// embedding over a host table gathers its rows into the page-locked buffer that the graph
+  /// uploads. The RunSequence runs them in order, with the stream idle, before each launch, so
+  /// the graph holds no host-function node (the GPU waiting for a host thread mid-chunk).
+  void add_replay_hook(std::function<Status()> fn) { hooks_.push_back(std::move(fn)); }
+  std::vector<std::function<Status()>> take_replay_hooks() { return std::exchange(hooks_, {}); }
   ~CudaContext();
 
  private:
@@ -96,6 +103,7 @@ class CudaContext {
   int sms_ = 0;
   int64_t context_bytes_ = -1, stack_saved_bytes_ = -1, handle_bytes_ = -1, graph_bytes_ = 0;
   int64_t stack_default_ = -1, stack_set_ = -1, heap_limit_ = -1, printf_fifo_ = -1;
+  std::vector<std::function<Status()>> hooks_;
 };
 
 }  // namespace vlac::cuda

@@ -193,6 +193,7 @@ class CudaExecutable final : public Executable {
   };
   std::vector<NodePlan> plans_;
   std::vector<std::unique_ptr<struct HostGather>> gathers_;
+  Status gather_status(struct HostGather& hg) const;
   void* iota_ = nullptr;  // int64 0..max T-1 on the device (host-table embeddings)
   DType weight_dtype(ir::ValueId v) const { return weight_dtype_[size_t(root_[size_t(v)])]; }
   std::vector<DType> weight_dtype_;       // by value id (weights)
