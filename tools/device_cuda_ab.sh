@@ -6,7 +6,10 @@
 # NAME:VAR=VALUE[,VAR=VALUE...] (environment for that process), printed as one line each and kept
 # in $OUT/ab.tar. BENCH_DTYPE (default bf16-all) and BENCH_EXTRA (e.g. fp8,bf16-all: more packages
 # of the same folder, each against lerobot fp32), TEST_FILTER (gtest filter of test_cuda), BENCH_CAMERAS
-# (camera counts, one benchmark each) and BENCH_ARGS (more benchmark arguments).
+# (camera counts, one benchmark each) and BENCH_ARGS (more benchmark arguments). NAME@DTYPE runs
+# that setting on the BENCH_EXTRA package of DTYPE (policy-DTYPE.vlac) instead. CUDA_BENCH=1 also
+# runs cuda_bench --gemms-only (each GEMM in bf16 and, on sm_89+, FP8) and STREAM_PROBE=1
+# expert_mlp_bench --stream-only, both before the A/B, their JSON under $OUT.
 # lerobot's wheels come from .whl (docs/cuda.md). Session 12 used it as
 #   bash tools/device_cuda_ab.sh .devcarry base prefix_qkv_off:VLAC_PREFIX_QKV=0 sub1:VLAC_ATTN_SUB=1 base2
 set -uo pipefail
@@ -38,9 +41,21 @@ for cams in ${BENCH_CAMERAS:-3}; do
     --out "$out/bench_cuda$sfx.json" > "$out/bench$sfx.log" 2>&1
   el "bench rc=$?"; tail -3 "$out/bench$sfx.log"
 done
-pkg=/tmp/bw/policy.vlac; obs=/tmp/bw/obs.safetensors; noise=/tmp/bw/noise.safetensors
+if [ "${CUDA_BENCH:-0}" = 1 ] && [ -x /tmp/vb/bin/cuda_bench ]; then
+  el "cuda_bench --gemms-only"
+  timeout 240 /tmp/vb/bin/cuda_bench --gemms-only --reps 10 --out "$out/cuda_bench_gemms.json" > "$out/cuda_bench.log" 2>&1
+  el "cuda_bench rc=$?"; grep -E '^gemm|fp8|per chunk' "$out/cuda_bench.log" | head -60
+fi
+if [ "${STREAM_PROBE:-0}" = 1 ] && [ -x /tmp/vb/bin/expert_mlp_bench ]; then
+  el "expert_mlp_bench --stream-only"
+  timeout 180 /tmp/vb/bin/expert_mlp_bench --stream-only --reps 10 --out "$out/stream_probe.json" > "$out/stream_probe.log" 2>&1
+  el "expert_mlp_bench rc=$?"; tail -30 "$out/stream_probe.log"
+fi
+obs=/tmp/bw/obs.safetensors; noise=/tmp/bw/noise.safetensors
 for spec in "$@"; do
   name="${spec%%:*}"; envs=(); [[ "$spec" == *:* ]] && IFS=',' read -r -a envs <<< "${spec#*:}"
+  pkg=/tmp/bw/policy.vlac
+  if [[ "$name" == *@* ]]; then pkg="/tmp/bw/policy-${name#*@}.vlac"; name="${name%%@*}"; fi
   env "${envs[@]}" timeout 60 /tmp/vb/bin/pi05_chunk_bench "$pkg" --obs "$obs" --noise "$noise" --warmup 5 --rounds 3 \
     --chunks 50 --out "/tmp/ab_$name.json" --actions "/tmp/ab_$name.actions.safetensors" > "/tmp/ab_$name.log" 2>&1
   python3 - "$name" "/tmp/ab_$name.json" "/tmp/ab_$name.actions.safetensors" /tmp/bw/lerobot_fp32_actions.safetensors <<'PY'
