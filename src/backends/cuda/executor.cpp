@@ -1935,13 +1935,16 @@ Status CudaExecutable::plan_quant_fp8() {
   qfp8_bytes_ = 0;
   if (!env_on("VLAC_FP8_GEMM")) return Status::ok();
   const ir::Graph& g = graph_;
+  // VLAC_FP8_MIN_ROWS=N: only GEMMs of at least N rows of x in FP8 (the prefix's, not the
+  // expert's 50), the rest widened, to measure where FP8 pays.
+  const int64_t min_rows = env_count("VLAC_FP8_MIN_ROWS", 0);
   int64_t planned = 0, fell_back = 0;
   std::string why;
   for (NodeId id : order_) {
     const Node& n = g.node(id);
     NodePlan& p = plans_[size_t(id)];
     if (n.op != OpKind::Linear || n.inputs.size() < 2 || !from_weight(n.inputs[1]) || p.gemm.m <= 0 || p.skip ||
-        p.qskinny || p.mlp >= 0)
+        p.qskinny || p.mlp >= 0 || p.gemm.m < min_rows)
       continue;
     const ValueId r = root_[size_t(n.inputs[1])];
     if (!widened(r) || weight_entry_[size_t(r)]->dtype != DType::F8_E4M3) continue;
