@@ -822,8 +822,8 @@ TEST_F(CudaChain, EightBitPackagesAgreeWithTheCpuAndLerobot) {
 }
 
 // An fp8 package as W8A8 on FP8 tensor cores (VLAC_FP8_GEMM=1, sm_89+): recorded chunks equal the
-// eager run; x's codes written by the fused residual norms (the default) give the same actions,
-// bit for bit, as quantizing in each GEMM's launch (VLAC_FP8_NORM_CODES=0); and the actions stay
+// eager run; x's codes written by the fused residual norms and GeGLUs (the default) give the same actions,
+// bit for bit, as quantizing in each GEMM's launch (VLAC_FP8_FUSED_CODES=0); and the actions stay
 // near the CPU's weight-only e4m3 package and lerobot fp32 (x's own e4m3 rounding on top: loose
 // bounds, the measured distances printed). The tiny models' K of 40 and 160 are no multiple of
 // 16 in places: those GEMMs widen as before.
@@ -852,7 +852,7 @@ TEST_F(CudaChain, Fp8PackageRunsAsW8A8) {
       for (const char* norm_codes : {"1", "0"}) {
         if (!b && norm_codes[0] == '0') continue;
         if (b) setenv("VLAC_FP8_GEMM", "1", 1);
-        setenv("VLAC_FP8_NORM_CODES", norm_codes, 1);
+        setenv("VLAC_FP8_FUSED_CODES", norm_codes, 1);
         Pi05PackageOptions po;
         po.backend = b ? "cuda" : "cpu";
         auto pkg = Pi05PackagePolicy::open(co.out, po);
@@ -866,7 +866,7 @@ TEST_F(CudaChain, Fp8PackageRunsAsW8A8) {
         }
         (!b ? cpu : norm_codes[0] == '1' ? fused : apart) = first;
         unsetenv("VLAC_FP8_GEMM");
-        unsetenv("VLAC_FP8_NORM_CODES");
+        unsetenv("VLAC_FP8_FUSED_CODES");
       }
     }
     EXPECT_EQ(max_abs_diff(fused, apart), 0.0) << fx << ": codes from the norms against codes in the GEMMs' launches";

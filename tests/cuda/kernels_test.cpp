@@ -241,6 +241,49 @@ TEST_F(CudaKernels, ResidualNormWritesTheFp8GemmsCodes) {
             StatusCode::Unsupported);
 }
 
+// geglu_e4m3 (the FP8 down_proj's x straight from GeGLU): the same codes and scales, bit for bit,
+// as geglu into y then quantize_rows_e4m3, over gate|up rows 2F apart, at the expert's and the
+// LM's F and odd ones, in both input and output dtypes; shapes it cannot run are refused.
+TEST_F(CudaKernels, GegluWritesTheFp8GemmsCodes) {
+  uint32_t seed = 800;
+  struct C { int64_t rows, f; };
+  for (C c : {C{50, 4096}, C{9, 16384}, C{5, 1000}, C{3, 4304}})
+    for (DType it : {DType::BF16, DType::F32})
+      for (DType yt : {DType::BF16, DType::F32}) {
+        const size_t n = size_t(c.rows * 2 * c.f);
+        auto gu = randn(n, ++seed, 1.5f);
+        if (c.rows > 2) gu[size_t(2 * 2 * c.f + 5)] = NAN;  // row 2: a NaN gate
+        if (it == DType::BF16) gu = bf16_values(gu);
+        auto dgu = it == DType::BF16 ? to_device(to_bf16(gu)) : to_device(gu);
+        const size_t es = dtype_size(it);
+        const uint8_t* gate = static_cast<const uint8_t*>(dgu->get());
+        const uint8_t* up = gate + size_t(c.f) * es;
+        DevBuf y(size_t(c.rows * c.f) * 4), codes1(size_t(c.rows * c.f)), scales1(size_t(c.rows) * 4);
+        DevBuf codes2(size_t(c.rows * c.f)), scales2(size_t(c.rows) * 4);
+        codes2.poison();
+        scales2.poison();
+        VLAC_CUDA_OK(geglu(stream_, gate, up, it, 2 * c.f, y.get(), yt, c.rows, c.f));
+        VLAC_CUDA_OK(quantize_rows_e4m3(stream_, y.get(), yt, c.rows, c.f, c.f, codes1.get(), scales1.as<float>()));
+        VLAC_CUDA_OK(geglu_e4m3(stream_, gate, up, it, 2 * c.f, yt, c.rows, c.f, codes2.get(), scales2.as<float>()));
+        sync();
+        char what[80];
+        std::snprintf(what, sizeof what, "geglu [%lld, %lld] %s -> %s", static_cast<long long>(c.rows),
+                      static_cast<long long>(c.f), dtype_name(it), dtype_name(yt));
+        EXPECT_EQ(download<uint8_t>(codes1, size_t(c.rows * c.f)), download<uint8_t>(codes2, size_t(c.rows * c.f)))
+            << what << ": codes";
+        const auto s1 = download<float>(scales1, size_t(c.rows)), s2 = download<float>(scales2, size_t(c.rows));
+        for (size_t r = 0; r < s1.size(); ++r) {
+          if (std::isnan(s1[r])) EXPECT_TRUE(std::isnan(s2[r])) << what << ": scale of row " << r;
+          else EXPECT_EQ(s1[r], s2[r]) << what << ": scale of row " << r;
+        }
+      }
+  EXPECT_FALSE(geglu_codes_fit(1004, 2008)) << "f no multiple of 8";
+  EXPECT_FALSE(geglu_codes_fit(16392, 32784)) << "f above 16384";
+  DevBuf b(1 << 12);
+  EXPECT_EQ(geglu_e4m3(stream_, b.get(), b.get(), DType::BF16, 20, DType::BF16, 2, 10, b.get(), b.as<float>()).code(),
+            StatusCode::Unsupported);
+}
+
 TEST_F(CudaKernels, GeluAndGegluMatchCpu) {
   for (auto [rows, f] : {std::pair<int64_t, int64_t>{968, 16384}, {50, 4096}, {256, 4304}, {3, 77}, {70000, 8}}) {
     const size_t n = size_t(rows * f);

@@ -84,6 +84,59 @@ __global__ void geglu8_kernel(const Tx* gate, const Tx* up, int64_t in_stride, T
   }
 }
 
+// GeGLU straight into an FP8 GEMM's x: one block a row, kC chunks of 8 columns a thread kept in
+// registers; the row as Ty would store it, then quantize_rows_e4m3's arithmetic (amax with NaN
+// noted apart, codes of v · 448 / amax, scale amax / 448), so the same bits as geglu followed by
+// quantize_rows_e4m3, with one launch and no write of y.
+constexpr int kRowThreads = 256;
+template <typename Tx, typename Ty, int kC>
+__global__ void __launch_bounds__(kRowThreads) geglu_e4m3_kernel(const Tx* gate, const Tx* up, int64_t in_stride,
+                                                                  int64_t f, uint8_t* codes, float* scales) {
+  pdl_wait();
+  __shared__ float red[kRowThreads / 32];
+  const int64_t r = blockIdx.x;
+  float v[kC][8];
+  float amax = 0.0f;
+  bool nan = false;
+#pragma unroll
+  for (int q = 0; q < kC; ++q) {
+    const int64_t c = (int64_t(q) * kRowThreads + threadIdx.x) * 8;
+    if (c >= f) continue;
+    float u[8];
+    ld8(gate + r * in_stride + c, v[q]);
+    ld8(up + r * in_stride + c, u);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      v[q][k] = as_stored<Ty>(as_stored<Tx>(gelu_tanh_1(v[q][k])) * u[k]);
+      amax = fmaxf(amax, fabsf(v[q][k]));
+      nan = nan || isnan(v[q][k]);
+    }
+  }
+  float m = amax, any = nan ? 1.0f : 0.0f;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    any = fmaxf(any, __shfl_xor_sync(0xffffffffu, any, o));
+  }
+  __shared__ float red_nan[kRowThreads / 32];
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = m, red_nan[threadIdx.x / 32] = any;
+  __syncthreads();
+  m = red[0], any = red_nan[0];
+  for (int i = 1; i < kRowThreads / 32; ++i) m = fmaxf(m, red[i]), any = fmaxf(any, red_nan[i]);
+  if (any > 0.0f) m = __int_as_float(0x7FC00000);
+  const float inv = m > 0.0f ? 448.0f / m : 0.0f;
+  if (threadIdx.x == 0) scales[r] = m / 448.0f;
+#pragma unroll
+  for (int q = 0; q < kC; ++q) {
+    const int64_t c = (int64_t(q) * kRowThreads + threadIdx.x) * 8;
+    if (c >= f) continue;
+    uint32_t w[2] = {0, 0};
+#pragma unroll
+    for (int k = 0; k < 8; ++k) w[k / 4] |= uint32_t(f32_to_e4m3(v[q][k] * inv)) << (8 * (k % 4));
+    *reinterpret_cast<uint2*>(codes + r * f + c) = make_uint2(w[0], w[1]);
+  }
+}
+
 __global__ void euler_kernel(const float* x, const float* v, float dt, float* y, int64_t n) {
   pdl_wait();
   VLAC_GRID_LOOP(i, n) y[i] = x[i] + dt * v[i];
@@ -359,6 +412,33 @@ Status geglu(cudaStream_t stream, const void* gate, const void* up, DType it, in
           static_cast<const Tx*>(gate), static_cast<const Tx*>(up), in_stride, static_cast<Ty*>(y), y_stride, rows, f);
     }
     return launch_status("geglu");
+  });
+}
+
+bool geglu_codes_fit(int64_t f, int64_t in_stride) {
+  return f > 0 && f % 8 == 0 && in_stride % 8 == 0 && f <= int64_t(8) * 8 * kRowThreads;
+}
+
+Status geglu_e4m3(cudaStream_t stream, const void* gate, const void* up, DType it, int64_t in_stride, DType yt,
+                  int64_t rows, int64_t f, void* codes, float* scales) {
+  if (!is_act(it) || !is_act(yt)) return bad_dtype("geglu_e4m3");
+  if (rows < 0 || in_stride < f || rows > 0x7fffffff) return invalid_argument("geglu_e4m3: bad shape or stride");
+  if (!geglu_codes_fit(f, in_stride)) return unsupported("geglu_e4m3: f and the row stride must be multiples of 8, f <= 16384");
+  if (((reinterpret_cast<uintptr_t>(gate) | reinterpret_cast<uintptr_t>(up)) & 15u) != 0 ||
+      (reinterpret_cast<uintptr_t>(codes) & 7u) != 0)
+    return unsupported("geglu_e4m3: gate and up must be 16-byte aligned, the codes 8-byte aligned");
+  if (rows == 0) return Status::ok();
+  const int chunks = int((f / 8 + kRowThreads - 1) / kRowThreads);
+  return dispatch2(it, yt, [&]<typename Tx, typename Ty>() {
+    auto go = [&](auto kernel) {
+      launch(kernel, unsigned(rows), kRowThreads, 0, stream, static_cast<const Tx*>(gate), static_cast<const Tx*>(up),
+             in_stride, f, static_cast<uint8_t*>(codes), scales);
+    };
+    if (chunks <= 1) go(geglu_e4m3_kernel<Tx, Ty, 1>);
+    else if (chunks <= 2) go(geglu_e4m3_kernel<Tx, Ty, 2>);
+    else if (chunks <= 4) go(geglu_e4m3_kernel<Tx, Ty, 4>);
+    else go(geglu_e4m3_kernel<Tx, Ty, 8>);
+    return launch_status("geglu_e4m3");
   });
 }
 

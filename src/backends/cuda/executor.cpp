@@ -618,7 +618,7 @@ Status CudaExecutable::plan(const CudaWeights& weights) {
       return internal_error(where(g.node(id)) + ": a slice view cannot be a memo result");
   plan_residual_norms();
   keep_fused_k_parts();
-  plan_fp8_norm_codes();
+  plan_fp8_fused_codes();
   plan_rope_pairs();
   plan_prefix_qkv();
   plan_prefetches();
@@ -1985,13 +1985,14 @@ Status CudaExecutable::plan_quant_fp8() {
   return Status::ok();
 }
 
-// An FP8 GEMM whose x is a fused residual norm's output read by it alone: the norm kernel writes
-// x's codes and row scales itself (NormArgs::codes, the same bits as quantize_rows_e4m3 of its
-// output), one launch fewer a GEMM (the expert's q|k|v and gate|up, the LM's and SigLIP's). Only
-// where no other FP8 GEMM runs between the two (they share the codes' scratch) and neither is a
-// memo node. VLAC_FP8_NORM_CODES=0 quantizes in the GEMM's own launch as before (A/B).
-void CudaExecutable::plan_fp8_norm_codes() {
-  if (qfp8_bytes_ == 0 || env_off("VLAC_FP8_NORM_CODES")) return;
+// An FP8 GEMM whose x is read by it alone and comes from a fused residual norm or a GeGLU: that
+// kernel writes x's codes and row scales itself (NormArgs::codes, geglu_e4m3: the same bits as
+// quantize_rows_e4m3 of its output), one launch fewer a GEMM (the expert's q|k|v, gate|up and
+// down; the LM's and SigLIP's). Only where no other FP8 GEMM runs between the two (they share the
+// codes' scratch) and neither is a memo node. VLAC_FP8_FUSED_CODES=0 quantizes in the GEMM's own
+// launch (A/B).
+void CudaExecutable::plan_fp8_fused_codes() {
+  if (qfp8_bytes_ == 0 || env_off("VLAC_FP8_FUSED_CODES")) return;
   const ir::Graph& g = graph_;
   const auto readers = readers_by_root();
   const auto is_out = output_roots();
@@ -2004,9 +2005,12 @@ void CudaExecutable::plan_fp8_norm_codes() {
     const ValueId xv = g.node(id).inputs[0];
     if (root_[size_t(xv)] != xv || is_out[size_t(xv)] || readers[size_t(xv)].size() != 1) continue;
     const NodeId pid = g.value(xv).producer;
+    const Node& pn = g.node(pid);
     NodePlan& pp = plans_[size_t(pid)];
-    if (!pp.fused || pp.skip || g.node(pid).outputs[0] != xv || memo_.node[size_t(pid)] || pos[size_t(pid)] < 0 ||
-        pos[size_t(pid)] >= int64_t(i) || !residual_norm_codes_fit(last_dim(g.info(xv))))
+    const bool fits = pp.fused ? residual_norm_codes_fit(last_dim(g.info(xv)))
+                               : pn.op == OpKind::GeGLU && geglu_codes_fit(last_dim(g.info(xv)), row_stride(pn.inputs[0]));
+    if (!fits || pp.skip || pn.outputs[0] != xv || memo_.node[size_t(pid)] || pos[size_t(pid)] < 0 ||
+        pos[size_t(pid)] >= int64_t(i))
       continue;
     bool between = false;
     for (int64_t j = pos[size_t(pid)] + 1; j < int64_t(i) && !between; ++j) between = plans_[size_t(order_[size_t(j)])].qfp8;
@@ -2200,6 +2204,11 @@ Status CudaExecutable::run_node(NodeId id) {
     case OpKind::GeGLU: {  // gate and up: bf16 when their GEMM rounds at its store (plan_bf16_gemm_outputs)
       const int64_t d = last_dim(x);
       const DType it = bf16_stored(n.inputs[0]) ? DType::BF16 : DType::F32;
+      if (p.f_codes) {  // the FP8 GEMM's x, where run_fp8_linear would have quantized it
+        auto* codes = static_cast<uint8_t*>(scratch_at(qfp8_off_));
+        return geglu_e4m3(s, ptr(n.inputs[0]), ptr(n.inputs[1]), it, row_stride(n.inputs[0]), od, x.numel() / d, d, codes,
+                          reinterpret_cast<float*>(codes + al(uint64_t(x.numel()))));
+      }
       return geglu(s, ptr(n.inputs[0]), ptr(n.inputs[1]), it, row_stride(n.inputs[0]), out, od, x.numel() / d, d,
                    view_stride_[size_t(n.outputs[0])]);  // in place over gate: rows 2F apart (plan_geglu_in_place)
     }

@@ -170,8 +170,8 @@ class CudaExecutable final : public Executable {
     int64_t qexact = 0;          // > 0: an 8-bit weight's GEMM on unscaled codes, its sums scaled after, this many x rows at once (run_quant_linear)
     bool qfp8 = false;           // an e4m3 weight's GEMM in FP8: x quantized per row, cuBLASLt's FP8 GEMM (plan_quant_fp8)
     bool qfp8_gelu = false;      // ... whose planned GELU epilogue runs after it (no FP8 GEMM offers it)
-    bool qfp8_x_ready = false;   // ... whose x's codes its fused residual norm wrote (plan_fp8_norm_codes)
-    bool f_codes = false;        // a fused residual norm writing its output as e4m3 codes for that GEMM
+    bool qfp8_x_ready = false;   // ... whose x's codes its producer wrote (plan_fp8_fused_codes)
+    bool f_codes = false;        // a fused residual norm or a GeGLU writing its output as e4m3 codes for that GEMM
     void* bias_bf16 = nullptr;   // a Linear's bias rounded to bf16 for its bf16-output GEMM (own_blocks_)
     // A Concat over stable inputs (ExecOptions::stable_inputs): its output lives in a buffer of
     // its own, and the pieces flagged here are written only when those inputs changed.
@@ -230,7 +230,7 @@ class CudaExecutable final : public Executable {
   // and row scales: nothing widened.
   uint64_t qfp8_off_ = 0, qfp8_bytes_ = 0;
   Status plan_quant_fp8();
-  void plan_fp8_norm_codes();
+  void plan_fp8_fused_codes();
   Status run_fp8_linear(ir::NodeId id, const void* bias, void* out);
   // VLAC_PROFILE_OPS (op_profile.h): events between the nodes of eager runs after the first.
   std::unique_ptr<NodeTimer> timer_;

@@ -83,6 +83,13 @@ Status gelu_tanh(cudaStream_t stream, const void* x, DType xt, void* y, DType yt
 /// element is read and written by one thread only.
 Status geglu(cudaStream_t stream, const void* gate, const void* up, DType it, int64_t in_stride, void* y,
              DType yt, int64_t rows, int64_t f, int64_t y_stride = 0);
+/// GeGLU as geglu (y rounded as yt would store it) straight into an FP8 GEMM's x: e4m3 codes
+/// [rows, f] and one scale a row, the same bits as geglu then quantize_rows_e4m3, y not written.
+/// Where geglu_codes_fit(f, in_stride) and gate/up are 16-byte, codes 8-byte aligned
+/// (Unsupported otherwise).
+Status geglu_e4m3(cudaStream_t stream, const void* gate, const void* up, DType it, int64_t in_stride, DType yt,
+                  int64_t rows, int64_t f, void* codes, float* scales);
+bool geglu_codes_fit(int64_t f, int64_t in_stride);
 /// x[N] += dt · v[N] (Euler step, fp32).
 Status euler_step(cudaStream_t stream, float* x, const float* v, float dt, int64_t n);
 /// y[N] = x + dt · v (the same step out of place: no copy of x first).
