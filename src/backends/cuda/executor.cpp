@@ -1998,17 +1998,26 @@ void CudaExecutable::plan_fp8_fused_codes() {
   const auto is_out = output_roots();
   std::vector<int64_t> pos(g.nodes().size(), -1);
   for (size_t i = 0; i < order_.size(); ++i) pos[size_t(order_[i])] = int64_t(i);
+  // Nodes reading each value itself (a GeGLU written in place over its gate half shares its
+  // root with the gate|up output: readers_by_root would count the GeGLU too).
+  std::vector<int> direct(g.values().size(), 0);
+  for (NodeId id : order_)
+    for (ValueId v : g.node(id).inputs) ++direct[size_t(v)];
   for (size_t i = 0; i < order_.size(); ++i) {
     const NodeId id = order_[i];
     NodePlan& p = plans_[size_t(id)];
-    if (!p.qfp8 || (p.gemm.ldx != 0 && p.gemm.ldx != p.gemm.k) || memo_.node[size_t(id)]) continue;
+    if (!p.qfp8 || memo_.node[size_t(id)]) continue;
     const ValueId xv = g.node(id).inputs[0];
-    if (root_[size_t(xv)] != xv || is_out[size_t(xv)] || readers[size_t(xv)].size() != 1) continue;
+    if (is_out[size_t(root_[size_t(xv)])] || direct[size_t(xv)] != 1) continue;
     const NodeId pid = g.value(xv).producer;
     const Node& pn = g.node(pid);
     NodePlan& pp = plans_[size_t(pid)];
-    const bool fits = pp.fused ? residual_norm_codes_fit(last_dim(g.info(xv)))
-                               : pn.op == OpKind::GeGLU && geglu_codes_fit(last_dim(g.info(xv)), row_stride(pn.inputs[0]));
+    bool fits = false;
+    if (pp.fused)  // its own block, read by this GEMM alone, rows contiguous
+      fits = root_[size_t(xv)] == xv && readers[size_t(xv)].size() == 1 && (p.gemm.ldx == 0 || p.gemm.ldx == p.gemm.k) &&
+             residual_norm_codes_fit(last_dim(g.info(xv)));
+    else if (pn.op == OpKind::GeGLU)  // perhaps a view over its gate half (plan_geglu_in_place): y is not written
+      fits = geglu_codes_fit(last_dim(g.info(xv)), row_stride(pn.inputs[0]));
     if (!fits || pp.skip || pn.outputs[0] != xv || memo_.node[size_t(pid)] || pos[size_t(pid)] < 0 ||
         pos[size_t(pid)] >= int64_t(i))
       continue;
