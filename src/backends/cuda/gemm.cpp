@@ -246,7 +246,11 @@ struct GemmRunner::Impl {
     if (handle) cublasLtDestroy(handle);
     device_free(counters);
   }
-  Status make(const GemmDesc& d, Plan& p);
+  // ws_limit: the workspace a plan may use (the runner's by default; 0 for the FP8 probe).
+  Status make(const GemmDesc& d, Plan& p, uint64_t ws_limit = UINT64_MAX);
+  // FP8 combinations (output dtype, epilogue, accumulation, K parts) run once on small buffers.
+  std::map<std::tuple<int, int, bool, int>, Status> fp8_probes;
+  Status probe_fp8(const GemmDesc& d);
   Status run_skinny(cudaStream_t stream, const GemmDesc& d, int splits, const void* x, const void* w, const void* bias,
                     void* y, void* ws) const {
     const SkinnyGemm g{d.m, d.n, d.k, d.out, bias != nullptr, splits};
@@ -334,7 +338,70 @@ void GemmRunner::Impl::tune(cudaStream_t stream, const GemmDesc& d, Plan& p, con
   trim_clean_pages();
 }
 
-Status GemmRunner::Impl::make(const GemmDesc& d, Plan& p) {
+// cuBLASLt may offer an algorithm for an FP8 combination it then refuses at the call (an
+// unsupported scale mode is reported by cublasLtMatmul alone, as CUBLAS_STATUS_INVALID_VALUE), and
+// a refusal inside a chunk could not fall back to widening. So each combination of output dtype,
+// epilogue, accumulation and K parts runs once, at 16 x 16 x 64·parts on zeroed buffers (and up
+// to 4 MiB of workspace, freed after) on the default stream, before a plan of it is made; a
+// failure makes the plan Unsupported.
+Status GemmRunner::Impl::probe_fp8(const GemmDesc& d) {
+  const auto key = std::tuple(int(d.out), int(d.epilogue), d.accumulate, d.k_parts);
+  if (auto it = fp8_probes.find(key); it != fp8_probes.end()) return it->second;
+  GemmDesc pd{16, 16, 64 * std::max(1, d.k_parts), DType::F8_E4M3, d.out, d.epilogue, d.accumulate};
+  pd.k_parts = d.k_parts;
+  Plan pp;
+  const uint64_t wsb = std::min<uint64_t>(workspace, 4ull << 20);  // a few MiB, briefly, at plan time
+  Status st = make(pd, pp, wsb);
+  const uint64_t ys = uint64_t(16 * 16) * std::max(1, d.k_parts) * dtype_size(d.out);
+  void *x = nullptr, *w = nullptr, *sc = nullptr, *b = nullptr, *y = nullptr, *wsp = nullptr;
+  if (st.is_ok()) {
+    if (cudaMalloc(&x, uint64_t(16 * pd.k)) != cudaSuccess || cudaMalloc(&w, uint64_t(16 * pd.k)) != cudaSuccess ||
+        cudaMalloc(&sc, 64) != cudaSuccess || cudaMalloc(&b, 64) != cudaSuccess || cudaMalloc(&y, ys) != cudaSuccess ||
+        (wsb > 0 && cudaMalloc(&wsp, wsb) != cudaSuccess)) {
+      (void)cudaGetLastError();
+      st = Status(StatusCode::Backend, "gemm: no device memory for the FP8 probe");
+    }
+  }
+  if (st.is_ok()) {
+    const float one[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+    (void)cudaMemset(x, 0, uint64_t(16 * pd.k));
+    (void)cudaMemset(w, 0, uint64_t(16 * pd.k));
+    (void)cudaMemset(b, 0, 64);
+    (void)cudaMemset(y, 0, ys);
+    (void)cudaMemcpy(sc, one, sizeof one, cudaMemcpyHostToDevice);
+    const void* bias = has_bias(d.epilogue) ? b : nullptr;
+    cublasStatus_t ls = CUBLAS_STATUS_SUCCESS;
+    if (bias) ls = cublasLtMatmulDescSetAttribute(pp.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias));
+    if (ls == CUBLAS_STATUS_SUCCESS)
+      ls = cublasLtMatmulDescSetAttribute(pp.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sc, sizeof(sc));
+    if (ls == CUBLAS_STATUS_SUCCESS)
+      ls = cublasLtMatmulDescSetAttribute(pp.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sc, sizeof(sc));
+    const float alpha = 1.0f, beta = d.accumulate ? 1.0f : 0.0f;
+    if (ls == CUBLAS_STATUS_SUCCESS)
+      ls = cublasLtMatmul(handle, pp.op, &alpha, w, pp.a, x, pp.b, &beta, y, pp.c, y, pp.c, &pp.algo, wsp, wsb, nullptr);
+    const cudaError_t ce = cudaStreamSynchronize(nullptr);
+    if (ls != CUBLAS_STATUS_SUCCESS) st = lt_error("FP8 probe of " + shape_name(d), ls);
+    else if (ce != cudaSuccess) st = Status(StatusCode::Backend, std::string("FP8 probe: ") + cudaGetErrorString(ce));
+    if (!st.is_ok()) st = unsupported("gemm " + shape_name(d) + ": cuBLASLt refuses this FP8 combination (" + st.message() + ")");
+    (void)cudaGetLastError();
+  }
+  for (void* ptr : {x, w, sc, b, y, wsp})
+    if (ptr) cudaFree(ptr);
+  pp.destroy();
+  fp8_probes.emplace(key, st);
+  return st;
+}
+
+// FP8 rows must be 16-byte multiples (cuBLASLt's FP8 leading dimensions); sm_89 and later.
+static Status fp8_precheck(const GemmDesc& d) {
+  if (d.k % (16 * std::max(1, d.k_parts)) != 0 || (d.ldx != 0 && d.ldx % 16 != 0))
+    return unsupported("gemm " + shape_name(d) + ": FP8 needs k and x's row stride multiples of 16");
+  if (device_compute_capability() < 89)
+    return unsupported("gemm " + shape_name(d) + ": FP8 GEMMs need compute capability 8.9 or later");
+  return Status::ok();
+}
+
+Status GemmRunner::Impl::make(const GemmDesc& d, Plan& p, uint64_t ws_limit) {
   const std::string name = shape_name(d);
   if (d.m <= 0 || d.n <= 0 || d.k <= 0) return invalid_argument("gemm " + name + ": sizes must be positive");
   if ((d.in != DType::BF16 && d.in != DType::F32 && d.in != DType::F8_E4M3) ||
@@ -342,11 +409,7 @@ Status GemmRunner::Impl::make(const GemmDesc& d, Plan& p) {
     return unsupported("gemm " + name + ": inputs must be BF16, F32 or F8_E4M3, the output BF16 or F32");
   if (d.in == DType::F32 && d.out != DType::F32) return unsupported("gemm " + name + ": F32 inputs need an F32 output");
   const bool fp8 = d.in == DType::F8_E4M3;
-  // FP8 rows must be 16-byte multiples (cuBLASLt's FP8 leading dimensions); sm_89 and later.
-  if (fp8 && (d.k % (16 * std::max(1, d.k_parts)) != 0 || (d.ldx != 0 && d.ldx % 16 != 0)))
-    return unsupported("gemm " + name + ": FP8 needs k and x's row stride multiples of 16");
-  if (fp8 && device_compute_capability() < 89)
-    return unsupported("gemm " + name + ": FP8 GEMMs need compute capability 8.9 or later");
+  if (fp8) VLAC_RETURN_IF_ERROR(fp8_precheck(d));
   const cublasComputeType_t ct = d.tf32 && d.in == DType::F32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   VLAC_LT(cublasLtMatmulDescCreate(&p.op, ct, CUDA_R_32F), "descriptor " + name);
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
@@ -396,7 +459,7 @@ Status GemmRunner::Impl::make(const GemmDesc& d, Plan& p) {
 
   cublasLtMatmulPreference_t pref = nullptr;
   VLAC_LT(cublasLtMatmulPreferenceCreate(&pref), "preference " + name);
-  const uint64_t ws = workspace;
+  const uint64_t ws = std::min(workspace, ws_limit);
   const uint32_t align = 16;  // arena offsets are 16-byte aligned, not 256 (cuBLASLt's default assumption)
   cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
   for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
@@ -472,6 +535,10 @@ Result<GemmRunner> GemmRunner::create(uint64_t workspace_bytes) {
 Status GemmRunner::plan(const GemmDesc& d) {
   auto it = impl_->plans.find(d.key());
   if (it != impl_->plans.end()) return Status::ok();
+  if (d.in == DType::F8_E4M3 && d.m > 0 && d.n > 0 && d.k > 0) {
+    VLAC_RETURN_IF_ERROR(fp8_precheck(d));  // the cheap refusals first, without a probe
+    VLAC_RETURN_IF_ERROR(impl_->probe_fp8(d));
+  }
   Plan p;
   Status s = impl_->make(d, p);
   if (!s.is_ok()) {
