@@ -1969,8 +1969,11 @@ Status CudaExecutable::plan_quant_fp8() {
     ++planned;
     qfp8_bytes_ = std::max(qfp8_bytes_, al(uint64_t(fd.m * fd.k)) + al(uint64_t(fd.m) * 4));
   }
-  if (fell_back > 0)
-    std::fprintf(stderr, "vlac: note: engine '%s': %lld of %lld e4m3 GEMMs widen to bf16 instead of running in FP8 (%s)\n",
+  static std::atomic<bool> noted{false};  // once a process: a package has tens of engines
+  if (fell_back > 0 && !noted.exchange(true))
+    std::fprintf(stderr,
+                 "vlac: note: engine '%s': %lld of %lld e4m3 GEMMs widen to bf16 instead of running in FP8 (%s); "
+                 "other engines are not reported\n",
                  options_.label.c_str(), static_cast<long long>(fell_back), static_cast<long long>(fell_back + planned),
                  why.c_str());
   if (planned == 0) return Status::ok();
