@@ -220,6 +220,13 @@ std::string cache_key(const GemmDesc& d) {
 
 // What the cache is keyed by: the GPU, its multiprocessors, cuBLASLt's version, the workspace and
 // the timing's settings (another candidate count or the skinny kernel change the answers).
+// VLAC_FP8_FAST_ACCUM=1: Hopper's FP8 MMA sums without the periodic fp32 promotion (faster, less
+// exact over long K), for A/B; off by default.
+static bool fp8_fast_accum() {
+  static const bool on = env_on("VLAC_FP8_FAST_ACCUM");
+  return on;
+}
+
 std::string tune_identity(uint64_t workspace, int sms) {
   int dev = 0;
   cudaDeviceProp prop{};
@@ -230,7 +237,8 @@ std::string tune_identity(uint64_t workspace, int sms) {
     (void)cudaGetLastError();
   return name + "_" + std::to_string(sms) + "sms_lt" + std::to_string(cublasLtGetVersion()) + "_ws" +
          std::to_string(workspace >> 20) + "m_c" + std::to_string(candidate_count()) + "_s" +
-         std::to_string(int(skinny_mode())) + (cold_timing() ? "_cold" : "") + (reduction_variants() ? "_inplace" : "");
+         std::to_string(int(skinny_mode())) + (cold_timing() ? "_cold" : "") + (reduction_variants() ? "_inplace" : "") +
+         (fp8_fast_accum() ? "_fp8fast" : "");
 }
 
 struct GemmRunner::Impl {
@@ -424,6 +432,8 @@ Status GemmRunner::Impl::make(const GemmDesc& d, Plan& p, uint64_t ws_limit) {
   }
   VLAC_LT(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)), "epilogue " + name);
   if (fp8) {  // one fp32 scale per row of W (cuBLASLt's A: our n) and of x (its B: our m)
+    const int8_t fa = fp8_fast_accum() ? 1 : 0;
+    VLAC_LT(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fa, sizeof(fa)), "fast accumulation " + name);
     const int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
     VLAC_LT(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof(mode)), "W scales " + name);
     VLAC_LT(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof(mode)), "x scales " + name);
