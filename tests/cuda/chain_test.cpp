@@ -753,6 +753,31 @@ TEST_F(CudaChain, GroupedDequantMatchesOneByOne) {
   EXPECT_FALSE(cuda::dequant_bf16_many(nullptr, none, 9).is_ok()) << "more than 8 jobs";
 }
 
+// A tiny fixture compiled bf16-all with 8-bit matrices (dt) for the CPU or CUDA into tmp, in
+// engines of 64 KiB (several engines per stage).
+Pi05CompileOptions eight_bit_options(const fs::path& tmp, bool cuda, DType dt) {
+  Pi05CompileOptions co;
+  co.out = (tmp / (std::string(cuda ? "cuda" : "cpu") + ".vlac")).string();
+  co.backend = cuda ? "cuda" : "cpu";
+  co.bf16 = true;
+  co.bf16_all_matrices = true;
+  co.weight_quant = dt;
+  co.engine_cap = 64 << 10;
+  return co;
+}
+// The mean over actions (rows of `width`) of the cosine similarity of a and b.
+double mean_action_cosine(const std::vector<float>& a, const std::vector<float>& b, size_t width) {
+  const size_t rows = b.size() / width;
+  double cos = 0;
+  for (size_t r = 0; r < rows; ++r) {
+    double ab = 0, aa = 0, bb = 0;
+    for (size_t j = r * width; j < (r + 1) * width; ++j)
+      ab += double(a[j]) * b[j], aa += double(a[j]) * a[j], bb += double(b[j]) * b[j];
+    cos += ab / std::sqrt(aa * bb) / double(rows);
+  }
+  return cos;
+}
+
 // int8 and fp8 packages (8-bit matrices, core/quant.h) compiled for CUDA run on the GPU: recorded
 // chunks equal the eager run, the memo's weights left in the package give the same actions, and
 // the actions agree with the same package compiled for and run on the CPU (bf16-level
@@ -771,13 +796,7 @@ TEST_F(CudaChain, EightBitPackagesAgreeWithTheCpuAndLerobot) {
       auto noise = read_pi05_noise(dir + "/noise.safetensors", folder_pol->model());
       ASSERT_TRUE(obs.is_ok() && noise.is_ok());
       for (int b = 0; b < 2; ++b) {
-        Pi05CompileOptions co;
-        co.out = (tmp / (std::string(b ? "cuda" : "cpu") + ".vlac")).string();
-        co.backend = b ? "cuda" : "cpu";
-        co.bf16 = true;
-        co.bf16_all_matrices = true;
-        co.weight_quant = dt;
-        co.engine_cap = 64 << 10;
+        const Pi05CompileOptions co = eight_bit_options(tmp, b == 1, dt);
         auto sum = compile_pi05(dir + "/policy", co);
         ASSERT_TRUE(sum.is_ok()) << name << ": " << sum.status().message();
         for (const char* on_demand : {"0", "1"}) {
@@ -803,14 +822,7 @@ TEST_F(CudaChain, EightBitPackagesAgreeWithTheCpuAndLerobot) {
       }
       const std::vector<float> want = read_f32(dir + "/expected.safetensors", "action_normalized");
       const double gpu_cpu = max_abs_diff(out[1], out[0]), gpu_lr = max_abs_diff(out[1], want);
-      double cos = 0;
-      const size_t width = size_t(folder_pol->model().dims().max_action_dim), rows = want.size() / width;
-      for (size_t r = 0; r < rows; ++r) {
-        double ab = 0, aa = 0, bb = 0;
-        for (size_t j = r * width; j < (r + 1) * width; ++j)
-          ab += double(out[1][j]) * want[j], aa += double(out[1][j]) * out[1][j], bb += double(want[j]) * want[j];
-        cos += ab / std::sqrt(aa * bb) / double(rows);
-      }
+      const double cos = mean_action_cosine(out[1], want, size_t(folder_pol->model().dims().max_action_dim));
       // The tiny models' K (32-160) is no multiple of 64: every GEMM takes the widened path,
       // bf16(code · scale) per weight where the CPU scales the fp32 sum (measured 0.008-0.018).
       EXPECT_LE(gpu_cpu, 3e-2) << name;
@@ -840,13 +852,7 @@ TEST_F(CudaChain, Fp8PackageRunsAsW8A8) {
     ASSERT_TRUE(obs.is_ok() && noise.is_ok());
     std::vector<float> cpu, fused, apart;
     for (int b = 0; b < 2; ++b) {
-      Pi05CompileOptions co;
-      co.out = (tmp / (std::string(b ? "cuda" : "cpu") + ".vlac")).string();
-      co.backend = b ? "cuda" : "cpu";
-      co.bf16 = true;
-      co.bf16_all_matrices = true;
-      co.weight_quant = DType::F8_E4M3;
-      co.engine_cap = 64 << 10;
+      const Pi05CompileOptions co = eight_bit_options(tmp, b == 1, DType::F8_E4M3);
       auto sum = compile_pi05(dir + "/policy", co);
       ASSERT_TRUE(sum.is_ok()) << fx << ": " << sum.status().message();
       for (const char* norm_codes : {"1", "0"}) {
@@ -871,14 +877,7 @@ TEST_F(CudaChain, Fp8PackageRunsAsW8A8) {
     }
     EXPECT_EQ(max_abs_diff(fused, apart), 0.0) << fx << ": codes from the norms against codes in the GEMMs' launches";
     const std::vector<float> want = read_f32(dir + "/expected.safetensors", "action_normalized");
-    const size_t width = size_t(folder_pol->model().dims().max_action_dim), rows = want.size() / width;
-    double cos = 0;
-    for (size_t r = 0; r < rows; ++r) {
-      double ab = 0, aa = 0, bb = 0;
-      for (size_t j = r * width; j < (r + 1) * width; ++j)
-        ab += double(fused[j]) * want[j], aa += double(fused[j]) * fused[j], bb += double(want[j]) * want[j];
-      cos += ab / std::sqrt(aa * bb) / double(rows);
-    }
+    const double cos = mean_action_cosine(fused, want, size_t(folder_pol->model().dims().max_action_dim));
     const double gpu_cpu = max_abs_diff(fused, cpu), gpu_lr = max_abs_diff(fused, want);
     std::printf("[ cuda     ] %s fp8 package as W8A8: cuda vs cpu (weight-only) %.3g, vs lerobot fp32 %.3g, mean cosine %.6f\n",
                 fx, gpu_cpu, gpu_lr, cos);
