@@ -554,7 +554,7 @@ Status CudaExecutable::plan(const CudaWeights& weights) {
   for (NodeId id : order_) {
     const Node& n = g.node(id);
     NodePlan& p = plans_[size_t(id)];
-    if (n.op == OpKind::Linear && p.bf16 && p.gemm.m > 0 && !bf16_stored(n.inputs[0]))
+    if (n.op == OpKind::Linear && p.bf16 && p.gemm.m > 0 && !p.qfp8 && !bf16_stored(n.inputs[0]))  // (FP8: codes)
       scratch_bytes_ = std::max(scratch_bytes_, al(uint64_t(g.info(n.inputs[0]).numel()) * 2));
     if (n.op != OpKind::Attention) continue;
     const AttentionShape& sh = p.att;
