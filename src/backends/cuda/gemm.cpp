@@ -218,8 +218,6 @@ std::string cache_key(const GemmDesc& d) {
          (ldy != 0 && ldy != n ? ",y" + std::to_string(ldy) : "");
 }
 
-// What the cache is keyed by: the GPU, its multiprocessors, cuBLASLt's version, the workspace and
-// the timing's settings (another candidate count or the skinny kernel change the answers).
 // VLAC_FP8_FAST_ACCUM=1: Hopper's FP8 MMA sums without the periodic fp32 promotion (faster, less
 // exact over long K), for A/B; off by default.
 static bool fp8_fast_accum() {
@@ -227,6 +225,9 @@ static bool fp8_fast_accum() {
   return on;
 }
 
+// What the cache is keyed by: the GPU, its multiprocessors, cuBLASLt's version, the workspace and
+// the timing's settings (another candidate count, the skinny kernel or FP8 fast accumulation
+// change the answers).
 std::string tune_identity(uint64_t workspace, int sms) {
   int dev = 0;
   cudaDeviceProp prop{};
