@@ -881,7 +881,7 @@ TEST_F(CudaChain, Fp8PackageRunsAsW8A8) {
     const double gpu_cpu = max_abs_diff(fused, cpu), gpu_lr = max_abs_diff(fused, want);
     std::printf("[ cuda     ] %s fp8 package as W8A8: cuda vs cpu (weight-only) %.3g, vs lerobot fp32 %.3g, mean cosine %.6f\n",
                 fx, gpu_cpu, gpu_lr, cos);
-    EXPECT_LE(gpu_cpu, 0.3) << fx;
+    EXPECT_LE(gpu_cpu, 0.5) << fx;  // a sanity bound: x's e4m3 rounding on top of the weights' (printed above)
     EXPECT_GE(cos, 0.995) << fx;
     fs::remove_all(tmp);
   }
