@@ -419,7 +419,8 @@ def main() -> int:
     ap.add_argument("--extra-dtypes", default="",
                     help="comma-separated: more packages of the same folder (e.g. fp8,bf16-all), each compiled and "
                          "run by pi05_chunk_bench after the main one, with its latency, memory and distance from "
-                         "lerobot fp32 (extra.<dtype> in the JSON)")
+                         "lerobot fp32 (extra.<dtype> in the JSON); DTYPE+VAR=VALUE[+VAR=VALUE] runs that dtype's "
+                         "package with those environment variables (e.g. fp8+VLAC_FP8_GEMM=1), compiled once")
     ap.add_argument("--extra-chunks", type=int, default=20, help="chunks per round of each extra dtype")
     ap.add_argument("--dtype", choices=["bf16", "bf16-all", "int8", "fp8", "fp32"], default="bf16",
                     help="the vlac package's precision (vlac compile --dtype): bf16 = lerobot's bf16 split (SigLIP, "
@@ -477,9 +478,10 @@ def main() -> int:
         result["seconds"]["total"] = now() - t_start
         args.out.write_text(json.dumps(result, indent=2, default=str) + "\n")
 
-    def run(cmd, step):
+    def run(cmd, step, env=None):
         t0 = now()
-        p = subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
+        p = subprocess.run([str(c) for c in cmd], capture_output=True, text=True,
+                           env={**os.environ, **env} if env else None)
         result["seconds"][step] = now() - t0
         if p.returncode != 0:
             result.setdefault("errors", []).append({"step": step, "exit": p.returncode, "stderr": p.stderr[-3000:]})
@@ -557,18 +559,25 @@ def main() -> int:
             mem["peak_rss_bytes"] + int((peak - idle) * 1048576)
     save()
     extra_acts = {}
-    for dt in [d for d in args.extra_dtypes.split(",") if d]:
+    for spec in [d for d in args.extra_dtypes.split(",") if d]:
+        dt, *envs = spec.split("+")
+        if any("=" not in e for e in envs):
+            raise SystemExit(f"--extra-dtypes: {spec!r}: settings after the dtype are VAR=VALUE, joined by '+'")
+        env = dict(e.split("=", 1) for e in envs)
+        tag = spec.replace("+", "_").replace("=", "-")  # for file names
         xp = work / f"policy-{dt}.vlac"
-        run([vlac, "compile", folder, "-o", xp, "--backend", backend, "--dtype", dt, "--report-json",
-             work / f"compile-{dt}.json", "--quiet"], f"vlac_compile_{dt}")
+        if not (work / f"compile-{dt}.json").exists():  # one package per dtype, whatever the settings
+            run([vlac, "compile", folder, "-o", xp, "--backend", backend, "--dtype", dt, "--report-json",
+                 work / f"compile-{dt}.json", "--quiet"], f"vlac_compile_{dt}")
         xc = json.loads((work / f"compile-{dt}.json").read_text())
         run([bench, xp, "--obs", obs_path, "--noise", noise_path, "--warmup", args.warmup, "--rounds", args.rounds,
-             "--chunks", args.extra_chunks, "--threads", args.threads, "--out", work / f"vlac_bench_{dt}.json",
-             "--actions", work / f"vlac_actions_{dt}.safetensors", "--vision", args.vision], f"vlac_run_{dt}")
-        xb = json.loads((work / f"vlac_bench_{dt}.json").read_text())
-        extra_acts[dt] = load_file(str(work / f"vlac_actions_{dt}.safetensors"))["action_normalized"].float()
+             "--chunks", args.extra_chunks, "--threads", args.threads, "--out", work / f"vlac_bench_{tag}.json",
+             "--actions", work / f"vlac_actions_{tag}.safetensors", "--vision", args.vision], f"vlac_run_{tag}", env)
+        xb = json.loads((work / f"vlac_bench_{tag}.json").read_text())
+        extra_acts[spec] = load_file(str(work / f"vlac_actions_{tag}.safetensors"))["action_normalized"].float()
         xm = xb["memory"]
-        result.setdefault("extra", {})[dt] = {
+        result.setdefault("extra", {})[spec] = {
+            "environment": env,
             "package_bytes": xp.stat().st_size, "packed_weight_bytes": xc.get("packed_weight_bytes"),
             "compile_wall_seconds": xc.get("wall_seconds"), "compile_peak_rss_bytes": xc.get("peak_rss_bytes"),
             "recorded_chunk": (xb.get("recorded_chunk") or {}).get("summary"), "summary": xb.get("summary"),
