@@ -40,6 +40,7 @@ for cams in ${BENCH_CAMERAS:-3}; do
     --cameras "$cams" --dtype "${BENCH_DTYPE:-bf16-all}" --extra-dtypes "${BENCH_EXTRA:-}" "${skip[@]}" ${BENCH_ARGS:-} \
     --out "$out/bench_cuda$sfx.json" > "$out/bench$sfx.log" 2>&1
   el "bench rc=$?"; tail -3 "$out/bench$sfx.log"
+  [ -f "$out/bench_cuda$sfx.json" ] && python3 "$VLAC_SOURCE_DIR/tools/acceptance_table.py" "$out/bench_cuda$sfx.json"
 done
 if [ "${CUDA_BENCH:-0}" = 1 ] && [ -x /tmp/vb/bin/cuda_bench ]; then
   el "cuda_bench --gemms-only"
