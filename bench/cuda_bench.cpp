@@ -23,48 +23,20 @@
 
 #include "backends/cuda/gemm.h"
 #include "backends/cuda/kernels.h"
+#include "cuda_bench_util.h"
 
 using namespace vlac;
 using namespace vlac::cuda;
 
 namespace {
 
-#define CK(expr)                                                                         \
-  do {                                                                                   \
-    const cudaError_t e_ = (expr);                                                       \
-    if (e_ != cudaSuccess) {                                                             \
-      std::fprintf(stderr, "cuda_bench: %s: %s\n", #expr, cudaGetErrorString(e_));        \
-      std::exit(1);                                                                      \
-    }                                                                                    \
-  } while (0)
-#define SK(expr)                                                                         \
-  do {                                                                                   \
-    const Status s_ = (expr);                                                            \
-    if (!s_.is_ok()) {                                                                   \
-      std::fprintf(stderr, "cuda_bench: %s\n", s_.message().c_str());                    \
-      std::exit(1);                                                                      \
-    }                                                                                    \
-  } while (0)
-
-void* dalloc(size_t bytes) {
-  void* p = nullptr;
-  CK(cudaMalloc(&p, bytes));
-  return p;
-}
-
 // Random bf16 values ~ N(0, sd)-ish (sum of uniforms), filled on the host once per buffer.
 void fill_bf16(void* d, size_t n, uint32_t seed, float sd) {
-  std::vector<uint16_t> h(n);
-  uint32_t s = seed * 2654435761u + 1;
-  for (size_t i = 0; i < n; ++i) {
+  fill_bf16_with(d, n, seed, [sd](auto& uniform) {
     float acc = 0;
-    for (int j = 0; j < 3; ++j) {
-      s = s * 1664525u + 1013904223u;
-      acc += float(s >> 8) / float(1 << 24) - 0.5f;
-    }
-    h[i] = f32_to_bf16(acc * 2.0f * sd);
-  }
-  CK(cudaMemcpy(d, h.data(), n * 2, cudaMemcpyHostToDevice));
+    for (int j = 0; j < 3; ++j) acc += uniform() - 0.5f;
+    return acc * 2.0f * sd;
+  });
 }
 
 struct Stat {
@@ -407,13 +379,7 @@ int main(int argc, char** argv) {
   std::printf("per chunk: attention %.3f ms (sum of medians; anchor SDPA 6.0 ms), GEMMs %.3f ms back to back, %.3f ms in "
               "graphs (anchor: cuBLAS in one graph 11.2 ms); attention in graphs %.3f ms\n", attn_chunk_ms, gemm_chunk_ms,
               gemm_graph_chunk_ms, attn_graph_chunk_ms);
-  const std::string text = j.dump(2);
-  if (!out_path.empty()) {
-    std::ofstream f(out_path);
-    f << text << "\n";
-  } else {
-    std::printf("%s\n", text.c_str());
-  }
+  emit_json(j.dump(2), out_path);
   CK(cudaFree(ws));
   CK(cudaFree(pool));
   if (pool8) {

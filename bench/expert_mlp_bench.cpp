@@ -21,6 +21,7 @@
 #include "backends/cuda/gemm.h"
 #include "backends/cuda/kernels.h"
 #include "core/dtype.h"
+#include "cuda_bench_util.h"
 #include "weight_stream_probe.h"
 
 using namespace vlac;
@@ -28,39 +29,9 @@ using namespace vlac::cuda;
 
 namespace {
 
-#define CK(expr)                                                                  \
-  do {                                                                            \
-    const cudaError_t e_ = (expr);                                                \
-    if (e_ != cudaSuccess) {                                                      \
-      std::fprintf(stderr, "expert_mlp_bench: %s: %s\n", #expr, cudaGetErrorString(e_)); \
-      std::exit(1);                                                               \
-    }                                                                             \
-  } while (0)
-#define SK(expr)                                                                  \
-  do {                                                                            \
-    const Status s_ = (expr);                                                     \
-    if (!s_.is_ok()) {                                                            \
-      std::fprintf(stderr, "expert_mlp_bench: %s\n", s_.message().c_str());        \
-      std::exit(1);                                                               \
-    }                                                                             \
-  } while (0)
-
-void* dalloc(size_t bytes) {
-  void* p = nullptr;
-  CK(cudaMalloc(&p, bytes));
-  CK(cudaMemset(p, 0, bytes));
-  return p;
-}
-
 // Uniform bf16 in [-a, a), filled on the host once per buffer.
 void fill_bf16(void* d, size_t n, uint32_t seed, float a) {
-  std::vector<uint16_t> h(n);
-  uint32_t s = seed * 2654435761u + 1;
-  for (size_t i = 0; i < n; ++i) {
-    s = s * 1664525u + 1013904223u;
-    h[i] = f32_to_bf16((float(s >> 8) / float(1 << 24) * 2.f - 1.f) * a);
-  }
-  CK(cudaMemcpy(d, h.data(), n * 2, cudaMemcpyHostToDevice));
+  fill_bf16_with(d, n, seed, [a](auto& uniform) { return (uniform() * 2.f - 1.f) * a; });
 }
 
 double median(std::vector<double> v) {
@@ -292,12 +263,6 @@ int main(int argc, char** argv) {
     for (void* b : buf) CK(cudaFree(b));
   }
   j["settings"] = rows;
-  const std::string text = j.dump(2);
-  if (!out_path.empty()) {
-    std::ofstream f(out_path);
-    f << text << "\n";
-  } else {
-    std::printf("%s\n", text.c_str());
-  }
+  emit_json(j.dump(2), out_path);
   return 0;
 }
