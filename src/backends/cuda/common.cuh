@@ -91,6 +91,30 @@ __device__ __forceinline__ uint8_t f32_to_e4m3(float v) {
   return uint8_t(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
 }
 
+// Maximum of v over the block (every thread gets it). `red` holds one float per warp (<= 32); it
+// may have been used by an earlier reduction (a barrier comes first).
+__device__ __forceinline__ float block_max(float v, float* red) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float m = red[0];
+  for (int i = 1; i < int(blockDim.x / 32); ++i) m = fmaxf(m, red[i]);
+  return m;
+}
+
+// FP8 W8A8's row scale, for the kernels that write a GEMM's x as e4m3 codes, one block a row
+// (quantize_rows_e4m3, the norms' NormArgs::codes, geglu_e4m3): each thread's max|v| and whether
+// it saw a NaN (fmaxf drops NaN), reduced over the block; thread 0 writes *scale = amax / 448
+// (NaN for a row with a NaN). Returns 448 / amax, the codes' multiplier (0 for a zero or NaN row).
+__device__ __forceinline__ float e4m3_row_inv(float amax, bool nan, float* red, float* scale) {
+  amax = block_max(amax, red);
+  if (block_max(nan ? 1.0f : 0.0f, red) > 0.0f) amax = __int_as_float(0x7FC00000);
+  if (threadIdx.x == 0) *scale = amax / 448.0f;
+  return amax > 0.0f ? 448.0f / amax : 0.0f;
+}
+
 // GELU, tanh form (pi0.5's gelu_pytorch_tanh; cuBLASLt's GELU epilogue is the same function).
 __device__ __forceinline__ float gelu_tanh_1(float v) {
   // 0.5·v·(1 + tanh(z)) = v / (1 + e^(−2z)), z = √(2/π)·(v + 0.044715·v³); expf, not __expf:

@@ -112,20 +112,7 @@ __global__ void __launch_bounds__(kRowThreads) geglu_e4m3_kernel(const Tx* gate,
       nan = nan || isnan(v[q][k]);
     }
   }
-  float m = amax, any = nan ? 1.0f : 0.0f;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    any = fmaxf(any, __shfl_xor_sync(0xffffffffu, any, o));
-  }
-  __shared__ float red_nan[kRowThreads / 32];
-  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = m, red_nan[threadIdx.x / 32] = any;
-  __syncthreads();
-  m = red[0], any = red_nan[0];
-  for (int i = 1; i < kRowThreads / 32; ++i) m = fmaxf(m, red[i]), any = fmaxf(any, red_nan[i]);
-  if (any > 0.0f) m = __int_as_float(0x7FC00000);
-  const float inv = m > 0.0f ? 448.0f / m : 0.0f;
-  if (threadIdx.x == 0) scales[r] = m / 448.0f;
+  const float inv = e4m3_row_inv(amax, nan, red, scales + r);
 #pragma unroll
   for (int q = 0; q < kC; ++q) {
     const int64_t c = (int64_t(q) * kRowThreads + threadIdx.x) * 8;

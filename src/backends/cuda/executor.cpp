@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <tuple>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -1948,15 +1949,14 @@ Status CudaExecutable::plan_quant_fp8() {
       continue;
     const ValueId r = root_[size_t(n.inputs[1])];
     if (!widened(r) || weight_entry_[size_t(r)]->dtype != DType::F8_E4M3) continue;
-    GemmDesc fd = p.gemm;
-    fd.in = DType::F8_E4M3;
-    fd.ldx = 0;  // x's codes are contiguous
+    GemmDesc fd = fp8_desc(p);
     Status st = ctx_->gemm().plan(fd);
     const bool gelu = fd.epilogue == Epilogue::Gelu || fd.epilogue == Epilogue::BiasGelu;
     if (!st.is_ok() && gelu && (fd.ldy == 0 || fd.ldy == fd.n) && !fd.accumulate) {
       // No FP8 GEMM with a GELU epilogue: the GEMM rounds y (as torch's bf16 Linear does before
       // its GELU), then the GELU runs over y in place.
-      fd.epilogue = fd.epilogue == Epilogue::BiasGelu ? Epilogue::Bias : Epilogue::None;
+      p.qfp8_gelu = true;
+      fd = fp8_desc(p);
       st = ctx_->gemm().plan(fd);
       p.qfp8_gelu = st.is_ok();
     }
@@ -1967,7 +1967,7 @@ Status CudaExecutable::plan_quant_fp8() {
     }
     p.qfp8 = true;
     ++planned;
-    qfp8_bytes_ = std::max(qfp8_bytes_, al(uint64_t(fd.m * fd.k)) + al(uint64_t(fd.m) * 4));
+    qfp8_bytes_ = std::max(qfp8_bytes_, fp8_x_bytes(fd.m, fd.k));
   }
   static std::atomic<bool> noted{false};  // once a process: a package has tens of engines
   if (fell_back > 0 && !noted.exchange(true))
@@ -2032,20 +2032,33 @@ void CudaExecutable::plan_fp8_fused_codes() {
   }
 }
 
+// The FP8 GEMM of a Linear (plan_quant_fp8): its planned desc with e4m3 inputs, x's codes
+// contiguous, and the GELU left to a kernel after it where no FP8 epilogue has one.
+GemmDesc CudaExecutable::fp8_desc(const NodePlan& p) {
+  GemmDesc fd = p.gemm;
+  fd.in = DType::F8_E4M3;
+  fd.ldx = 0;
+  if (p.qfp8_gelu) fd.epilogue = fd.epilogue == Epilogue::BiasGelu ? Epilogue::Bias : Epilogue::None;
+  return fd;
+}
+
+// x's e4m3 codes (m·k bytes) and then its m row scales, in the scratch at qfp8_off_.
+uint64_t CudaExecutable::fp8_x_bytes(int64_t m, int64_t k) { return al(uint64_t(m * k)) + al(uint64_t(m) * 4); }
+std::pair<uint8_t*, float*> CudaExecutable::fp8_x_codes(int64_t elems) const {
+  auto* codes = static_cast<uint8_t*>(scratch_at(qfp8_off_));
+  return {codes, reinterpret_cast<float*>(codes + al(uint64_t(elems)))};
+}
+
 Status CudaExecutable::run_fp8_linear(NodeId id, const void* bias, void* out) {
   const Node& n = graph_.node(id);
   const NodePlan& p = plans_[size_t(id)];
   const size_t r = size_t(root_[size_t(n.inputs[1])]);
   const CudaWeights::Entry* e = weight_entry_[r];
-  GemmDesc fd = p.gemm;
-  fd.in = DType::F8_E4M3;
-  fd.ldx = 0;
-  if (p.qfp8_gelu) fd.epilogue = fd.epilogue == Epilogue::BiasGelu ? Epilogue::Bias : Epilogue::None;
+  const GemmDesc fd = fp8_desc(p);
   if (e->shape[0] != fd.n || e->shape[1] != fd.k)
     return internal_error(where(n) + ": FP8 GEMM planned with another shape than its weight");
   cudaStream_t s = ctx_->stream();
-  uint8_t* codes = static_cast<uint8_t*>(scratch_at(qfp8_off_));
-  auto* scales = reinterpret_cast<float*>(codes + al(uint64_t(fd.m * fd.k)));
+  const auto [codes, scales] = fp8_x_codes(fd.m * fd.k);
   const DType xt = bf16_stored(n.inputs[0]) ? DType::BF16 : DType::F32;
   if (!p.qfp8_x_ready)
     VLAC_RETURN_IF_ERROR(
@@ -2109,10 +2122,7 @@ Status CudaExecutable::run_node(NodeId id) {
     if (n.op == OpKind::RMSNorm) na.kind = NormKind::Rms, na.w = f(1);
     else if (n.op == OpKind::LayerNorm) na.kind = NormKind::Layer, na.w = f(1), na.b = f(2);
     else na.kind = NormKind::AdaRms, na.mod = f(1);
-    if (p.f_codes) {  // the FP8 GEMM's x, where run_fp8_linear would have quantized it
-      na.codes = static_cast<uint8_t*>(scratch_at(qfp8_off_));
-      na.code_scales = reinterpret_cast<float*>(na.codes + al(uint64_t(x.numel())));
-    }
+    if (p.f_codes) std::tie(na.codes, na.code_scales) = fp8_x_codes(x.numel());  // the FP8 GEMM's x
     VLAC_RETURN_IF_ERROR(residual_norm_to(s, ptr(p.f_h), ptr(p.f_sum), DType::F32, ptr(p.f_branch), DType::F32,
                                           p.f_has_gate ? static_cast<const float*>(ptr(p.f_gate)) : nullptr, na, out,
                                           od, x.numel() / d, d, p.f_branch_parts, p.f_part_stride));
@@ -2217,9 +2227,9 @@ Status CudaExecutable::run_node(NodeId id) {
       const int64_t d = last_dim(x);
       const DType it = bf16_stored(n.inputs[0]) ? DType::BF16 : DType::F32;
       if (p.f_codes) {  // the FP8 GEMM's x, where run_fp8_linear would have quantized it
-        auto* codes = static_cast<uint8_t*>(scratch_at(qfp8_off_));
+        const auto [codes, scales] = fp8_x_codes(x.numel());
         return geglu_e4m3(s, ptr(n.inputs[0]), ptr(n.inputs[1]), it, row_stride(n.inputs[0]), od, x.numel() / d, d, codes,
-                          reinterpret_cast<float*>(codes + al(uint64_t(x.numel()))));
+                          scales);
       }
       return geglu(s, ptr(n.inputs[0]), ptr(n.inputs[1]), it, row_stride(n.inputs[0]), out, od, x.numel() / d, d,
                    view_stride_[size_t(n.outputs[0])]);  // in place over gate: rows 2F apart (plan_geglu_in_place)

@@ -232,6 +232,9 @@ class CudaExecutable final : public Executable {
   Status plan_quant_fp8();
   void plan_fp8_fused_codes();
   Status run_fp8_linear(ir::NodeId id, const void* bias, void* out);
+  static GemmDesc fp8_desc(const NodePlan& p);
+  static uint64_t fp8_x_bytes(int64_t m, int64_t k);
+  std::pair<uint8_t*, float*> fp8_x_codes(int64_t elems) const;
   // VLAC_PROFILE_OPS (op_profile.h): events between the nodes of eager runs after the first.
   std::unique_ptr<NodeTimer> timer_;
   int64_t eager_runs_ = 0;

@@ -26,18 +26,6 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
   return s;
 }
 
-// Maximum of v over the block, as block_sum.
-__device__ __forceinline__ float block_max(float v, float* red) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __syncthreads();
-  if (lane == 0) red[warp] = v;
-  __syncthreads();
-  float m = red[0];
-  for (int i = 1; i < int(blockDim.x / 32); ++i) m = fmaxf(m, red[i]);
-  return m;
-}
-
 // y = norm(x) for one row, x read through Tx (the stored values), y written as Ty.
 template <typename Tx, typename Ty>
 __device__ void norm_row(const Tx* xr, Ty* yr, int64_t d, NormKind kind, const float* w, const float* b,
@@ -191,7 +179,8 @@ __global__ void __launch_bounds__(1024) norm4_kernel(const Th* h_in, Th* h, cons
         ss += u * u;
       }
   const float inv = rsqrtf(block_sum<0>(ss, red) / float(d) + eps);
-  float amax = 0.0f, nan = 0.0f;
+  float amax = 0.0f;
+  bool nan = false;
 #pragma unroll
   for (int c = 0; c < C; ++c) {
     if (!ok[c]) continue;
@@ -208,17 +197,14 @@ __global__ void __launch_bounds__(1024) norm4_kernel(const Th* h_in, Th* h, cons
       for (int k = 0; k < 4; ++k) {
         v[c][k] = as_stored<Ty>(o[k]);  // the row y would hold, kept for the codes
         amax = fmaxf(amax, fabsf(v[c][k]));
-        if (isnan(v[c][k])) nan = 1.0f;
+        nan = nan || isnan(v[c][k]);
       }
     } else {
       st4(y + row, e, o);
     }
   }
   if constexpr (kCodes) {
-    amax = block_max(amax, red);
-    if (block_max(nan, red) > 0.0f) amax = __int_as_float(0x7FC00000);
-    const float qinv = amax > 0.0f ? 448.0f / amax : 0.0f;
-    if (threadIdx.x == 0) scales[blockIdx.x] = amax / 448.0f;
+    const float qinv = e4m3_row_inv(amax, nan, red, scales + blockIdx.x);
 #pragma unroll
     for (int c = 0; c < C; ++c) {
       if (!ok[c]) continue;

@@ -127,7 +127,6 @@ __global__ void quantize_rows_e4m3_kernel(const Tx* x, int64_t ldx, int64_t k, u
   pdl_wait();
   const Tx* row = x + int64_t(blockIdx.x) * ldx;
   uint8_t* out = codes + int64_t(blockIdx.x) * k;
-  // fmaxf drops NaN: a row holding one is noted apart, so it does not quantize as if finite.
   float amax = 0.0f;
   bool nan = false;
   auto see = [&](float v) {
@@ -145,19 +144,7 @@ __global__ void quantize_rows_e4m3_kernel(const Tx* x, int64_t ldx, int64_t k, u
     for (int64_t c = threadIdx.x; c < k; c += blockDim.x) see(ld(row, c));
   }
   __shared__ float red[kQuantRowThreads / 32];
-  __shared__ int any_nan;
-  if (threadIdx.x == 0) any_nan = 0;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  __syncthreads();
-  if (nan) atomicOr(&any_nan, 1);
-  if ((threadIdx.x & 31) == 0) red[threadIdx.x / 32] = amax;
-  __syncthreads();
-  amax = red[0];
-  for (int i = 1; i < int(blockDim.x / 32); ++i) amax = fmaxf(amax, red[i]);
-  if (any_nan) amax = __int_as_float(0x7FC00000);
-  const float inv = amax > 0.0f ? 448.0f / amax : 0.0f;
-  if (threadIdx.x == 0) scales[blockIdx.x] = amax / 448.0f;
+  const float inv = e4m3_row_inv(amax, nan, red, scales + blockIdx.x);
   if constexpr (kVec) {
     for (int64_t c = threadIdx.x; c < k / 8; c += blockDim.x) {
       const uint4 v = reinterpret_cast<const uint4*>(row)[c];
