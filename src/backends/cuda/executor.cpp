@@ -2143,7 +2143,8 @@ Status CudaExecutable::run_node(NodeId id) {
       return Status::ok();
     case OpKind::Linear: {
       if (p.gemm.m == 0) return Status::ok();
-      if (p.qfp8) return run_fp8_linear(id, p.bias_bf16 ? p.bias_bf16 : n.inputs.size() == 3 ? ptr(n.inputs[2]) : nullptr, out);
+      const void* bias = p.bias_bf16 ? p.bias_bf16 : n.inputs.size() == 3 ? ptr(n.inputs[2]) : nullptr;
+      if (p.qfp8) return run_fp8_linear(id, bias, out);
       const void* xin = ptr(n.inputs[0]);
       if (p.bf16 && !bf16_stored(n.inputs[0])) {
         VLAC_RETURN_IF_ERROR(cast(s, xin, DType::F32, scratch_at(p.cast_off), DType::BF16, x.numel()));
@@ -2155,7 +2156,6 @@ Status CudaExecutable::run_node(NodeId id) {
                           ptr(g.node(r.geglu).outputs[0]), r.h_stride, static_cast<float*>(ptr(g.node(r.down).outputs[0])),
                           r.y_stride, scratch_at(r.ws_off), mlp_sync_);
       }
-      const void* bias = p.bias_bf16 ? p.bias_bf16 : n.inputs.size() == 3 ? ptr(n.inputs[2]) : nullptr;
       if (p.qskinny) {
         const size_t r = size_t(root_[size_t(n.inputs[1])]);
         SkinnyGemm sg{p.gemm.m, p.gemm.n, p.gemm.k, p.gemm.out, bias != nullptr, p.qskinny};
