@@ -23,7 +23,7 @@ ctest --preset release
 # scalar kernels and widen + sgemm for bf16 weights), and at the AVX2 cap where this machine has
 # AVX-512 (oneDNN without a bf16 matmul, vlac's AVX2 register-blocked bf16 kernel). The native
 # path is the run above.
-cpu_tests='Cpu|RunFixtures|PipelineFixtures|CompileCli|DemoCli|PublicApi|Pi05Builder'
+cpu_tests='Cpu|RunFixtures|PipelineFixtures|CompileCli|CalibrateCli|DemoCli|PublicApi|Pi05Builder'
 if [[ "$(uname -m)" == x86_64 ]]; then
   echo "== CPU + fixture tests again with VLAC_MAX_CPU_ISA=scalar"
   VLAC_MAX_CPU_ISA=scalar ctest --preset release -R "$cpu_tests"

@@ -147,6 +147,7 @@ Result<std::vector<std::string>> EngineBuilder::add_stage(const ir::Graph& given
     CompileOptions copt;
     copt.engine_dir = folder_.path();
     copt.engine_name = ep.name;
+    copt.calibration = opt_.calibration;
     VLAC_ASSIGN_OR_RETURN(EngineBlob ef, compiler_.compile(subgraph, store, source_, copt));
     if (ef.path != folder_.path() + "/" + ep.name + ".engine") folder_.track(ef.path);
     if (ef.weights.size() != store.size())

@@ -73,6 +73,8 @@ struct EngineBuildOptions {
   std::function<DType(const ir::WeightRef&)> run_dtype;
   std::function<void(const std::string& line)> log;
   std::function<void(const std::string& stage)> on_stage;  // "engine:<name>" before each build
+  /// Statistics for GPTQ rounding of the 8-bit weights (CompileOptions::calibration); borrowed.
+  const ir::QuantCalibration* calibration = nullptr;
 };
 
 /// Builds stages into one package being written. Borrowed: compiler, source, writer, manifest,

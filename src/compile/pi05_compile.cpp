@@ -16,7 +16,11 @@
 #include "ir/serialize.h"
 #include "models/pi05_builder.h"
 #include "package/package_writer.h"
+#include "ir/quant_calib.h"
+#include "policy/pi05_observation.h"
+#include "policy/pi05_policy.h"
 #include "policy/pi05_processor.h"
+#include "policy/tokenizer.h"
 
 namespace vlac {
 
@@ -28,6 +32,49 @@ struct StageGraph {
   std::string name;
   Pi05Graph graph;
 };
+
+std::string base_name(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+// --calibrate: each observation through the folder's fp32 CPU path (one chunk, seeded noise),
+// every Linear's input rows added to `calib`. The policy (fp32 copies of the weights) is gone
+// before the first engine is built.
+Status run_calibration(const std::string& policy_dir, const Pi05CompileOptions& opt, ir::QuantCalibration& calib) {
+  auto log = [&](const std::string& s) {
+    if (opt.log) opt.log(s);
+  };
+  Pi05PolicyOptions po;
+  po.precision = Pi05Precision::Fp32;
+  po.threads = std::max(1, opt.threads);
+  po.linear_observer = [&calib](const std::string& w, const float* x, int64_t rows, int64_t k) {
+    calib.observe(w, x, rows, k);
+  };
+  VLAC_ASSIGN_OR_RETURN(Pi05Policy policy, Pi05Policy::load(policy_dir, po));
+  VLAC_ASSIGN_OR_RETURN(Pi05Processor proc, load_pi05_processor(policy_dir));
+  if (!opt.tokenizer.empty()) {
+    VLAC_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::from_path(opt.tokenizer));
+    proc.set_tokenizer(std::move(tok));
+  }
+  const Pi05Model& m = policy.model();
+  const int64_t H = m.config().chunk_size, A = m.dims().max_action_dim;
+  std::vector<float> action(size_t(H * A));
+  for (const std::string& path : opt.calibrate) {
+    auto obs = read_pi05_observation(path, m.config(), m.dims().channels, &proc, "", m.dims().vocab);
+    if (!obs.is_ok()) return obs.status().with_context("--calibrate");
+    log("  calibrating on " + path + " (fp32, CPU)");
+    VLAC_RETURN_IF_ERROR(policy.run_prefix(*obs).with_context("--calibrate " + path));
+    // The expert sees chunk_size rows a step: several noise draws give its statistics rank.
+    for (int c = 0; c < std::max(1, opt.calibrate_chunks); ++c) {
+      const std::vector<float> noise = pi05_gaussian_noise(opt.calibrate_seed + uint64_t(c), H * A);
+      VLAC_RETURN_IF_ERROR(policy.denoise(noise.data(), action.data()).with_context("--calibrate " + path));
+    }
+  }
+  log("  calibration: " + std::to_string(calib.size()) + " linear weights observed, " + format_bytes(calib.bytes()) +
+      " of statistics (blocks of " + std::to_string(calib.block()) + " inputs)");
+  return Status::ok();
+}
 
 }  // namespace
 
@@ -103,6 +150,17 @@ Result<Pi05CompileSummary> compile_pi05(const std::string& policy_dir, const Pi0
     if (all && matrix) return quant != DType::F32 ? quant : DType::BF16;  // embed_tokens too
     return Pi05Model::run_dtype(r, bf16);
   };
+  std::unique_ptr<ir::QuantCalibration> calib;
+  if (!opt.calibrate.empty()) {
+    if (quant == DType::F32) return invalid_argument("compile: --calibrate goes with 8-bit weights (--dtype int8 / fp8)");
+    if (opt.calibrate_block < 1) return invalid_argument("compile: the calibration block must be at least 1 input");
+    stage_hook("calibrate");
+    if (!(opt.calibrate_damp > 0.0)) return invalid_argument("compile: the calibration damping must be above 0");
+    calib = std::make_unique<ir::QuantCalibration>(opt.calibrate_block, opt.calibrate_damp, opt.calibrate_act_order);
+    VLAC_RETURN_IF_ERROR(run_calibration(policy_dir, opt, *calib));
+    compiler->release_memory();
+  }
+  bo.calibration = calib.get();
   bo.log = opt.log;
   bo.on_stage = opt.on_stage;
   EngineBuilder builder(*compiler, source, *folder, writer, manifest, sum, bo);
@@ -156,6 +214,18 @@ Result<Pi05CompileSummary> compile_pi05(const std::string& policy_dir, const Pi0
       {"engine_cap", opt.engine_cap},
   });
   manifest.metadata = json::object({{"producer", "vlac compile"}});
+  if (calib) {
+    json obs_names = json::array();
+    for (const std::string& f : opt.calibrate) obs_names.push_back(base_name(f));
+    manifest.metadata["calibration"] = json::object({{"method", "gptq"},
+                                                     {"observations", std::move(obs_names)},
+                                                     {"block", calib->block()},
+                                                     {"damp", calib->damp()},
+                                                     {"act_order", calib->act_order()},
+                                                     {"chunks_per_observation", std::max(1, opt.calibrate_chunks)},
+                                                     {"tensors", calib->applied()}});
+    log("  GPTQ rounding for " + std::to_string(calib->applied()) + " of the 8-bit weight tensors");
+  }
   writer.set_manifest(std::move(manifest));
   stage_hook("package");
   log("  packaging " + std::to_string(writer.segment_count()) + " segments into " + opt.out);

@@ -28,6 +28,18 @@ struct Pi05CompileOptions {
   /// codes with one fp32 scale per output row (core/quant.h; "int8" / "fp8" packages: W8A16, the
   /// activations as in bf16-all). F32 (the default): none. Gathered tables stay bf16.
   DType weight_quant = DType::F32;
+  /// With weight_quant: observation files (read as `vlac run` reads them, through the folder's
+  /// processor) run once each, with seeded noise, through the folder's fp32 CPU path to collect
+  /// every Linear's input statistics; the 8-bit matrices are then rounded by GPTQ
+  /// (ir/quant_calib.h: same scales, codes chosen for the outputs). Empty: round to nearest.
+  std::vector<std::string> calibrate;
+  int64_t calibrate_block = 128;  // inputs per diagonal block of the statistics
+  uint64_t calibrate_seed = 0;    // noise of the calibration chunks (pi05_gaussian_noise)
+  int calibrate_chunks = 8;       // noise draws (denoising loops) per observation
+  double calibrate_damp = 0.01;   // λ = damp · mean(diag H) (ir/quant_calib.h)
+  bool calibrate_act_order = false;
+  std::string tokenizer;          // for observations with a raw task: a SentencePiece model (else the folder's)
+  int threads = 2;                // of the calibration run
   uint64_t engine_cap = 512ull << 20;   // packed weight bytes per engine
   std::string engine_dir;               // "" = a temporary folder next to OUT, removed after
   bool keep_engine_files = false;       // keep the engine files in engine_dir after packaging

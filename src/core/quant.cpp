@@ -39,28 +39,30 @@ const float* quant_table(DType dt) {
   return tables[dt == DType::I8 ? 0 : 1].data();
 }
 
-float quantize_row(const float* row, int64_t k, DType dt, uint8_t* codes) {
+uint8_t quant_code(float q, DType dt) {
+  if (dt != DType::I8) return f32_to_f8e4m3(q);
+  const float r = std::nearbyint(std::fmin(std::fmax(q, -127.0f), 127.0f));  // default mode: nearest even
+  return uint8_t(int8_t(r));
+}
+
+float quant_row_scale(const float* row, int64_t k, DType dt) {
   float amax = 0.0f;
   for (int64_t i = 0; i < k; ++i) {
     const float a = std::fabs(row[i]);
     if (!std::isfinite(a)) return std::nanf("");
     amax = std::fmax(amax, a);
   }
-  if (amax == 0.0f) {
+  return amax / quant_max(dt);
+}
+
+float quantize_row(const float* row, int64_t k, DType dt, uint8_t* codes) {
+  const float scale = quant_row_scale(row, k, dt);
+  if (!(scale == scale)) return scale;
+  if (scale == 0.0f) {
     for (int64_t i = 0; i < k; ++i) codes[i] = 0;
     return 0.0f;
   }
-  const float qmax = quant_max(dt);
-  const float scale = amax / qmax;
-  for (int64_t i = 0; i < k; ++i) {
-    const float q = row[i] / scale;
-    if (dt == DType::I8) {
-      const float r = std::nearbyint(std::fmin(std::fmax(q, -qmax), qmax));  // default mode: nearest even
-      codes[i] = uint8_t(int8_t(r));
-    } else {
-      codes[i] = f32_to_f8e4m3(q);
-    }
-  }
+  for (int64_t i = 0; i < k; ++i) codes[i] = quant_code(row[i] / scale, dt);
   return scale;
 }
 

@@ -38,5 +38,11 @@ const float* quant_table(DType dt);
 /// Quantizes one row of k values into `codes`; returns its scale (0 for an all-zero row: its
 /// codes are then 0). NaN or Inf in the row gives a NaN scale: callers refuse the weight.
 float quantize_row(const float* row, int64_t k, DType dt, uint8_t* codes);
+/// quantize_row's scale of a row: max|row| / quant_max(dt); 0 for a zero row, NaN when the row
+/// holds NaN or Inf.
+float quant_row_scale(const float* row, int64_t k, DType dt);
+/// The code of one value already divided by its row's scale (quantize_row's rounding: I8 clamped
+/// to ±127 and rounded to nearest even, F8_E4M3 by f32_to_f8e4m3).
+uint8_t quant_code(float q, DType dt);
 
 }  // namespace vlac

@@ -22,6 +22,10 @@
 
 namespace vlac {
 
+namespace ir {
+class QuantCalibration;
+}
+
 class MappedFile;
 
 enum class MemoryKind : uint8_t {
@@ -130,6 +134,9 @@ struct CompileOptions {
   std::string engine_dir;          // the file goes to disk at once (never kept in memory)
   std::string engine_name;
   int n_threads = 0;               // 0: backend default
+  /// Activation statistics for the 8-bit weights (`--calibrate`): their rows are rounded by GPTQ
+  /// (ir/quant_calib.h). Borrowed; nullptr: round to nearest.
+  const ir::QuantCalibration* calibration = nullptr;
 };
 
 /// Where one stored weight lies in an engine file, in the form the runtime uses it in place.
@@ -245,6 +252,10 @@ struct ExecOptions {
   /// chunk. A backend may then keep what it derives from them alone (a GPU: their rows of a
   /// key/value concatenation, in bf16) between runs. A backend ignores it where it cannot use it.
   std::vector<std::string> stable_inputs;
+  /// Calibration (`vlac compile --calibrate`): called before each Linear with its weight's name
+  /// and its input rows x [rows, k] in fp32. A backend that cannot show them refuses the plan
+  /// (the CPU shows them; nodes reused from the memo are not run, so not shown again).
+  std::function<void(const std::string& weight, const float* x, int64_t rows, int64_t k)> linear_observer;
 };
 
 /// What a planned program needs. With ExecOptions::shared_memory the caller provides the arena

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "core/quant.h"
@@ -26,7 +27,8 @@ void widen_row(const uint8_t* src, DType st, int64_t k, float* dst) {
 }  // namespace
 
 Result<uint64_t> write_quant_matrix(AtomicFile& out, WeightSource& source, const WeightRef& r, DType dt, uint64_t at,
-                                    uint8_t* buf, uint64_t buf_bytes, const std::function<void(uint64_t)>& written) {
+                                    uint8_t* buf, uint64_t buf_bytes, const std::function<void(uint64_t)>& written,
+                                    const QuantCalibration* calib) {
   if (!is_quant_dtype(dt)) return internal_error("quantize: '" + r.name + "': " + dtype_name(dt) + " is no 8-bit weight dtype");
   if (r.shape.size() != 2 || r.shape[0] <= 0 || r.shape[1] <= 0)
     return unsupported("quantize: '" + r.name + "' is not a matrix: only [N, K] weights take per-row scales");
@@ -50,12 +52,21 @@ Result<uint64_t> write_quant_matrix(AtomicFile& out, WeightSource& source, const
     const uint64_t es = dtype_size(p.dtype), row_bytes = uint64_t(k) * es;
     if (uint64_t(p.shape[0]) * row_bytes != p.bytes)
       return internal_error("quantize: '" + p.name + "' holds " + std::to_string(p.bytes) + " bytes, not its shape's");
+    // The parts of a fused weight read the same x: their statistics are those of any of them.
+    const InputStats* stats = calib ? calib->find(p.name) : nullptr;
+    if (!stats && calib) stats = calib->find(r.name);
+    std::optional<GptqFactor> factor;
+    if (stats && stats->k == k) {
+      VLAC_ASSIGN_OR_RETURN(factor, gptq_factor(*stats, calib->damp(), p.name, calib->act_order()));
+      calib->note_applied();
+    }
     VLAC_ASSIGN_OR_RETURN(const uint8_t* base, source.map(p));
     for (int64_t r0 = 0; r0 < p.shape[0]; r0 += batch) {
       const int64_t r1 = std::min<int64_t>(p.shape[0], r0 + batch);
       for (int64_t row = r0; row < r1; ++row) {
         widen_row(base + uint64_t(row) * row_bytes, p.dtype, k, rowf);
-        const float s = quantize_row(rowf, k, dt, codes + uint64_t(row - r0) * uint64_t(k));
+        uint8_t* rc = codes + uint64_t(row - r0) * uint64_t(k);
+        const float s = factor ? quantize_row_gptq(rowf, k, dt, rc, *factor) : quantize_row(rowf, k, dt, rc);
         if (!(s == s))
           return invalid_format("tensor '" + p.name + "' row " + std::to_string(row) +
                                 " holds NaN or Inf: it cannot be stored with a scale");

@@ -11,6 +11,7 @@
 #include "core/status.h"
 #include "ir/backend.h"
 #include "ir/graph.h"
+#include "ir/quant_calib.h"
 
 namespace vlac::ir {
 
@@ -19,9 +20,11 @@ namespace vlac::ir {
 /// Memory: `buf` (at least one row of K floats plus K codes; more batches writes) and N scales.
 /// Source bytes are released behind the reader; `written(end)` is called after each write with
 /// the file offset reached (the caller flushes behind it). A row holding NaN or Inf is refused
-/// with the tensor's name.
+/// with the tensor's name. With `calib` holding statistics for a part (by its name, else the fused
+/// weight's), that part's rows are rounded by GPTQ (ir/quant_calib.h): same scales, other codes.
 Result<uint64_t> write_quant_matrix(AtomicFile& out, WeightSource& source, const WeightRef& r, DType dt, uint64_t at,
                                     uint8_t* buf, uint64_t buf_bytes,
-                                    const std::function<void(uint64_t end)>& written = nullptr);
+                                    const std::function<void(uint64_t end)>& written = nullptr,
+                                    const QuantCalibration* calib = nullptr);
 
 }  // namespace vlac::ir

@@ -152,6 +152,7 @@ Status Pi05Policy::plan_for(const Pi05PrefixShape& shape) {
   ExecOptions eo;
   eo.threads = options_.threads;
   eo.pack_weights = options_.pack_weights;
+  eo.linear_observer = options_.linear_observer;
   eo.bf16_mqa_attention = bf16_;
   // The step's time MLP and adaRMS modulations depend on t alone, and t takes the same
   // num_steps values in every chunk: computed in the first chunk, reused after.

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -27,6 +28,8 @@ struct Pi05PolicyOptions {
   int threads = 2;
   bool record_intermediates = false;  // keep every intermediate for --dump-intermediates
   bool pack_weights = false;  // ExecOptions::pack_weights (a packed copy of the weights)
+  /// ExecOptions::linear_observer: every Linear's fp32 input rows (compile's --calibrate run).
+  std::function<void(const std::string& weight, const float* x, int64_t rows, int64_t k)> linear_observer;
   std::string backend = "cpu";  // registry name (backends/registry.h)
   /// SigLIP in a bf16-mode run (ignored in fp32). Lerobot keeps it fp32 (the default, which
   /// matches lerobot's bf16 fixtures); the others are explicit opt-ins that leave lerobot's

@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -26,6 +28,13 @@ struct CompileFlags {
   std::string backend = "cpu";
   bool keep_engines = false;
   bool show_plan = false;
+  std::vector<std::string> calibrate;
+  int64_t calibrate_block = 128;
+  int calibrate_chunks = 8;
+  double calibrate_damp = 0.01;
+  bool calibrate_act_order = false;
+  int threads = 2;
+  std::string tokenizer;
 };
 
 Status compile_policy(const CompileFlags& f, MemMeter& meter) {
@@ -36,6 +45,20 @@ Status compile_policy(const CompileFlags& f, MemMeter& meter) {
   o.bf16 = f.dtype != "fp32";
   o.bf16_all_matrices = f.dtype == "bf16-all" || f.dtype == "int8" || f.dtype == "fp8";
   o.weight_quant = f.dtype == "int8" ? DType::I8 : f.dtype == "fp8" ? DType::F8_E4M3 : DType::F32;
+  if (!f.calibrate.empty() && o.weight_quant == DType::F32)
+    return invalid_argument("--calibrate goes with --dtype int8 or fp8 (it chooses their 8-bit codes)");
+  if (f.calibrate_block < 1) return invalid_argument("--calibrate-block must be at least 1");
+  if (f.threads < 1) return invalid_argument("--threads must be at least 1");
+  o.calibrate = f.calibrate;
+  o.calibrate_block = f.calibrate_block;
+  if (f.calibrate_chunks < 1) return invalid_argument("--calibrate-chunks must be at least 1");
+  if (!(f.calibrate_damp > 0.0)) return invalid_argument("--calibrate-damp must be above 0");
+  o.calibrate_chunks = f.calibrate_chunks;
+  o.calibrate_damp = f.calibrate_damp;
+  o.calibrate_act_order = f.calibrate_act_order;
+  o.threads = f.threads;
+  if (!f.tokenizer.empty() && f.calibrate.empty()) return invalid_argument("--tokenizer goes with --calibrate");
+  o.tokenizer = f.tokenizer;
   {
     auto cap = parse_size(f.engine_cap);
     if (!cap.is_ok()) return cap.status().with_context("--engine-cap");
@@ -54,7 +77,7 @@ Status compile_policy(const CompileFlags& f, MemMeter& meter) {
     if (!quiet) std::fprintf(stderr, "%s\n", line.c_str());
   };
   o.on_stage = [&meter](const std::string& stage) {
-    if (stage == "package") meter.begin_phase("package");
+    if (stage == "package" || stage == "calibrate") meter.begin_phase(stage);
     else if (stage.rfind("engine:", 0) == 0 && stage.find(".0") == stage.size() - 2)
       meter.begin_phase("build:" + stage.substr(7, stage.size() - 9));  // one phase per stage
   };
@@ -104,6 +127,22 @@ void register_compile(CLI::App& app) {
   sub->add_option("--engine-dir", f->engine_dir, "folder for engine files (default: a temporary one beside OUT)");
   sub->add_flag("--keep-engines", f->keep_engines, "keep the engine files in --engine-dir");
   sub->add_option("--backend", f->backend, "engine backend, a name from the backend registry: cpu (default)");
+  sub->add_option("--calibrate", f->calibrate,
+                  "with --dtype int8 / fp8: an observation (safetensors, as vlac run reads it) run once through the "
+                  "folder's fp32 CPU path; the 8-bit codes are then chosen by GPTQ from every linear's inputs instead "
+                  "of rounded to nearest (same scales and bytes). Repeat for several observations");
+  sub->add_option("--calibrate-block", f->calibrate_block,
+                  "inputs per diagonal block of the calibration statistics (default 128; k x block floats per weight)");
+  sub->add_option("--calibrate-chunks", f->calibrate_chunks,
+                  "denoising loops per calibration observation, each from its own seeded noise (default 8): the action "
+                  "expert sees chunk_size rows a step");
+  sub->add_option("--calibrate-damp", f->calibrate_damp,
+                  "GPTQ damping: lambda = damp x mean(diag H) added to H's diagonal (default 0.01)");
+  sub->add_flag("--calibrate-act-order", f->calibrate_act_order,
+                "GPTQ act-order: within a block, round the inputs with the largest mean square first");
+  sub->add_option("--tokenizer", f->tokenizer,
+                  "SentencePiece model (file or folder) for --calibrate observations with a raw task, when the folder has none");
+  sub->add_option("--threads", f->threads, "CPU threads of the calibration run (default 2)");
   sub->add_flag("--plan", f->show_plan, "print the partition plan (engines, inputs, outputs, crossing bytes)");
   add_common_options(sub, &f->common);
   sub->callback([f] { run_command("compile", f->common, [&](MemMeter& m) { return compile_policy(*f, m); }); });

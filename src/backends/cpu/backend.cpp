@@ -68,6 +68,7 @@ class CpuRuntime final : public BackendRuntime {
     eo.bf16_mqa_attention = o.bf16_mqa_attention;
     eo.memo_inputs = o.memo_inputs;
     eo.memo_slots = o.memo_slots;
+    eo.linear_observer = o.linear_observer;
     VLAC_ASSIGN_OR_RETURN(Executor ex, Executor::create(std::move(program), w->weights(), eo));
     return std::unique_ptr<Executable>(std::make_unique<CpuExecutable>(std::move(ex)));
   }
@@ -102,7 +103,7 @@ class CpuCompiler final : public BackendCompiler {
     if (options.engine_dir.empty() || options.engine_name.empty())
       return invalid_argument("cpu backend: compile needs an engine folder and an engine name");
     const std::string path = options.engine_dir + "/" + options.engine_name + ".engine";
-    VLAC_ASSIGN_OR_RETURN(EngineFile ef, write_cpu_engine_file(path, store, weights));
+    VLAC_ASSIGN_OR_RETURN(EngineFile ef, write_cpu_engine_file(path, store, weights, 8ull << 20, options.calibration));
     EngineBlob blob;
     blob.backend = "cpu";
     blob.path = ef.path;

@@ -30,7 +30,8 @@ void flush_behind(int fd, uint64_t begin, uint64_t end) {
 }  // namespace
 
 Result<EngineFile> write_cpu_engine_file(const std::string& path, const std::vector<StoredWeight>& store,
-                                         WeightSource& source, uint64_t chunk_bytes) {
+                                         WeightSource& source, uint64_t chunk_bytes,
+                                         const ir::QuantCalibration* calibration) {
   chunk_bytes = std::max<uint64_t>(chunk_bytes / 4 * 4, 4096);
   VLAC_ASSIGN_OR_RETURN(AtomicFile out, AtomicFile::create(path));
   std::unique_ptr<uint8_t[]> buf(new (std::nothrow) uint8_t[chunk_bytes]);
@@ -57,7 +58,7 @@ Result<EngineFile> write_cpu_engine_file(const std::string& path, const std::vec
                                 flush_behind(out.fd(), flushed, at / 4096 * 4096);
                                 flushed = at / 4096 * 4096;
                               }
-                            }));
+                            }, calibration));
       ef.weights.push_back(EngineWeight{r.name, want, r.shape, end, bytes});
       end += bytes;
       continue;

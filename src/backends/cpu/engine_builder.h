@@ -32,7 +32,8 @@ struct EngineFile {
 /// Deterministic: same inputs, same bytes (zero padding). `chunk_bytes` bounds the buffer; each
 /// chunk's source bytes are released behind the reader.
 Result<EngineFile> write_cpu_engine_file(const std::string& path, const std::vector<StoredWeight>& store,
-                                         WeightSource& source, uint64_t chunk_bytes = 8ull << 20);
+                                         WeightSource& source, uint64_t chunk_bytes = 8ull << 20,
+                                         const ir::QuantCalibration* calibration = nullptr);
 
 /// Gives freed heap back to the OS (malloc_trim); called after each engine build.
 void release_heap();

@@ -580,6 +580,12 @@ Status Executor::run_node(NodeId id) {
       return Status::ok();
     case OpKind::Linear: {
       const float* b = n.inputs.size() == 3 ? f(2) : nullptr;
+      if (options_.linear_observer && x.dtype == DType::F32) {
+        const ir::Node& wn = graph_.node(graph_.value(n.inputs[1]).producer);
+        const int64_t k = last_dim(x);
+        if (wn.op == OpKind::Weight && k > 0)
+          options_.linear_observer(graph_.weights()[size_t(wn.weight)].name, f(0), x.numel() / k, k);
+      }
       return linear_[size_t(id)]->run(f(0), ptr(n.inputs[1]), b, out, scratch_ptr_);
     }
     case OpKind::Add:

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -82,6 +83,8 @@ struct ExecutorOptions {
   /// arena's liveness plan holds), with the same bytes. 0 slots: off.
   std::vector<std::string> memo_inputs;
   int memo_slots = 0;
+  /// ExecOptions::linear_observer (ir/backend.h): each Linear's weight name and fp32 input rows.
+  std::function<void(const std::string& weight, const float* x, int64_t rows, int64_t k)> linear_observer;
 };
 
 class Executor {

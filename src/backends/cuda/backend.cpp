@@ -125,6 +125,8 @@ class CudaRuntime final : public BackendRuntime {
                                            const ExecOptions& o) override {
     const auto* w = dynamic_cast<const CudaBoundWeights*>(&weights);
     if (!w) return internal_error("cuda backend: weights were bound by another backend");
+    if (o.linear_observer)
+      return unsupported("cuda backend: a calibration run (linear inputs shown to the host) runs on the CPU");
     VLAC_ASSIGN_OR_RETURN(auto ex, CudaExecutable::create(ctx_, std::move(program), w->weights(), o));
     return std::unique_ptr<Executable>(std::move(ex));
   }

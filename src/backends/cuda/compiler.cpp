@@ -226,7 +226,7 @@ class CudaCompiler final : public BackendCompiler {
     }
     VLAC_ASSIGN_OR_RETURN(Estimate est, estimate(sub, kChunkBytes));
     const std::string path = options.engine_dir + "/" + options.engine_name + ".engine";
-    VLAC_ASSIGN_OR_RETURN(CudaEngineFile ef, write_cuda_engine_file(path, store, dtypes, weights, kChunkBytes));
+    VLAC_ASSIGN_OR_RETURN(CudaEngineFile ef, write_cuda_engine_file(path, store, dtypes, weights, kChunkBytes, options.calibration));
 
     json ws = json::array();
     for (size_t i = 0; i < store.size(); ++i) {
@@ -280,7 +280,7 @@ class CudaCompiler final : public BackendCompiler {
 
 Result<CudaEngineFile> write_cuda_engine_file(const std::string& path, const std::vector<StoredWeight>& store,
                                               const std::vector<DType>& dtypes, WeightSource& source,
-                                              uint64_t chunk_bytes) {
+                                              uint64_t chunk_bytes, const ir::QuantCalibration* calibration) {
   if (dtypes.size() != store.size()) return internal_error("cuda compile: one dtype per stored weight");
   chunk_bytes = std::max<uint64_t>(chunk_bytes / 4 * 4, 4096);
   // Every source is checked before the file is created, so bad input leaves nothing behind.
@@ -316,7 +316,7 @@ Result<CudaEngineFile> write_cuda_engine_file(const std::string& path, const std
                                 flush_behind(out.fd(), flushed, at / 4096 * 4096);
                                 flushed = at / 4096 * 4096;
                               }
-                            }));
+                            }, calibration));
       ef.weights.push_back(BlobWeight{r.name, want, r.shape, end, bytes});
       end += bytes;
       continue;

@@ -56,7 +56,8 @@ struct CudaEngineFile {
 /// so memory stays bounded by the buffer whatever the model.
 Result<CudaEngineFile> write_cuda_engine_file(const std::string& path, const std::vector<StoredWeight>& store,
                                               const std::vector<DType>& dtypes, WeightSource& source,
-                                              uint64_t chunk_bytes = 4ull << 20);
+                                              uint64_t chunk_bytes = 4ull << 20,
+                                              const ir::QuantCalibration* calibration = nullptr);
 
 /// True for the ops the CUDA engines run (pi0.5's after fusion; no MatMul, Transpose, Softmax, Sub).
 bool supports_op(ir::OpKind op);

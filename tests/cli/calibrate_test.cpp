@@ -1,0 +1,198 @@
+// `vlac compile --dtype int8 --calibrate OBS`: GPTQ-rounded 8-bit packages against lerobot fp32
+// on the tiny fixtures, calibrated on held-out observations (never the one measured), and the
+// flags' errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/cli_test_util.h"
+#include "io/safetensors.h"
+#include "io/safetensors_writer.h"
+#include "package/package.h"
+
+namespace vlac {
+namespace {
+
+using namespace clitest;
+
+const std::string kFixtures = std::string(VLAC_SOURCE_DIR) + "/tests/fixtures/pi05";
+
+std::string policy_of(const std::string& fx) { return kFixtures + "/" + fx + "/policy"; }
+
+TempDir& dir() {
+  static TempDir d("calibrate");
+  return d;
+}
+
+std::vector<float> floats_of(const std::string& path, const std::string& key) {
+  auto f = SafetensorsFile::open(path);
+  EXPECT_TRUE(f.is_ok()) << f.status().message();
+  if (!f.is_ok()) return {};
+  const TensorInfo* t = f->find(key);
+  EXPECT_NE(t, nullptr) << key;
+  if (!t) return {};
+  std::vector<float> v(t->nbytes() / 4);
+  std::memcpy(v.data(), f->data(*t), v.size() * 4);
+  return v;
+}
+
+// Held-out observations: the fixture observation's tensors redrawn as tools/make_pi05_fixtures.py
+// draws them (images uniform in [0, 1), state uniform in [-1, 1), the prompt's real tokens after
+// BOS uniform over [3, vocab), the same mask), from another generator and seed. The same
+// distribution as the measured observation, never the observation itself.
+std::vector<std::string> held_out_observations(const std::string& fx, int n) {
+  auto obs = SafetensorsFile::open(kFixtures + "/" + fx + "/obs.safetensors");
+  auto model = SafetensorsFile::open(policy_of(fx) + "/model.safetensors");
+  EXPECT_TRUE(obs.is_ok() && model.is_ok());
+  if (!obs.is_ok() || !model.is_ok()) return {};
+  int64_t vocab = 0;
+  for (const TensorInfo& t : model->tensors())
+    if (t.name.find("language_model.embed_tokens.weight") != std::string::npos) vocab = t.shape[0];
+  EXPECT_GT(vocab, 3);
+  std::vector<std::string> out;
+  for (int i = 0; i < n; ++i) {
+    std::mt19937_64 rng(1000 + uint64_t(i));
+    std::uniform_real_distribution<float> unit(0.0f, 1.0f);
+    std::vector<TensorSpec> specs;
+    std::string bytes;
+    const TensorInfo* m = obs->find("observation.language.attention_mask");
+    for (const TensorInfo& t : obs->tensors()) {
+      specs.push_back({t.name, t.dtype, t.shape});
+      std::string b(reinterpret_cast<const char*>(obs->data(t)), t.nbytes());
+      if (t.name.rfind("observation.images.", 0) == 0 || t.name == "observation.state") {
+        EXPECT_EQ(t.dtype, DType::F32) << t.name;
+        const bool state = t.name == "observation.state";
+        for (size_t j = 0; j < b.size() / 4; ++j) {
+          const float v = state ? unit(rng) * 2.0f - 1.0f : unit(rng);
+          std::memcpy(&b[j * 4], &v, 4);
+        }
+      } else if (t.name == "observation.language.tokens") {
+        EXPECT_EQ(t.dtype, DType::I64);
+        std::uniform_int_distribution<int64_t> id(3, vocab - 1);
+        for (size_t j = 1; j < b.size() / 8; ++j) {
+          const bool real = m && obs->data(*m)[j] != 0;
+          const int64_t v = real ? id(rng) : 0;
+          std::memcpy(&b[j * 8], &v, 8);
+        }
+      }
+      bytes += b;
+    }
+    const std::string path = dir().file(fx + "-cal" + std::to_string(i) + ".safetensors");
+    auto w = SafetensorsWriter::create(path, specs);
+    EXPECT_TRUE(w.is_ok());
+    if (!w.is_ok()) return {};
+    EXPECT_TRUE(w->write(bytes.data(), bytes.size()).is_ok());
+    EXPECT_TRUE(w->finish().is_ok());
+    out.push_back(path);
+  }
+  return out;
+}
+
+// Bytes of every weight the package's engines store.
+uint64_t weight_bytes(const std::string& path) {
+  auto pkg = Package::open(path);
+  EXPECT_TRUE(pkg.is_ok()) << pkg.status().message();
+  uint64_t n = 0;
+  if (pkg.is_ok())
+    for (const auto& e : pkg->manifest().engines)
+      for (const auto& w : e.extra["weights"]) n += w["bytes"].get<uint64_t>();
+  return n;
+}
+
+struct Distance {
+  double max = 0, rms = 0;
+};
+
+// max |a − b| and the RMS of a − b over the chunk.
+Distance distance(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  Distance d;
+  size_t n = 0;
+  for (size_t j = 0; j < std::min(a.size(), b.size()); ++j) {
+    const double e = std::fabs(double(a[j]) - b[j]);
+    d.max = std::max(d.max, e);
+    d.rms += e * e;
+    ++n;
+  }
+  d.rms = n ? std::sqrt(d.rms / double(n)) : 0.0;
+  return d;
+}
+
+TEST(CalibrateCli, GptqInt8StaysWithinTwiceTheBf16PackagesDistance) {
+  for (const char* fx : {"tiny_a", "tiny_b", "tiny_b_absent_cam"}) {
+    SCOPED_TRACE(fx);
+    const std::string d = kFixtures + "/" + fx;
+    const std::vector<float> want = floats_of(d + "/expected.safetensors", "action_normalized");
+    const std::vector<std::string> cal = held_out_observations(fx, 4);
+    ASSERT_EQ(cal.size(), 4u);
+    std::map<std::string, Distance> dist;
+    for (const char* kind : {"bf16-all", "int8", "int8-gptq"}) {
+      const std::string pkg = dir().file(std::string(fx) + "-" + kind + ".vlac");
+      std::vector<std::string> args = {"compile", policy_of(fx), "-o", pkg, "--quiet",
+                                       "--dtype", std::string(kind) == "bf16-all" ? "bf16-all" : "int8"};
+      if (std::string(kind) == "int8-gptq")
+        for (const std::string& c : cal) args.insert(args.end(), {"--calibrate", c});
+      Proc p = run_vlac(args);
+      ASSERT_EQ(p.rc, 0) << p.out;
+      const std::string out = dir().file(std::string(fx) + "-" + kind + ".safetensors");
+      Proc r = run_vlac({"run", pkg, "--obs", d + "/obs.safetensors", "--noise", d + "/noise.safetensors", "--out", out,
+                         "--quiet"});
+      ASSERT_EQ(r.rc, 0) << r.out;
+      dist[kind] = distance(floats_of(out, "action_normalized"), want);
+      std::printf("[ gptq     ] %-17s %-9s vs lerobot fp32: max|d| %.4g (%.2fx bf16-all), rms %.4g (%.2fx)\n", fx, kind,
+                  dist[kind].max, dist[kind].max / dist["bf16-all"].max, dist[kind].rms,
+                  dist[kind].rms / dist["bf16-all"].rms);
+    }
+    // GPTQ lowers the chunk's RMS distance below round-to-nearest's on every fixture (tiny_b's
+    // model: about half). Issue 14's bound (max |Δ| at most 2x the bf16 package's) holds on
+    // tiny_b's model, where round to nearest reaches 1.9-2.45x. On tiny_a (K of 32-48) the worst
+    // action moves like noise with the calibration draw (1.3-2.4x over the draws measured in
+    // docs/quantization.md); 2.5x is its regression bound, as for round to nearest.
+    EXPECT_LT(dist["int8-gptq"].rms, dist["int8"].rms);
+    EXPECT_LE(dist["int8-gptq"].max, (std::string(fx) == "tiny_a" ? 2.5 : 2.0) * dist["bf16-all"].max);
+    // Same scales and bytes: the calibration chooses codes, not the format. The manifest says so.
+    auto pkg = Package::open(dir().file(std::string(fx) + "-int8-gptq.vlac"));
+    ASSERT_TRUE(pkg.is_ok()) << pkg.status().message();
+    const nlohmann::json& meta = pkg->manifest().metadata;
+    ASSERT_TRUE(meta.contains("calibration")) << meta.dump();
+    EXPECT_EQ(meta["calibration"]["method"], "gptq");
+    EXPECT_EQ(meta["calibration"]["observations"].size(), 4u);
+    EXPECT_GT(meta["calibration"]["tensors"].get<int>(), 0);
+    EXPECT_EQ(weight_bytes(dir().file(std::string(fx) + "-int8-gptq.vlac")),
+              weight_bytes(dir().file(std::string(fx) + "-int8.vlac")));
+  }
+}
+
+TEST(CalibrateCli, BadCalibrationInputIsOneClearErrorAndNoPackage) {
+  const std::string out = dir().file("bad.vlac");
+  // Not with a dtype it cannot change.
+  Proc p = run_vlac({"compile", policy_of("tiny_a"), "-o", out, "--dtype", "bf16-all", "--calibrate",
+                     kFixtures + "/tiny_a/obs.safetensors", "--quiet"});
+  EXPECT_EQ(p.rc, 2) << p.out;
+  EXPECT_NE(p.out.find("--calibrate goes with --dtype int8 or fp8"), std::string::npos) << p.out;
+  EXPECT_FALSE(exists(out));
+  // A missing observation names the file.
+  p = run_vlac({"compile", policy_of("tiny_a"), "-o", out, "--dtype", "int8", "--calibrate", dir().file("nope.safetensors"),
+                "--quiet"});
+  EXPECT_NE(p.rc, 0);
+  EXPECT_NE(p.out.find("nope.safetensors"), std::string::npos) << p.out;
+  EXPECT_FALSE(exists(out));
+  // An observation of another model (tiny_b's cameras for tiny_a) names the file and the problem.
+  p = run_vlac({"compile", policy_of("tiny_a"), "-o", out, "--dtype", "int8", "--calibrate",
+                kFixtures + "/tiny_b/obs.safetensors", "--quiet"});
+  EXPECT_NE(p.rc, 0);
+  EXPECT_NE(p.out.find("--calibrate"), std::string::npos) << p.out;
+  EXPECT_NE(p.out.find("tiny_b/obs.safetensors"), std::string::npos) << p.out;
+  EXPECT_FALSE(exists(out));
+}
+
+}  // namespace
+}  // namespace vlac
