@@ -420,7 +420,11 @@ def main() -> int:
                     help="comma-separated: more packages of the same folder (e.g. fp8,bf16-all), each compiled and "
                          "run by pi05_chunk_bench after the main one, with its latency, memory and distance from "
                          "lerobot fp32 (extra.<dtype> in the JSON); DTYPE+VAR=VALUE[+VAR=VALUE] runs that dtype's "
-                         "package with those environment variables (e.g. fp8+VLAC_FP8_GEMM=1), compiled once")
+                         "package with those environment variables (e.g. fp8+VLAC_FP8_GEMM=1), compiled once; "
+                         "DTYPE@gptq compiles it with vlac compile --calibrate on --calibrate-obs held-out observations "
+                         "(drawn like the measured one, other seeds)")
+    ap.add_argument("--calibrate-obs", type=int, default=4,
+                    help="held-out observations for the DTYPE@gptq extras (seeds seed+100..)")
     ap.add_argument("--extra-chunks", type=int, default=20, help="chunks per round of each extra dtype")
     ap.add_argument("--dtype", choices=["bf16", "bf16-all", "int8", "fp8", "fp32"], default="bf16",
                     help="the vlac package's precision (vlac compile --dtype): bf16 = lerobot's bf16 split (SigLIP, "
@@ -559,17 +563,31 @@ def main() -> int:
             mem["peak_rss_bytes"] + int((peak - idle) * 1048576)
     save()
     extra_acts = {}
+    calib_paths = []
     for spec in [d for d in args.extra_dtypes.split(",") if d]:
         dt, *envs = spec.split("+")
         if any("=" not in e for e in envs):
             raise SystemExit(f"--extra-dtypes: {spec!r}: settings after the dtype are VAR=VALUE, joined by '+'")
+        dt, _, method = dt.partition("@")
+        if method not in ("", "gptq"):
+            raise SystemExit(f"--extra-dtypes: {spec!r}: the only method after '@' is gptq")
         env = dict(e.split("=", 1) for e in envs)
-        tag = spec.replace("+", "_").replace("=", "-")  # for file names
-        xp = work / f"policy-{dt}.vlac"
-        if not (work / f"compile-{dt}.json").exists():  # one package per dtype, whatever the settings
-            run([vlac, "compile", folder, "-o", xp, "--backend", backend, "--dtype", dt, "--report-json",
-                 work / f"compile-{dt}.json", "--quiet"], f"vlac_compile_{dt}")
-        xc = json.loads((work / f"compile-{dt}.json").read_text())
+        tag = spec.replace("+", "_").replace("=", "-").replace("@", "-")  # for file names
+        key = dt + ("-" + method if method else "")
+        xp = work / f"policy-{key}.vlac"
+        calib = []
+        if method == "gptq":
+            if not calib_paths:  # held-out observations drawn as the measured one is, other seeds
+                for i in range(max(1, args.calibrate_obs)):
+                    o = mpf.make_obs(m, torch.Generator().manual_seed(args.seed + 100 + i), m.tokenizer_max_length,
+                                     batch_dim=False)
+                    calib_paths.append(work / f"calibrate{i}.safetensors")
+                    save_file({k: v.contiguous() for k, v in o.items()}, str(calib_paths[-1]))
+            calib = [a for c in calib_paths for a in ("--calibrate", c)] + ["--threads", args.threads]
+        if not (work / f"compile-{key}.json").exists():  # one package per dtype and method, whatever the settings
+            run([vlac, "compile", folder, "-o", xp, "--backend", backend, "--dtype", dt, *calib, "--report-json",
+                 work / f"compile-{key}.json", "--quiet"], f"vlac_compile_{key}")
+        xc = json.loads((work / f"compile-{key}.json").read_text())
         run([bench, xp, "--obs", obs_path, "--noise", noise_path, "--warmup", args.warmup, "--rounds", args.rounds,
              "--chunks", args.extra_chunks, "--threads", args.threads, "--out", work / f"vlac_bench_{tag}.json",
              "--actions", work / f"vlac_actions_{tag}.safetensors", "--vision", args.vision], f"vlac_run_{tag}", env)
