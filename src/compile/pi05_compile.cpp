@@ -156,7 +156,8 @@ Result<Pi05CompileSummary> compile_pi05(const std::string& policy_dir, const Pi0
     if (opt.calibrate_block < 1) return invalid_argument("compile: the calibration block must be at least 1 input");
     stage_hook("calibrate");
     if (!(opt.calibrate_damp > 0.0)) return invalid_argument("compile: the calibration damping must be above 0");
-    calib = std::make_unique<ir::QuantCalibration>(opt.calibrate_block, opt.calibrate_damp, opt.calibrate_act_order);
+    calib = std::make_unique<ir::QuantCalibration>(opt.calibrate_block, opt.calibrate_damp, opt.calibrate_act_order,
+                                                   std::max(1, opt.threads));
     VLAC_RETURN_IF_ERROR(run_calibration(policy_dir, opt, *calib));
     compiler->release_memory();
   }

@@ -76,8 +76,8 @@ bool block_factor(const float* h, int64_t w, double damp, std::vector<float>& u_
 
 }  // namespace
 
-QuantCalibration::QuantCalibration(int64_t block, double damp, bool act_order)
-    : block_(std::max<int64_t>(1, block)), damp_(damp), act_order_(act_order) {}
+QuantCalibration::QuantCalibration(int64_t block, double damp, bool act_order, int threads)
+    : block_(std::max<int64_t>(1, block)), damp_(damp), act_order_(act_order), threads_(std::max(1, threads)) {}
 
 void QuantCalibration::observe(const std::string& weight, const float* x, int64_t rows, int64_t k) {
   if (rows <= 0 || k <= 0) return;
@@ -150,15 +150,19 @@ float quantize_row_gptq(float* row, int64_t k, DType dt, uint8_t* codes, const G
     const int64_t w = block_width(k, f.block, b0);
     const float* u = f.u.data() + b0 * f.block;
     const int32_t* ord = f.order.data() + b0;
-    float* wb = row + b0;
+    // The block in rounding order, contiguous, so the update loop vectorizes.
+    thread_local std::vector<float> t;
+    t.resize(size_t(w));
+    for (int64_t i = 0; i < w; ++i) t[size_t(i)] = row[b0 + ord[i]];
+    float* tb = t.data();
     for (int64_t i = 0; i < w; ++i) {
-      const int32_t c0 = ord[i];
-      const uint8_t c = quant_code(wb[c0] / scale, dt);
-      codes[b0 + c0] = c;
-      const float err = (wb[c0] - quant_decode(dt, c) * scale) / u[i * w + i];
+      const uint8_t c = quant_code(tb[i] / scale, dt);
+      codes[b0 + ord[i]] = c;
+      const float err = (tb[i] - quant_decode(dt, c) * scale) / u[i * w + i];
       const float* ui = u + i * w;
-      for (int64_t j = i + 1; j < w; ++j) wb[ord[j]] -= err * ui[j];
+      for (int64_t j = i + 1; j < w; ++j) tb[j] -= err * ui[j];
     }
+    for (int64_t i = 0; i < w; ++i) row[b0 + ord[i]] = tb[i];
   }
   return scale;
 }

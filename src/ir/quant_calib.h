@@ -37,7 +37,7 @@ class QuantCalibration {
  public:
   /// `act_order`: gptq_factor's order for every weight (off: index order, which measured as well
   /// on the tiny fixtures; docs/quantization.md).
-  explicit QuantCalibration(int64_t block = 128, double damp = 0.01, bool act_order = false);
+  explicit QuantCalibration(int64_t block = 128, double damp = 0.01, bool act_order = false, int threads = 1);
   /// Adds the rows x [rows, k] (fp32) a Linear over weight `weight` read. A weight seen at
   /// another k keeps its first k and ignores the rest (a graph never does that).
   void observe(const std::string& weight, const float* x, int64_t rows, int64_t k);
@@ -48,6 +48,8 @@ class QuantCalibration {
   int64_t block() const { return block_; }
   double damp() const { return damp_; }
   bool act_order() const { return act_order_; }
+  /// Threads that round one weight's rows (write_quant_matrix); the rows are independent.
+  int threads() const { return threads_; }
   /// Matrices quantized with these statistics (write_quant_matrix counts them; the compile logs it).
   void note_applied() const { ++applied_; }
   uint64_t applied() const { return applied_; }
@@ -56,6 +58,7 @@ class QuantCalibration {
   int64_t block_;
   double damp_;
   bool act_order_;
+  int threads_;
   std::map<std::string, InputStats> stats_;
   mutable uint64_t applied_ = 0;
 };

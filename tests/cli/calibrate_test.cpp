@@ -171,6 +171,24 @@ TEST(CalibrateCli, GptqInt8StaysWithinTwiceTheBf16PackagesDistance) {
   }
 }
 
+// The rows are rounded on --threads threads; the package is the same bytes whatever the count.
+TEST(CalibrateCli, ThreadCountDoesNotChangeThePackage) {
+  const std::vector<std::string> cal = held_out_observations("tiny_b", 2);
+  ASSERT_EQ(cal.size(), 2u);
+  std::vector<std::string> bytes;
+  for (const char* threads : {"1", "3"}) {
+    const std::string pkg = dir().file(std::string("threads") + threads + ".vlac");
+    std::vector<std::string> args = {"compile", policy_of("tiny_b"), "-o", pkg, "--dtype", "fp8", "--threads", threads,
+                                     "--calibrate-act-order", "--calibrate-block", "32", "--quiet"};
+    for (const std::string& c : cal) args.insert(args.end(), {"--calibrate", c});
+    Proc p = run_vlac(args);
+    ASSERT_EQ(p.rc, 0) << p.out;
+    bytes.push_back(read_file(pkg));
+  }
+  EXPECT_FALSE(bytes[0].empty());
+  EXPECT_TRUE(bytes[0] == bytes[1]);
+}
+
 TEST(CalibrateCli, BadCalibrationInputIsOneClearErrorAndNoPackage) {
   const std::string out = dir().file("bad.vlac");
   // Not with a dtype it cannot change.
