@@ -5,7 +5,8 @@
 
 For each OTHER: max |Δ|, RMS of Δ and the mean over actions of the cosine similarity, over the
 whole [chunk, width] tensor, and the max as a multiple of the first OTHER's (list the bf16 package
-first to get issue 14's ratios). Needs numpy only (safetensors read from its header).
+first to get issue 14's ratios); --json prints them as one object. Needs numpy only (safetensors
+read from its header).
 """
 import argparse
 import json
@@ -38,9 +39,11 @@ def main() -> int:
     ap.add_argument("ref")
     ap.add_argument("others", nargs="+")
     ap.add_argument("--key", default="action_normalized")
+    ap.add_argument("--json", action="store_true", help="one JSON object instead of lines")
     args = ap.parse_args()
     ref = load(args.ref, args.key)
     first = None
+    rows = {}
     for p in args.others:
         g = load(p, args.key)
         if g.shape != ref.shape:
@@ -48,7 +51,12 @@ def main() -> int:
         d = np.abs(ref - g)
         cos = np.mean(np.sum(ref * g, 1) / (np.linalg.norm(ref, axis=1) * np.linalg.norm(g, axis=1)))
         first = d.max() if first is None else first
-        print(f"{p}: max {d.max():.5f} ({d.max() / first:.2f}x) rms {np.sqrt((d ** 2).mean()):.5f} cos {cos:.6f}")
+        rms = float(np.sqrt((d ** 2).mean()))
+        rows[p] = {"max_abs": float(d.max()), "times_first": float(d.max() / first), "rms": rms, "mean_cosine": float(cos)}
+        if not args.json:
+            print(f"{p}: max {d.max():.5f} ({d.max() / first:.2f}x) rms {rms:.5f} cos {cos:.6f}")
+    if args.json:
+        print(json.dumps({"reference": args.ref, "key": args.key, "distances": rows}, indent=1))
     return 0
 
 
