@@ -13,10 +13,10 @@
 #include "core/mapped_file.h"
 #include "core/quant.h"
 #include "ir/backend.h"
+#include "ir/quant_calib.h"
 #include "ir/serialize.h"
 #include "models/pi05_builder.h"
 #include "package/package_writer.h"
-#include "ir/quant_calib.h"
 #include "policy/pi05_observation.h"
 #include "policy/pi05_policy.h"
 #include "policy/pi05_processor.h"
@@ -38,9 +38,9 @@ std::string base_name(const std::string& path) {
   return slash == std::string::npos ? path : path.substr(slash + 1);
 }
 
-// --calibrate: each observation through the folder's fp32 CPU path (one chunk, seeded noise),
-// every Linear's input rows added to `calib`. The policy (fp32 copies of the weights) is gone
-// before the first engine is built.
+// --calibrate: each observation through the folder's fp32 CPU path (its prefix, then
+// calibrate_chunks denoising loops from seeded noise), every Linear's input rows added to `calib`.
+// The policy and its weights are gone before the first engine is built.
 Status run_calibration(const std::string& policy_dir, const Pi05CompileOptions& opt, ir::QuantCalibration& calib) {
   auto log = [&](const std::string& s) {
     if (opt.log) opt.log(s);
@@ -154,8 +154,8 @@ Result<Pi05CompileSummary> compile_pi05(const std::string& policy_dir, const Pi0
   if (!opt.calibrate.empty()) {
     if (quant == DType::F32) return invalid_argument("compile: --calibrate goes with 8-bit weights (--dtype int8 / fp8)");
     if (opt.calibrate_block < 1) return invalid_argument("compile: the calibration block must be at least 1 input");
-    stage_hook("calibrate");
     if (!(opt.calibrate_damp > 0.0)) return invalid_argument("compile: the calibration damping must be above 0");
+    stage_hook("calibrate");
     calib = std::make_unique<ir::QuantCalibration>(opt.calibrate_block, opt.calibrate_damp, opt.calibrate_act_order,
                                                    std::max(1, opt.threads));
     VLAC_RETURN_IF_ERROR(run_calibration(policy_dir, opt, *calib));
@@ -225,7 +225,8 @@ Result<Pi05CompileSummary> compile_pi05(const std::string& policy_dir, const Pi0
                                                      {"act_order", calib->act_order()},
                                                      {"chunks_per_observation", std::max(1, opt.calibrate_chunks)},
                                                      {"tensors", calib->applied()}});
-    log("  GPTQ rounding for " + std::to_string(calib->applied()) + " of the 8-bit weight tensors");
+    log("  GPTQ chose the codes of " + std::to_string(calib->applied()) +
+        " weight tensors (8-bit tensors no Linear reads, such as embed_tokens, round to nearest)");
   }
   writer.set_manifest(std::move(manifest));
   stage_hook("package");
