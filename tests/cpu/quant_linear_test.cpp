@@ -8,6 +8,7 @@
 
 #include "backends/cpu/dnnl_linear.h"
 #include "backends/cpu/kernels.h"
+#include "backends/cpu/quant_gemm.h"
 #include "core/quant.h"
 #include "cpu/cpu_test_util.h"
 
@@ -106,6 +107,34 @@ TEST(CpuQuantLinear, EmbeddingRowsAreCodesTimesTheirScale) {
                 float(int8_t(blob[size_t(ids[i] * d + j)])) * scales[ids[i]] * 2.0f);
   const int64_t bad = 9;
   EXPECT_FALSE(embedding_quant(blob.data(), DType::I8, v, d, &bad, 1, 1.0f, out.data()).is_ok());
+}
+
+// VLAC_CPU_FP8_ACT's rounding (the GPU's W8A8 x): each row to e4m3 codes at its own scale and
+// back; zero rows stay zero, and a row's largest magnitude survives exactly.
+TEST(QuantLinear, RoundRowsE4m3IsTheCodesOfEachRowAtItsScale) {
+  const int64_t m = 3, k = 40;
+  std::vector<float> x = uniform(m * k, 11, -3.0f, 3.0f);
+  for (int64_t i = 0; i < k; ++i) x[size_t(k + i)] = 0.0f;  // row 1: zeros
+  std::vector<float> y = x;
+  round_rows_e4m3(y.data(), m, k);
+  for (int64_t r = 0; r < m; ++r) {
+    const float s = quant_row_scale(x.data() + r * k, k, DType::F8_E4M3);
+    float amax = 0.0f;
+    for (int64_t i = 0; i < k; ++i) amax = std::fmax(amax, std::fabs(x[size_t(r * k + i)]));
+    for (int64_t i = 0; i < k; ++i) {
+      const float v = x[size_t(r * k + i)], got = y[size_t(r * k + i)];
+      if (s == 0.0f) {
+        EXPECT_EQ(got, 0.0f);
+        continue;
+      }
+      EXPECT_EQ(got, quant_decode(DType::F8_E4M3, quant_code(v / s, DType::F8_E4M3)) * s) << r << "," << i;
+      // 3 fraction bits; below 2^-6 of the scale, subnormal steps of 2^-9 · scale.
+      EXPECT_LE(std::fabs(got - v), 0.0625f * std::fabs(v) + 2.5e-6f * amax) << r << "," << i;
+      if (std::fabs(v) == amax) {
+        EXPECT_FLOAT_EQ(got, v);
+      }
+    }
+  }
 }
 
 }  // namespace

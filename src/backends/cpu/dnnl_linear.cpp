@@ -153,6 +153,7 @@ Status DnnlLinear::run(const float* x, const void* w, const float* b, float* y, 
   if (p.gemv && p.quant != DType::F32) {
     auto* xr = reinterpret_cast<float*>(base);
     round_to_bf16_f32(x, xr, p.k);
+    if (p.quant == DType::F8_E4M3 && emulate_fp8_activations()) round_rows_e4m3(xr, 1, p.k);
     const auto* codes = static_cast<const uint8_t*>(w);
     quant_gemv(xr, codes, reinterpret_cast<const float*>(codes + quant_scales_offset(p.n, p.k)), p.quant, b, y, p.k, p.n);
     return Status::ok();
@@ -176,6 +177,7 @@ Status DnnlLinear::run(const float* x, const void* w, const float* b, float* y, 
   if (p.blocked || p.f32_src) {
     auto* xr = reinterpret_cast<float*>(base);
     round_to_bf16_f32(x, xr, p.m * p.k);
+    if (p.quant == DType::F8_E4M3 && emulate_fp8_activations()) round_rows_e4m3(xr, p.m, p.k);
     return p.blocked ? run_blocked(xr, w, b, y, base) : execute(xr, w, b, y, base);
   }
   void* src = const_cast<float*>(x);
@@ -200,6 +202,7 @@ Status DnnlLinear::run_bf16_src(const uint16_t* x, const void* w, const float* b
   if (p.blocked || p.f32_src) {  // widen the (already rounded) activations
     auto* xr = reinterpret_cast<float*>(base);
     for (int64_t i = 0; i < p.m; ++i) widen_bf16(x + i * p.k, xr + i * p.k, p.k);
+    if (p.quant == DType::F8_E4M3 && emulate_fp8_activations()) round_rows_e4m3(xr, p.m, p.k);
     return p.blocked ? run_blocked(xr, w, b, y, base) : execute(xr, w, b, y, base);
   }
   return execute(const_cast<uint16_t*>(x), w, b, y, base);

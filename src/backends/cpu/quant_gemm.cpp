@@ -4,6 +4,9 @@
 
 #include <omp.h>
 
+#include <cstdlib>
+#include <string>
+
 #include "core/quant.h"
 
 namespace vlac::cpu {
@@ -16,6 +19,23 @@ void widen_codes(const uint8_t* c, DType dt, float* y, int64_t n) {
   }
   const float* t = quant_table(dt);
   for (int64_t i = 0; i < n; ++i) y[i] = t[c[i]];
+}
+
+bool emulate_fp8_activations() {
+  static const bool on = [] {
+    const char* e = std::getenv("VLAC_CPU_FP8_ACT");
+    return e && std::string(e) == "1";
+  }();
+  return on;
+}
+
+void round_rows_e4m3(float* x, int64_t m, int64_t k) {
+  for (int64_t r = 0; r < m; ++r) {
+    float* row = x + r * k;
+    const float s = quant_row_scale(row, k, DType::F8_E4M3);
+    if (!(s > 0.0f)) continue;  // zero rows stay, non-finite ones stay as they are
+    for (int64_t i = 0; i < k; ++i) row[i] = quant_decode(DType::F8_E4M3, quant_code(row[i] / s, DType::F8_E4M3)) * s;
+  }
 }
 
 void quant_gemv(const float* x, const uint8_t* codes, const float* scales, DType dt, const float* b, float* y,

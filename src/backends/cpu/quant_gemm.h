@@ -12,6 +12,14 @@ namespace vlac::cpu {
 /// y[0..n) = the n codes of `dt` at c, decoded (unscaled, exact).
 void widen_codes(const uint8_t* c, DType dt, float* y, int64_t n);
 
+/// VLAC_CPU_FP8_ACT=1 (read once per process): whether an F8_E4M3 Linear also rounds its
+/// activations as the GPU's W8A8 path does (VLAC_FP8_GEMM=1), to study that path's accuracy on
+/// the CPU. Off by default: the CPU's fp8 packages are W8A16.
+bool emulate_fp8_activations();
+/// x [m, k] (already rounded to bf16) to what an FP8 GEMM reads: per row, the codes of
+/// x / (max|row| / 448) decoded and scaled back (a zero row stays zero). In place.
+void round_rows_e4m3(float* x, int64_t m, int64_t k);
+
 /// y[N] = (x[K] · decode(W[N,K])ᵀ) ⊙ scales (+ b). x is used as given (already rounded).
 /// Rows split over OpenMP threads; each row's sum in a fixed order.
 void quant_gemv(const float* x, const uint8_t* codes, const float* scales, DType dt, const float* b, float* y,
