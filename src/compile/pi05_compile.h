@@ -37,7 +37,7 @@ struct Pi05CompileOptions {
   uint64_t calibrate_seed = 0;    // noise of the calibration chunks (pi05_gaussian_noise)
   int calibrate_chunks = 8;       // noise draws (denoising loops) per observation
   double calibrate_damp = 0.01;   // λ = damp · mean(diag H) (ir/quant_calib.h)
-  bool calibrate_act_order = false;
+  bool calibrate_act_order = true;  // GPTQ's act-order within each block (else index order)
   std::string tokenizer;          // for observations with a raw task: a SentencePiece model (else the folder's)
   int threads = 2;                // of the calibration run
   uint64_t engine_cap = 512ull << 20;   // packed weight bytes per engine

@@ -35,9 +35,9 @@ struct InputStats {
 
 class QuantCalibration {
  public:
-  /// `act_order`: gptq_factor's order for every weight (off: index order, which measured as well
-  /// on the tiny fixtures; docs/quantization.md).
-  explicit QuantCalibration(int64_t block = 128, double damp = 0.01, bool act_order = false, int threads = 1);
+  /// `act_order`: gptq_factor's order for every weight (on by default: 15-25 % less RMS error at
+  /// full size for int8 and fp8; docs/quantization.md).
+  explicit QuantCalibration(int64_t block = 128, double damp = 0.01, bool act_order = true, int threads = 1);
   /// Adds the rows x [rows, k] (fp32) a Linear over weight `weight` read. A weight seen at
   /// another k keeps its first k and ignores the rest (a graph never does that).
   void observe(const std::string& weight, const float* x, int64_t rows, int64_t k);

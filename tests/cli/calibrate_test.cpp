@@ -134,12 +134,14 @@ TEST(CalibrateCli, GptqInt8StaysWithinTwiceTheBf16PackagesDistance) {
     const std::vector<std::string> cal = held_out_observations(fx, 4);
     ASSERT_EQ(cal.size(), 4u);
     std::map<std::string, Distance> dist;
-    for (const char* kind : {"bf16-all", "int8", "int8-gptq"}) {
+    for (const char* kind : {"bf16-all", "int8", "int8-gptq", "int8-gptq-index"}) {
+      const std::string k = kind;
       const std::string pkg = dir().file(std::string(fx) + "-" + kind + ".vlac");
       std::vector<std::string> args = {"compile", policy_of(fx), "-o", pkg, "--quiet",
-                                       "--dtype", std::string(kind) == "bf16-all" ? "bf16-all" : "int8"};
-      if (std::string(kind) == "int8-gptq")
+                                       "--dtype", k == "bf16-all" ? "bf16-all" : "int8"};
+      if (k.rfind("int8-gptq", 0) == 0)
         for (const std::string& c : cal) args.insert(args.end(), {"--calibrate", c});
+      if (k == "int8-gptq-index") args.insert(args.end(), {"--calibrate-order", "index"});
       Proc p = run_vlac(args);
       ASSERT_EQ(p.rc, 0) << p.out;
       const std::string out = dir().file(std::string(fx) + "-" + kind + ".safetensors");
@@ -147,17 +149,22 @@ TEST(CalibrateCli, GptqInt8StaysWithinTwiceTheBf16PackagesDistance) {
                          "--quiet"});
       ASSERT_EQ(r.rc, 0) << r.out;
       dist[kind] = distance(floats_of(out, "action_normalized"), want);
-      std::printf("[ gptq     ] %-17s %-9s vs lerobot fp32: max|d| %.4g (%.2fx bf16-all), rms %.4g (%.2fx)\n", fx, kind,
+      std::printf("[ gptq     ] %-17s %-15s vs lerobot fp32: max|d| %.4g (%.2fx bf16-all), rms %.4g (%.2fx)\n", fx, kind,
                   dist[kind].max, dist[kind].max / dist["bf16-all"].max, dist[kind].rms,
                   dist[kind].rms / dist["bf16-all"].rms);
     }
-    // GPTQ lowers the chunk's RMS distance below round-to-nearest's on every fixture (tiny_b's
-    // model: about half). Issue 14's bound (max |Δ| at most 2x the bf16 package's) holds on
-    // tiny_b's model, where round to nearest reaches 1.9-2.45x. On tiny_a (K of 32-48) the worst
-    // action moves like noise with the calibration draw (1.3-2.4x over the draws measured in
-    // docs/quantization.md); 2.5x is its regression bound, as for round to nearest.
-    EXPECT_LT(dist["int8-gptq"].rms, dist["int8"].rms);
-    EXPECT_LE(dist["int8-gptq"].max, (std::string(fx) == "tiny_a" ? 2.5 : 2.0) * dist["bf16-all"].max);
+    // tiny_b's model (K of 40-160): GPTQ in either order cuts the chunk's RMS distance to about
+    // half of round to nearest's, and issue 14's bound (max |Δ| at most 2x the bf16 package's)
+    // holds where nearest reaches 1.9-2.45x. tiny_a (K of 32-48) leaves GPTQ little to move an
+    // error to: index order still lowers the RMS, act-order (the default, 15-25 % better at full
+    // size) lands within noise of nearest (0.97-1.10x over the ISA paths), and the worst action
+    // moves with the calibration draw (1.3-2.4x, docs/quantization.md); 2.5x is its regression
+    // bound, as for round to nearest.
+    const bool toy = std::string(fx) == "tiny_a";
+    EXPECT_LT(dist["int8-gptq-index"].rms, dist["int8"].rms);
+    EXPECT_LT(dist["int8-gptq"].rms, (toy ? 1.15 : 1.0) * dist["int8"].rms);
+    for (const char* g : {"int8-gptq", "int8-gptq-index"})
+      EXPECT_LE(dist[g].max, (toy ? 2.5 : 2.0) * dist["bf16-all"].max) << g;
     // Same scales and bytes: the calibration chooses codes, not the format. The manifest says so.
     auto pkg = Package::open(dir().file(std::string(fx) + "-int8-gptq.vlac"));
     ASSERT_TRUE(pkg.is_ok()) << pkg.status().message();
@@ -179,7 +186,7 @@ TEST(CalibrateCli, ThreadCountDoesNotChangeThePackage) {
   for (const char* threads : {"1", "3"}) {
     const std::string pkg = dir().file(std::string("threads") + threads + ".vlac");
     std::vector<std::string> args = {"compile", policy_of("tiny_b"), "-o", pkg, "--dtype", "fp8", "--threads", threads,
-                                     "--calibrate-act-order", "--calibrate-block", "32", "--quiet"};
+                                     "--calibrate-order", "index", "--calibrate-block", "32", "--quiet"};
     for (const std::string& c : cal) args.insert(args.end(), {"--calibrate", c});
     Proc p = run_vlac(args);
     ASSERT_EQ(p.rc, 0) << p.out;

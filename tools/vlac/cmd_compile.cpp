@@ -32,7 +32,7 @@ struct CompileFlags {
   int64_t calibrate_block = 128;
   int calibrate_chunks = 8;
   double calibrate_damp = 0.01;
-  bool calibrate_act_order = false;
+  std::string calibrate_order = "act";
   int threads = 2;
   std::string tokenizer;
 };
@@ -55,7 +55,9 @@ Status compile_policy(const CompileFlags& f, MemMeter& meter) {
   if (!(f.calibrate_damp > 0.0)) return invalid_argument("--calibrate-damp must be above 0");
   o.calibrate_chunks = f.calibrate_chunks;
   o.calibrate_damp = f.calibrate_damp;
-  o.calibrate_act_order = f.calibrate_act_order;
+  if (f.calibrate_order != "act" && f.calibrate_order != "index")
+    return invalid_argument("--calibrate-order must be act or index, got '" + f.calibrate_order + "'");
+  o.calibrate_act_order = f.calibrate_order == "act";
   o.threads = f.threads;
   if (!f.tokenizer.empty() && f.calibrate.empty()) return invalid_argument("--tokenizer goes with --calibrate");
   o.tokenizer = f.tokenizer;
@@ -138,8 +140,9 @@ void register_compile(CLI::App& app) {
                   "expert sees chunk_size rows a step");
   sub->add_option("--calibrate-damp", f->calibrate_damp,
                   "GPTQ damping: lambda = damp x mean(diag H) added to H's diagonal (default 0.01)");
-  sub->add_flag("--calibrate-act-order", f->calibrate_act_order,
-                "GPTQ act-order: within a block, round the inputs with the largest mean square first");
+  sub->add_option("--calibrate-order", f->calibrate_order,
+                  "GPTQ's rounding order within a block: act (default: the inputs with the largest mean square "
+                  "first) or index");
   sub->add_option("--tokenizer", f->tokenizer,
                   "SentencePiece model (file or folder) for --calibrate observations with a raw task, when the folder has none");
   sub->add_option("--threads", f->threads, "CPU threads of the calibration run (default 2)");
