@@ -245,7 +245,9 @@ TEST_F(CudaGemm, TuningChoicesAreCachedOnDisk) {
 // time MLP's single row and odd sizes, at every split count it would be timed with: against the
 // CPU like cuBLASLt above, the same bits on a second run, and its tile counters left at zero.
 TEST_F(CudaGemm, SkinnyKernelMatchesCpu) {
-  struct S { int64_t m, k, n; const char* what; };
+  // cuBLASLt offers FP8 per shape (with CUDA 13 on an H100 per-row scales are refused at
+  // 16 x 16 x 64): the pi0.5 shapes must run, the last two may be refused, with a message.
+  struct S { int64_t m, k, n; const char* what; bool must = true; };
   const S cases[] = {{50, 1024, 2560, "expert fused qkv"}, {50, 2048, 1024, "expert o"},
                      {50, 1024, 8192, "expert gate+up"},  {50, 4096, 1024, "expert down"},
                      {1, 1024, 3072, "one row"},          {64, 256, 64, "M = 64"},
@@ -514,20 +516,26 @@ TEST_F(CudaGemm, Fp8GemmAppliesBothScaleVectors) {
     for (auto& v : s) v = std::exp2(e(rng)) / 448.0f;
     return s;
   };
-  struct S { int64_t m, k, n; const char* what; };
+  // cuBLASLt offers FP8 per shape (with CUDA 13 on an H100 per-row scales are refused at
+  // 16 x 16 x 64): the pi0.5 shapes must run, the last two may be refused, with a message.
+  struct S { int64_t m, k, n; const char* what; bool must = true; };
   int ran = 0;
-  for (S c : {S{968, 2048, 2560, "prefix fused qkv"}, S{50, 4096, 1024, "expert down"},
+  // The prefix's K and N at 160 rows (not 968): the host reference below is the test's cost.
+  for (S c : {S{160, 2048, 2560, "prefix fused qkv"}, S{50, 4096, 1024, "expert down"},
               S{50, 1024, 8192, "expert fused gate+up"}, S{256, 1152, 4304, "siglip fc1"},
-              S{1, 1024, 3072, "adaRMS modulation"}, S{37, 112, 80, "odd"}}) {
+              S{1, 1024, 3072, "adaRMS modulation", false}, S{37, 112, 80, "odd", false}}) {
     const auto xc = random_codes(size_t(c.m * c.k)), wc = random_codes(size_t(c.n * c.k));
     const auto xs = random_scales(size_t(c.m)), wsc = random_scales(size_t(c.n));
     auto dxc = to_device(xc), dwc = to_device(wc), dxs = to_device(xs), dws = to_device(wsc);
-    std::vector<double> sums(size_t(c.m * c.n));
+    std::vector<double> xf(xc.size()), wf(wc.size()), sums(size_t(c.m * c.n));
+    for (size_t i = 0; i < xc.size(); ++i) xf[i] = f8e4m3_to_f32(xc[i]);
+    for (size_t i = 0; i < wc.size(); ++i) wf[i] = f8e4m3_to_f32(wc[i]);
     for (int64_t i = 0; i < c.m; ++i)
       for (int64_t j = 0; j < c.n; ++j) {
+        const double* xr = xf.data() + i * c.k;
+        const double* wr = wf.data() + j * c.k;
         double t = 0;
-        for (int64_t q = 0; q < c.k; ++q)
-          t += double(f8e4m3_to_f32(xc[size_t(i * c.k + q)])) * f8e4m3_to_f32(wc[size_t(j * c.k + q)]);
+        for (int64_t q = 0; q < c.k; ++q) t += xr[q] * wr[q];
         sums[size_t(i * c.n + j)] = t * xs[size_t(i)] * wsc[size_t(j)];
       }
     auto bias = bf16_values(randn(size_t(c.n), 11)), y0 = bf16_values(randn(size_t(c.m * c.n), 12));
@@ -545,7 +553,7 @@ TEST_F(CudaGemm, Fp8GemmAppliesBothScaleVectors) {
       if (v.parts && c.k % (16 * v.parts) != 0) continue;
       const Status planned = runner->plan(d);
       if (!planned.is_ok()) {
-        EXPECT_FALSE(v.required) << what << ": " << planned.message();
+        EXPECT_FALSE(v.required && c.must) << what << ": " << planned.message();
         EXPECT_EQ(planned.code(), StatusCode::Unsupported) << what << ": " << planned.message();
         std::printf("[ fp8 gemm ] %-60s not offered by cuBLASLt: %s\n", what.c_str(), planned.message().c_str());
         continue;

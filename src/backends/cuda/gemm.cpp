@@ -248,17 +248,22 @@ struct GemmRunner::Impl {
   uint64_t tuned = 0, switched = 0, skinny_shapes = 0, cached = 0;
   TuneCache cache;
   unsigned* counters = nullptr;  // the skinny kernel's tile counters (zero between GEMMs)
+  // FP8 plans carry these as their scale pointers until a call sets its own: with per-row scale
+  // vectors cuBLASLt's heuristic answers CUBLAS_STATUS_INVALID_VALUE for every shape while the
+  // pointers are null (CUDA 13 on the H100 and H200, session 21).
+  void* fp8_placeholder = nullptr;
   int sms = 0;
   std::map<decltype(GemmDesc{}.key()), Plan> plans;
   ~Impl() {
     for (auto& [k, p] : plans) p.destroy();
     if (handle) cublasLtDestroy(handle);
     device_free(counters);
+    device_free(fp8_placeholder);
   }
   // ws_limit: the workspace a plan may use (the runner's by default; 0 for the FP8 probe).
   Status make(const GemmDesc& d, Plan& p, uint64_t ws_limit = UINT64_MAX);
   // FP8 combinations (output dtype, epilogue, accumulation, K parts) run once on small buffers.
-  std::map<std::tuple<int, int, bool, int>, Status> fp8_probes;
+  std::map<std::tuple<int64_t, int64_t, int64_t, int, int, bool, int>, Status> fp8_probes;
   Status probe_fp8(const GemmDesc& d);
   Status run_skinny(cudaStream_t stream, const GemmDesc& d, int splits, const void* x, const void* w, const void* bias,
                     void* y, void* ws) const {
@@ -349,35 +354,38 @@ void GemmRunner::Impl::tune(cudaStream_t stream, const GemmDesc& d, Plan& p, con
 
 // cuBLASLt may offer an algorithm for an FP8 combination it then refuses at the call (an
 // unsupported scale mode is reported by cublasLtMatmul alone, as CUBLAS_STATUS_INVALID_VALUE), and
-// a refusal inside a chunk could not fall back to widening. So each combination of output dtype,
-// epilogue, accumulation and K parts runs once, at 16 x 16 x 64·parts on zeroed buffers (and up
-// to 4 MiB of workspace, freed after) on the default stream, before a plan of it is made; a
-// failure makes the plan Unsupported.
+// a refusal inside a chunk could not fall back to widening. So each FP8 shape with its output
+// dtype, epilogue, accumulation and K parts runs once on zeroed buffers of its own size (and up to
+// 4 MiB of workspace, all freed after) on the default stream, before a plan of it is made; a
+// failure makes the plan Unsupported. Its own shape, because what cuBLASLt offers depends on it:
+// with CUDA 13 on an H100, per-row (outer vector) scales are refused at 16 x 16 x 64 and taken at
+// 50 x 1024 x 2560 (session 21; a probe at one small shape for all had refused them everywhere).
 Status GemmRunner::Impl::probe_fp8(const GemmDesc& d) {
-  const auto key = std::tuple(int(d.out), int(d.epilogue), d.accumulate, d.k_parts);
+  const auto key = std::tuple(d.m, d.n, d.k, int(d.out), int(d.epilogue), d.accumulate, d.k_parts);
   if (auto it = fp8_probes.find(key); it != fp8_probes.end()) return it->second;
-  GemmDesc pd{16, 16, 64 * std::max(1, d.k_parts), DType::F8_E4M3, d.out, d.epilogue, d.accumulate};
+  GemmDesc pd{d.m, d.n, d.k, DType::F8_E4M3, d.out, d.epilogue, d.accumulate};
   pd.k_parts = d.k_parts;
   Plan pp;
   const uint64_t wsb = std::min<uint64_t>(workspace, 4ull << 20);  // a few MiB, briefly, at plan time
   Status st = make(pd, pp, wsb);
-  const uint64_t ys = uint64_t(16 * 16) * std::max(1, d.k_parts) * dtype_size(d.out);
+  const uint64_t xs = uint64_t(pd.m * pd.k), wbytes = uint64_t(pd.n * pd.k), sb = uint64_t(std::max(pd.m, pd.n)) * 4,
+                 bb = uint64_t(pd.n) * 4, ys = uint64_t(pd.m * pd.n) * std::max(1, d.k_parts) * dtype_size(d.out);
   void *x = nullptr, *w = nullptr, *sc = nullptr, *b = nullptr, *y = nullptr, *wsp = nullptr;
   if (st.is_ok()) {
-    if (cudaMalloc(&x, uint64_t(16 * pd.k)) != cudaSuccess || cudaMalloc(&w, uint64_t(16 * pd.k)) != cudaSuccess ||
-        cudaMalloc(&sc, 64) != cudaSuccess || cudaMalloc(&b, 64) != cudaSuccess || cudaMalloc(&y, ys) != cudaSuccess ||
+    if (cudaMalloc(&x, xs) != cudaSuccess || cudaMalloc(&w, wbytes) != cudaSuccess || cudaMalloc(&sc, sb) != cudaSuccess ||
+        cudaMalloc(&b, bb) != cudaSuccess || cudaMalloc(&y, ys) != cudaSuccess ||
         (wsb > 0 && cudaMalloc(&wsp, wsb) != cudaSuccess)) {
       (void)cudaGetLastError();
       st = Status(StatusCode::Backend, "gemm: no device memory for the FP8 probe");
     }
   }
   if (st.is_ok()) {
-    const float one[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
-    (void)cudaMemset(x, 0, uint64_t(16 * pd.k));
-    (void)cudaMemset(w, 0, uint64_t(16 * pd.k));
-    (void)cudaMemset(b, 0, 64);
+    const std::vector<float> one(size_t(std::max(pd.m, pd.n)), 1.0f);
+    (void)cudaMemset(x, 0, xs);
+    (void)cudaMemset(w, 0, wbytes);
+    (void)cudaMemset(b, 0, bb);
     (void)cudaMemset(y, 0, ys);
-    (void)cudaMemcpy(sc, one, sizeof one, cudaMemcpyHostToDevice);
+    (void)cudaMemcpy(sc, one.data(), sb, cudaMemcpyHostToDevice);
     const void* bias = has_bias(d.epilogue) ? b : nullptr;
     cublasStatus_t ls = CUBLAS_STATUS_SUCCESS;
     if (bias) ls = cublasLtMatmulDescSetAttribute(pp.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias));
@@ -438,6 +446,13 @@ Status GemmRunner::Impl::make(const GemmDesc& d, Plan& p, uint64_t ws_limit) {
     const int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
     VLAC_LT(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof(mode)), "W scales " + name);
     VLAC_LT(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof(mode)), "x scales " + name);
+    if (!fp8_placeholder) {
+      VLAC_ASSIGN_OR_RETURN(void* ph, device_alloc(256, "the FP8 plans' placeholder scales"));
+      fp8_placeholder = ph;
+    }
+    const void* ph = fp8_placeholder;
+    VLAC_LT(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &ph, sizeof(ph)), "W scale pointer " + name);
+    VLAC_LT(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &ph, sizeof(ph)), "x scale pointer " + name);
     if (has_bias(d.epilogue)) {  // the bias has y's dtype (as everywhere here), said explicitly for FP8
       const int32_t bt = cuda_type(d.out);
       VLAC_LT(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)), "bias type " + name);
