@@ -357,9 +357,8 @@ void GemmRunner::Impl::tune(cudaStream_t stream, const GemmDesc& d, Plan& p, con
 // a refusal inside a chunk could not fall back to widening. So each FP8 shape with its output
 // dtype, epilogue, accumulation and K parts runs once on zeroed buffers of its own size (and up to
 // 4 MiB of workspace, all freed after) on the default stream, before a plan of it is made; a
-// failure makes the plan Unsupported. Its own shape, because what cuBLASLt offers depends on it:
-// with CUDA 13 on an H100, per-row (outer vector) scales are refused at 16 x 16 x 64 and taken at
-// 50 x 1024 x 2560 (session 21; a probe at one small shape for all had refused them everywhere).
+// failure makes the plan Unsupported. Its own shape, because what cuBLASLt offers may depend on
+// it: a single probe at 16 x 16 x 64 once stood for every shape.
 Status GemmRunner::Impl::probe_fp8(const GemmDesc& d) {
   const auto key = std::tuple(d.m, d.n, d.k, int(d.out), int(d.epilogue), d.accumulate, d.k_parts);
   if (auto it = fp8_probes.find(key); it != fp8_probes.end()) return it->second;
