@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <thread>
+#include <vector>
 
 #include "core/quant.h"
 
@@ -89,19 +91,35 @@ void QuantCalibration::observe(const std::string& weight, const float* x, int64_
     s.h.assign(size_t(full * s.block * s.block + last * last), 0.0f);
   }
   if (s.k != k) return;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * k;
-    for (int64_t b0 = 0; b0 < k; b0 += s.block) {
-      const int64_t w = block_width(k, s.block, b0);
-      float* hb = s.h.data() + b0 * s.block;
-      const float* xb = xr + b0;
-      for (int64_t i = 0; i < w; ++i) {
-        const float xi = xb[i];
-        if (xi == 0.0f) continue;
-        float* hr = hb + i * w;
-        for (int64_t j = 0; j < w; ++j) hr[j] += xi * xb[j];
+  // Blocks [first, last): each block's sums see the rows in order, so the statistics are the same
+  // bits for any thread count.
+  const int64_t blocks = (k + s.block - 1) / s.block;
+  auto add = [&](int64_t first, int64_t last) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = x + r * k;
+      for (int64_t b = first; b < last; ++b) {
+        const int64_t b0 = b * s.block, w = block_width(k, s.block, b0);
+        float* hb = s.h.data() + b0 * s.block;
+        const float* xb = xr + b0;
+        for (int64_t i = 0; i < w; ++i) {
+          const float xi = xb[i];
+          if (xi == 0.0f) continue;
+          float* hr = hb + i * w;
+          for (int64_t j = 0; j < w; ++j) hr[j] += xi * xb[j];
+        }
       }
     }
+  };
+  // Threads only where the work pays for starting them (~1 M multiply-adds each).
+  const int64_t work = rows * k * s.block;
+  const int64_t nt = std::min<int64_t>({threads_, blocks, std::max<int64_t>(1, work >> 20)});
+  if (nt <= 1) {
+    add(0, blocks);
+  } else {
+    std::vector<std::thread> pool;
+    for (int64_t t = 1; t < nt; ++t) pool.emplace_back(add, blocks * t / nt, blocks * (t + 1) / nt);
+    add(0, blocks / nt);
+    for (auto& th : pool) th.join();
   }
   s.rows += uint64_t(rows);
 }

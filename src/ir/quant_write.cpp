@@ -72,30 +72,28 @@ Result<uint64_t> write_quant_matrix(AtomicFile& out, WeightSource& source, const
     };
     for (int64_t r0 = 0; r0 < p.shape[0]; r0 += batch) {
       const int64_t r1 = std::min<int64_t>(p.shape[0], r0 + batch);
-      if (factor && calib->threads() > 1 && r1 - r0 > 1) {
-        // GPTQ costs ~k·block/2 multiply-adds a row: the batch's rows on the calibration's
-        // threads, each with its own fp32 row.
-        std::vector<float> bs(size_t(r1 - r0));
-        std::atomic<int64_t> next{r0};
-        auto work = [&] {
-          std::vector<float> rw(static_cast<size_t>(k));
-          for (int64_t row; (row = next.fetch_add(1)) < r1;) {
-            widen_row(base + uint64_t(row) * row_bytes, p.dtype, k, rw.data());
-            bs[size_t(row - r0)] = quantize_row_gptq(rw.data(), k, dt, codes + uint64_t(row - r0) * uint64_t(k), *factor);
-          }
-        };
-        std::vector<std::thread> pool;
-        for (int64_t t = 1; t < std::min<int64_t>(calib->threads(), r1 - r0); ++t) pool.emplace_back(work);
-        work();
-        for (std::thread& t : pool) t.join();
-        for (int64_t row = r0; row < r1; ++row) VLAC_RETURN_IF_ERROR(keep(row, bs[size_t(row - r0)]));
-      } else {
-        for (int64_t row = r0; row < r1; ++row) {
-          widen_row(base + uint64_t(row) * row_bytes, p.dtype, k, rowf);
+      // GPTQ costs ~k·block/2 multiply-adds a row: its rows go to the calibration's threads,
+      // each widening into its own fp32 row (the caller's thread into the buffer's). Nearest
+      // rounding stays on the caller's thread. Each row's codes depend on that row alone.
+      const int64_t nt = factor ? std::min<int64_t>(calib->threads(), r1 - r0) : 1;
+      std::vector<float> bs(size_t(r1 - r0));
+      std::atomic<int64_t> next{r0};
+      auto work = [&](float* rw) {
+        for (int64_t row; (row = next.fetch_add(1)) < r1;) {
+          widen_row(base + uint64_t(row) * row_bytes, p.dtype, k, rw);
           uint8_t* rc = codes + uint64_t(row - r0) * uint64_t(k);
-          VLAC_RETURN_IF_ERROR(keep(row, factor ? quantize_row_gptq(rowf, k, dt, rc, *factor) : quantize_row(rowf, k, dt, rc)));
+          bs[size_t(row - r0)] = factor ? quantize_row_gptq(rw, k, dt, rc, *factor) : quantize_row(rw, k, dt, rc);
         }
-      }
+      };
+      std::vector<std::thread> pool;
+      for (int64_t t = 1; t < nt; ++t)
+        pool.emplace_back([&] {
+          std::vector<float> rw(static_cast<size_t>(k));
+          work(rw.data());
+        });
+      work(rowf);
+      for (std::thread& t : pool) t.join();
+      for (int64_t row = r0; row < r1; ++row) VLAC_RETURN_IF_ERROR(keep(row, bs[size_t(row - r0)]));
       const uint64_t bytes = uint64_t(r1 - r0) * uint64_t(k);
       VLAC_RETURN_IF_ERROR(out.pwrite(codes, bytes, pos));
       pos += bytes;

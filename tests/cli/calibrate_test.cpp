@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/cli_test_util.h"
+#include "tensor_file_util.h"
 #include "io/safetensors.h"
 #include "io/safetensors_writer.h"
 #include "package/package.h"
@@ -22,6 +23,7 @@ namespace vlac {
 namespace {
 
 using namespace clitest;
+using testutil::read_f32;
 
 const std::string kFixtures = std::string(VLAC_SOURCE_DIR) + "/tests/fixtures/pi05";
 
@@ -30,18 +32,6 @@ std::string policy_of(const std::string& fx) { return kFixtures + "/" + fx + "/p
 TempDir& dir() {
   static TempDir d("calibrate");
   return d;
-}
-
-std::vector<float> floats_of(const std::string& path, const std::string& key) {
-  auto f = SafetensorsFile::open(path);
-  EXPECT_TRUE(f.is_ok()) << f.status().message();
-  if (!f.is_ok()) return {};
-  const TensorInfo* t = f->find(key);
-  EXPECT_NE(t, nullptr) << key;
-  if (!t) return {};
-  std::vector<float> v(t->nbytes() / 4);
-  std::memcpy(v.data(), f->data(*t), v.size() * 4);
-  return v;
 }
 
 // Held-out observations: the fixture observation's tensors redrawn as tools/make_pi05_fixtures.py
@@ -130,7 +120,7 @@ TEST(CalibrateCli, GptqInt8StaysWithinTwiceTheBf16PackagesDistance) {
   for (const char* fx : {"tiny_a", "tiny_b", "tiny_b_absent_cam"}) {
     SCOPED_TRACE(fx);
     const std::string d = kFixtures + "/" + fx;
-    const std::vector<float> want = floats_of(d + "/expected.safetensors", "action_normalized");
+    const std::vector<float> want = read_f32(d + "/expected.safetensors", "action_normalized");
     const std::vector<std::string> cal = held_out_observations(fx, 4);
     ASSERT_EQ(cal.size(), 4u);
     std::map<std::string, Distance> dist;
@@ -148,7 +138,7 @@ TEST(CalibrateCli, GptqInt8StaysWithinTwiceTheBf16PackagesDistance) {
       Proc r = run_vlac({"run", pkg, "--obs", d + "/obs.safetensors", "--noise", d + "/noise.safetensors", "--out", out,
                          "--quiet"});
       ASSERT_EQ(r.rc, 0) << r.out;
-      dist[kind] = distance(floats_of(out, "action_normalized"), want);
+      dist[kind] = distance(read_f32(out, "action_normalized"), want);
       std::printf("[ gptq     ] %-17s %-15s vs lerobot fp32: max|d| %.4g (%.2fx bf16-all), rms %.4g (%.2fx)\n", fx, kind,
                   dist[kind].max, dist[kind].max / dist["bf16-all"].max, dist[kind].rms,
                   dist[kind].rms / dist["bf16-all"].rms);

@@ -16,11 +16,13 @@
 #include <nlohmann/json.hpp>
 
 #include "io/safetensors.h"
+#include "tensor_file_util.h"
 #include "io/safetensors_writer.h"
 #include "policy/pi05_policy.h"
 
 namespace fs = std::filesystem;
 using namespace vlac;
+using vlac::testutil::read_f32;
 
 // Counts every operator new in this test binary and the largest request: the denoise loop must
 // allocate no buffer (oneDNN's matmul execute builds a few small argument maps per call, which we
@@ -69,18 +71,6 @@ struct TempDir {
   }
   ~TempDir() { fs::remove_all(path); }
 };
-
-std::vector<float> read_f32(const std::string& path, const std::string& key) {
-  auto f = SafetensorsFile::open(path);
-  EXPECT_TRUE(f.is_ok()) << f.status().message();
-  if (!f.is_ok()) return {};
-  const TensorInfo* t = f->find(key);
-  EXPECT_NE(t, nullptr) << key;
-  if (!t) return {};
-  std::vector<float> v(size_t(t->numel()));
-  std::memcpy(v.data(), f->data(*t), t->nbytes());
-  return v;
-}
 
 double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   EXPECT_EQ(a.size(), b.size());

@@ -22,12 +22,14 @@
 #include "compile/pi05_compile.h"
 #include "core/quant.h"
 #include "io/safetensors.h"
+#include "tensor_file_util.h"
 #include "models/pi05_demo.h"
 #include "policy/pi05_policy.h"
 #include "runtime/pi05_package_policy.h"
 
 namespace fs = std::filesystem;
 using namespace vlac;
+using vlac::testutil::read_f32;
 
 namespace {
 
@@ -35,18 +37,6 @@ namespace {
 // tree somewhere else).
 const std::string kFixtures =
     std::string(std::getenv("VLAC_SOURCE_DIR") ? std::getenv("VLAC_SOURCE_DIR") : VLAC_SOURCE_DIR) + "/tests/fixtures/pi05";
-
-std::vector<float> read_f32(const std::string& path, const std::string& key) {
-  auto f = SafetensorsFile::open(path);
-  EXPECT_TRUE(f.is_ok()) << f.status().message();
-  if (!f.is_ok()) return {};
-  const TensorInfo* t = f->find(key);
-  EXPECT_NE(t, nullptr) << key;
-  if (!t) return {};
-  std::vector<float> v(size_t(t->numel()));
-  std::memcpy(v.data(), f->data(*t), t->nbytes());
-  return v;
-}
 
 double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   if (a.size() != b.size() || a.empty()) return INFINITY;

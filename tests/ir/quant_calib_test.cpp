@@ -63,6 +63,24 @@ TEST(QuantCalib, StatisticsAreTheBlockDiagonalOfXtX) {
   EXPECT_EQ(c.bytes(), 36u);
 }
 
+// observe splits the blocks over its threads: the same bits for any count, a last short block too.
+TEST(QuantCalib, StatisticsAreTheSameForAnyThreadCount) {
+  std::mt19937 rng(3);
+  const int64_t rows = 64, k = 1000;  // 7 full blocks of 128 and one of 104
+  const std::vector<float> x = correlated_inputs(rows, k, rng);
+  std::vector<float> h1;
+  for (int threads : {1, 3, 8}) {
+    QuantCalibration c(128, 0.01, true, threads);
+    c.observe("w", x.data(), rows, k);
+    c.observe("w", x.data() + 10 * k, 20, k);
+    const InputStats* s = c.find("w");
+    ASSERT_NE(s, nullptr);
+    EXPECT_EQ(s->rows, uint64_t(rows + 20));
+    if (threads == 1) h1 = s->h;
+    else EXPECT_EQ(s->h, h1) << threads << " threads";
+  }
+}
+
 TEST(QuantCalib, UncorrelatedInputsRoundToNearest) {
   // H = diag: no error has anywhere to go, so the codes are quantize_row's, bit for bit.
   const int64_t k = 24;
