@@ -1,9 +1,11 @@
 // Which FP8 scale modes does this GPU's cuBLASLt run, and how fast (issue 14)? The W8A8 path
-// (VLAC_FP8_GEMM=1) asked for one fp32 scale per row of W and of x (OUTER_VEC_32F), and on an
-// H100 with CUDA 13 cuBLASLt's heuristic refused that mode for every shape (session 21), so every
-// e4m3 GEMM widened. This probes each mode cuBLASLt declares, on the same operands:
+// (VLAC_FP8_GEMM=1) asks for one fp32 scale per row of W and of x (OUTER_VEC_32F); in session 21
+// the backend's plans of it were refused (their scale pointers were null at the heuristic, the
+// `_null_at_plan` variant below), so every e4m3 GEMM widened. This probes each mode cuBLASLt
+// declares, on the same operands:
 //   outer_vec          A (W) and B (x) per-row vectors
 //   scalar             one scale each (per tensor)
+//   scalar_w_outer_x, outer_w_scalar_x  one per tensor for one operand, per row for the other
 //   alpha_vec          scalar A/B scales and alpha as a device vector over D's rows (W's rows)
 //   vec128[_kfast|_rowfast]  a scale per row and 128-wide K block for both, in either layout
 //   blk_w_vec_x        W in 128x128 blocks, x per row and K block (both layouts)
@@ -204,6 +206,8 @@ int main(int argc, char** argv) {
       {"outer_vec_align16", S::CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F, S::CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F,
        false, true, true, false, true},
       {"scalar", S::CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F, S::CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F},
+      {"scalar_w_outer_x", S::CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F, S::CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F},
+      {"outer_w_scalar_x", S::CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F, S::CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F},
       {"alpha_vec", S::CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F, S::CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F, true},
       {"vec128_kfast", S::CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F, S::CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F, false, true},
       {"vec128_rowfast", S::CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F, S::CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F, false, false},
