@@ -145,7 +145,7 @@ void register_compile(CLI::App& app) {
                   "first) or index");
   sub->add_option("--tokenizer", f->tokenizer,
                   "SentencePiece model (file or folder) for --calibrate observations with a raw task, when the folder has none");
-  sub->add_option("--threads", f->threads, "CPU threads of the calibration run (default 2)");
+  sub->add_option("--threads", f->threads, "CPU threads of the calibration run, its statistics and the GPTQ rounding (default 2)");
   sub->add_flag("--plan", f->show_plan, "print the partition plan (engines, inputs, outputs, crossing bytes)");
   add_common_options(sub, &f->common);
   sub->callback([f] { run_command("compile", f->common, [&](MemMeter& m) { return compile_policy(*f, m); }); });
