@@ -248,9 +248,10 @@ struct GemmRunner::Impl {
   uint64_t tuned = 0, switched = 0, skinny_shapes = 0, cached = 0;
   TuneCache cache;
   unsigned* counters = nullptr;  // the skinny kernel's tile counters (zero between GEMMs)
-  // FP8 plans carry these as their scale pointers until a call sets its own: with per-row scale
-  // vectors cuBLASLt's heuristic answers CUBLAS_STATUS_INVALID_VALUE for every shape while the
-  // pointers are null (CUDA 13 on the H100 and H200, session 21).
+  // FP8 plans carry this as their scale pointers until a call sets its own. With the pointers
+  // null at plan time, cuBLASLt's heuristic refused every per-row-scaled FP8 plan of the backend
+  // (INVALID_VALUE; CUDA 13 on the H100 and H200, session 21), while the same mode with the
+  // pointers set first was planned, ran and was right (bench/fp8_scale_modes_bench).
   void* fp8_placeholder = nullptr;
   int sms = 0;
   std::map<decltype(GemmDesc{}.key()), Plan> plans;
@@ -262,7 +263,7 @@ struct GemmRunner::Impl {
   }
   // ws_limit: the workspace a plan may use (the runner's by default; 0 for the FP8 probe).
   Status make(const GemmDesc& d, Plan& p, uint64_t ws_limit = UINT64_MAX);
-  // FP8 combinations (output dtype, epilogue, accumulation, K parts) run once on small buffers.
+  // FP8 combinations (clamped shape, output dtype, epilogue, accumulation, K parts) run once.
   std::map<std::tuple<int64_t, int64_t, int64_t, int, int, bool, int>, Status> fp8_probes;
   Status probe_fp8(const GemmDesc& d);
   Status run_skinny(cudaStream_t stream, const GemmDesc& d, int splits, const void* x, const void* w, const void* bias,
@@ -354,16 +355,19 @@ void GemmRunner::Impl::tune(cudaStream_t stream, const GemmDesc& d, Plan& p, con
 
 // cuBLASLt may offer an algorithm for an FP8 combination it then refuses at the call (an
 // unsupported scale mode is reported by cublasLtMatmul alone, as CUBLAS_STATUS_INVALID_VALUE), and
-// a refusal inside a chunk could not fall back to widening. So each FP8 shape with its output
-// dtype, epilogue, accumulation and K parts runs once on zeroed buffers of its own size (and up to
-// 4 MiB of workspace, all freed after) on the default stream, before a plan of it is made; a
-// failure makes the plan Unsupported. Its own shape, because what cuBLASLt offers may depend on
-// it: a single probe at 16 x 16 x 64 once stood for every shape.
+// a refusal inside a chunk could not fall back to widening. So each FP8 combination of output
+// dtype, epilogue, accumulation and K parts runs once on zeroed buffers before a plan of it is
+// made, at the GEMM's shape clamped to 64 x 256 x 256·parts (under 0.5 MiB, and up to 4 MiB of
+// workspace, all freed after: the probe runs while the weights are on the GPU) on the default
+// stream; a failure makes the plan Unsupported. Clamped rather than one shape for all (16 x 16 x 64
+// before session 21), so that a GEMM smaller than the clamp is probed at its own size.
 Status GemmRunner::Impl::probe_fp8(const GemmDesc& d) {
-  const auto key = std::tuple(d.m, d.n, d.k, int(d.out), int(d.epilogue), d.accumulate, d.k_parts);
-  if (auto it = fp8_probes.find(key); it != fp8_probes.end()) return it->second;
-  GemmDesc pd{d.m, d.n, d.k, DType::F8_E4M3, d.out, d.epilogue, d.accumulate};
+  const int parts = std::max(1, d.k_parts);
+  GemmDesc pd{std::min<int64_t>(d.m, 64), std::min<int64_t>(d.n, 256), std::min<int64_t>(d.k, 256 * parts),
+              DType::F8_E4M3, d.out, d.epilogue, d.accumulate};
   pd.k_parts = d.k_parts;
+  const auto key = std::tuple(pd.m, pd.n, pd.k, int(d.out), int(d.epilogue), d.accumulate, d.k_parts);
+  if (auto it = fp8_probes.find(key); it != fp8_probes.end()) return it->second;
   Plan pp;
   const uint64_t wsb = std::min<uint64_t>(workspace, 4ull << 20);  // a few MiB, briefly, at plan time
   Status st = make(pd, pp, wsb);
