@@ -154,9 +154,10 @@ Result<Pi05CompileSummary> compile_pi05(const std::string& policy_dir, const Pi0
   if (!opt.calibrate.empty()) {
     if (quant == DType::F32) return invalid_argument("compile: --calibrate goes with 8-bit weights (--dtype int8 / fp8)");
     if (opt.calibrate_block < 1) return invalid_argument("compile: the calibration block must be at least 1 input");
-    if (!(opt.calibrate_damp > 0.0)) return invalid_argument("compile: the calibration damping must be above 0");
+    if (!(opt.calibrate_damp >= 0.0)) return invalid_argument("compile: the calibration damping must be above 0");
+    const double damp = opt.calibrate_damp > 0.0 ? opt.calibrate_damp : ir::default_gptq_damp(quant);
     stage_hook("calibrate");
-    calib = std::make_unique<ir::QuantCalibration>(opt.calibrate_block, opt.calibrate_damp, opt.calibrate_act_order,
+    calib = std::make_unique<ir::QuantCalibration>(opt.calibrate_block, damp, opt.calibrate_act_order,
                                                    std::max(1, opt.threads));
     VLAC_RETURN_IF_ERROR(run_calibration(policy_dir, opt, *calib));
     compiler->release_memory();

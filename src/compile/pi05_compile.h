@@ -36,7 +36,7 @@ struct Pi05CompileOptions {
   int64_t calibrate_block = 128;  // inputs per diagonal block of the statistics
   uint64_t calibrate_seed = 0;    // noise of the calibration chunks (pi05_gaussian_noise)
   int calibrate_chunks = 8;       // noise draws (denoising loops) per observation
-  double calibrate_damp = 0.01;   // λ = damp · mean(diag H) (ir/quant_calib.h)
+  double calibrate_damp = 0;      // λ = damp · mean(diag H); 0: ir::default_gptq_damp of the dtype
   bool calibrate_act_order = true;  // GPTQ's act-order within each block (else index order)
   std::string tokenizer;          // for observations with a raw task: a SentencePiece model (else the folder's)
   int threads = 2;                // of the calibration run

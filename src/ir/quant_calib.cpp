@@ -78,6 +78,8 @@ bool block_factor(const float* h, int64_t w, double damp, std::vector<float>& u_
 
 }  // namespace
 
+double default_gptq_damp(DType weights) { return weights == DType::I8 ? 1.0 : 0.01; }
+
 QuantCalibration::QuantCalibration(int64_t block, double damp, bool act_order, int threads)
     : block_(std::max<int64_t>(1, block)), damp_(damp), act_order_(act_order), threads_(std::max(1, threads)) {}
 

@@ -143,18 +143,15 @@ TEST(CalibrateCli, GptqInt8StaysWithinTwiceTheBf16PackagesDistance) {
                   dist[kind].max, dist[kind].max / dist["bf16-all"].max, dist[kind].rms,
                   dist[kind].rms / dist["bf16-all"].rms);
     }
-    // tiny_b's model (K of 40-160): GPTQ in either order cuts the chunk's RMS distance to about
-    // half of round to nearest's, and issue 14's bound (max |Δ| at most 2x the bf16 package's)
-    // holds where nearest reaches 1.9-2.45x. tiny_a (K of 32-48) leaves GPTQ little to move an
-    // error to: index order still lowers the RMS, act-order (the default, 15-25 % better at full
-    // size) lands within noise of nearest (0.97-1.10x over the ISA paths), and the worst action
-    // moves with the calibration draw (1.3-2.4x, docs/quantization.md); 2.5x is its regression
-    // bound, as for round to nearest.
-    const bool toy = std::string(fx) == "tiny_a";
-    EXPECT_LT(dist["int8-gptq-index"].rms, dist["int8"].rms);
-    EXPECT_LT(dist["int8-gptq"].rms, (toy ? 1.15 : 1.0) * dist["int8"].rms);
-    for (const char* g : {"int8-gptq", "int8-gptq-index"})
-      EXPECT_LE(dist[g].max, (toy ? 2.5 : 2.0) * dist["bf16-all"].max) << g;
+    // Issue 14's bound (max |Δ| at most 2x the bf16 package's) on every fixture and path, where
+    // round to nearest reaches 1.9-2.45x on tiny_b's model, and a lower RMS than nearest's. int8
+    // calibrates at damp 1 by default (ir::default_gptq_damp): at GPTQ's usual 0.01, tiny_a (K of
+    // 32-48) overfit the four observations, its worst action 2.1-2.4x in two of six calibration
+    // draws (docs/quantization.md, session 21); at 1 it stayed at 1.2-1.8x in all six.
+    for (const char* g : {"int8-gptq", "int8-gptq-index"}) {
+      EXPECT_LT(dist[g].rms, dist["int8"].rms) << g;
+      EXPECT_LE(dist[g].max, 2.0 * dist["bf16-all"].max) << g;
+    }
     // Same scales and bytes: the calibration chooses codes, not the format. The manifest says so.
     auto pkg = Package::open(dir().file(std::string(fx) + "-int8-gptq.vlac"));
     ASSERT_TRUE(pkg.is_ok()) << pkg.status().message();
