@@ -17,6 +17,7 @@
 #include "tensor_file_util.h"
 #include "io/safetensors.h"
 #include "io/safetensors_writer.h"
+#include "ir/quant_calib.h"
 #include "package/package.h"
 
 namespace vlac {
@@ -159,6 +160,7 @@ TEST(CalibrateCli, GptqInt8StaysWithinTwiceTheBf16PackagesDistance) {
     ASSERT_TRUE(meta.contains("calibration")) << meta.dump();
     EXPECT_EQ(meta["calibration"]["method"], "gptq");
     EXPECT_EQ(meta["calibration"]["observations"].size(), 4u);
+    EXPECT_EQ(meta["calibration"]["damp"].get<double>(), ir::default_gptq_damp(DType::I8));
     EXPECT_GT(meta["calibration"]["tensors"].get<int>(), 0);
     EXPECT_EQ(weight_bytes(dir().file(std::string(fx) + "-int8-gptq.vlac")),
               weight_bytes(dir().file(std::string(fx) + "-int8.vlac")));
@@ -204,6 +206,14 @@ TEST(CalibrateCli, BadCalibrationInputIsOneClearErrorAndNoPackage) {
   EXPECT_NE(p.out.find("--calibrate"), std::string::npos) << p.out;
   EXPECT_NE(p.out.find("tiny_b/obs.safetensors"), std::string::npos) << p.out;
   EXPECT_FALSE(exists(out));
+  // A damping given must be above 0 (not given, the dtype's default: ir::default_gptq_damp).
+  for (const char* d : {"0", "-1", "nan"}) {
+    p = run_vlac({"compile", policy_of("tiny_a"), "-o", out, "--dtype", "int8", "--calibrate",
+                  kFixtures + "/tiny_a/obs.safetensors", "--calibrate-damp", d, "--quiet"});
+    EXPECT_EQ(p.rc, 2) << d << ": " << p.out;
+    EXPECT_NE(p.out.find("--calibrate-damp must be above 0"), std::string::npos) << d << ": " << p.out;
+    EXPECT_FALSE(exists(out));
+  }
 }
 
 }  // namespace

@@ -2,9 +2,7 @@
 // .vlac package of CPU engines under a byte cap. The work is in src/compile/; this file parses
 // flags, prints progress and the summary, and reports memory per phase.
 #include <chrono>
-#include <cmath>
 #include <cstdio>
-#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -33,7 +31,8 @@ struct CompileFlags {
   std::vector<std::string> calibrate;
   int64_t calibrate_block = 128;
   int calibrate_chunks = 8;
-  double calibrate_damp = std::numeric_limits<double>::quiet_NaN();  // not given: the dtype's default
+  double calibrate_damp = 0;  // not given: the dtype's default (ir::default_gptq_damp)
+  bool calibrate_damp_given = false;
   std::string calibrate_order = "act";
   int threads = 2;
   std::string tokenizer;
@@ -54,10 +53,9 @@ Status compile_policy(const CompileFlags& f, MemMeter& meter) {
   o.calibrate = f.calibrate;
   o.calibrate_block = f.calibrate_block;
   if (f.calibrate_chunks < 1) return invalid_argument("--calibrate-chunks must be at least 1");
-  if (!std::isnan(f.calibrate_damp) && !(f.calibrate_damp > 0.0))
-    return invalid_argument("--calibrate-damp must be above 0");
+  if (f.calibrate_damp_given && !(f.calibrate_damp > 0.0)) return invalid_argument("--calibrate-damp must be above 0");
   o.calibrate_chunks = f.calibrate_chunks;
-  o.calibrate_damp = std::isnan(f.calibrate_damp) ? 0.0 : f.calibrate_damp;  // 0: ir::default_gptq_damp
+  o.calibrate_damp = f.calibrate_damp_given ? f.calibrate_damp : 0.0;  // 0: ir::default_gptq_damp
   if (f.calibrate_order != "act" && f.calibrate_order != "index")
     return invalid_argument("--calibrate-order must be act or index, got '" + f.calibrate_order + "'");
   o.calibrate_act_order = f.calibrate_order == "act";
@@ -142,7 +140,8 @@ void register_compile(CLI::App& app) {
                   "denoising loops per calibration observation, each from its own seeded noise (default 8): the action "
                   "expert sees chunk_size rows a step");
   sub->add_option("--calibrate-damp", f->calibrate_damp,
-                  "GPTQ damping: lambda = damp x mean(diag H) added to H's diagonal (default 1 for int8, 0.01 for fp8)");
+                  "GPTQ damping: lambda = damp x mean(diag H) added to H's diagonal (default 1 for int8, 0.01 for fp8)")
+      ->each([f](const std::string&) { f->calibrate_damp_given = true; });
   sub->add_option("--calibrate-order", f->calibrate_order,
                   "GPTQ's rounding order within a block: act (default: the inputs with the largest mean square "
                   "first) or index");
