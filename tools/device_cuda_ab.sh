@@ -9,7 +9,8 @@
 # (camera counts, one benchmark each) and BENCH_ARGS (more benchmark arguments). NAME@DTYPE runs
 # that setting on the BENCH_EXTRA package of DTYPE (policy-DTYPE.vlac) instead. CUDA_BENCH=1 also
 # runs cuda_bench --gemms-only (each GEMM in bf16 and, on sm_89+, FP8) and STREAM_PROBE=1
-# expert_mlp_bench --stream-only, both before the A/B, their JSON under $OUT.
+# expert_mlp_bench --stream-only, both before the A/B, their JSON under $OUT; FP8_MODES=1 runs
+# fp8_scale_modes_bench after test_cuda.
 # lerobot's wheels come from .whl (docs/cuda.md). Session 12 used it as
 #   bash tools/device_cuda_ab.sh .devcarry base prefix_qkv_off:VLAC_PREFIX_QKV=0 sub1:VLAC_ATTN_SUB=1 base2
 set -uo pipefail
@@ -29,6 +30,12 @@ el "test_cuda"
 timeout "${TEST_TIMEOUT:-150}" /tmp/vb/bin/test_cuda --gtest_filter="${TEST_FILTER:-*}" --gtest_output="xml:$out/test_cuda.xml" > "$out/test_cuda.log" 2>&1
 el "test_cuda rc=$?"
 grep -E '^\[  (FAILED|PASSED) |Failure|Expected|Which is|actual|^\[==' "$out/test_cuda.log" | tail -30
+# FP8_MODES=1: which FP8 scale modes cuBLASLt runs here, their layout and speed (JSON under $OUT).
+if [ "${FP8_MODES:-0}" = 1 ] && [ -x /tmp/vb/bin/fp8_scale_modes_bench ]; then
+  el "fp8_scale_modes_bench"
+  timeout 120 /tmp/vb/bin/fp8_scale_modes_bench --reps 10 --out "$out/fp8_modes.json" > "$out/fp8_modes.log" 2>&1
+  el "fp8_scale_modes_bench rc=$?"; grep -E '^accuracy' "$out/fp8_modes.log" | cut -c1-160
+fi
 skip=(); [ "${SKIP_LEROBOT:-0}" = 1 ] && skip=(--skip-lerobot)
 # BENCH_CAMERAS: one benchmark per camera count (default 3: bench_cuda.json; others bench_cuda_cN.json);
 # BENCH_ARGS: more arguments for each (e.g. --rounds 2 --chunks 30).
