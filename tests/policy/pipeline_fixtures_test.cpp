@@ -16,9 +16,11 @@
 #include "policy/pi05_observation.h"
 #include "policy/pi05_policy.h"
 #include "policy/pi05_processor.h"
+#include "tensor_file_util.h"
 
 namespace fs = std::filesystem;
 using namespace vlac;
+using vlac::testutil::read_tensor;
 
 namespace {
 
@@ -33,19 +35,6 @@ struct TempDir {
   }
   ~TempDir() { fs::remove_all(path); }
 };
-
-template <typename T>
-std::vector<T> read_t(const std::string& path, const std::string& key) {
-  auto f = SafetensorsFile::open(path);
-  EXPECT_TRUE(f.is_ok()) << f.status().message();
-  if (!f.is_ok()) return {};
-  const TensorInfo* t = f->find(key);
-  EXPECT_NE(t, nullptr) << path << ": " << key;
-  if (!t) return {};
-  std::vector<T> v(t->nbytes() / sizeof(T));
-  std::memcpy(v.data(), f->data(*t), t->nbytes());
-  return v;
-}
 
 std::string meta(const std::string& path, const std::string& key) {
   auto f = SafetensorsFile::open(path);
@@ -133,9 +122,9 @@ TEST(PipelineFixtures, PreprocessingEqualsLerobot) {
     auto obs = read_pi05_observation(dir + "/obs.safetensors", *cfg, 3, &*proc, "");
     ASSERT_TRUE(obs.is_ok()) << obs.status().message();
     EXPECT_EQ(obs->prompt, meta(exp, "prompt")) << c;
-    EXPECT_EQ(obs->lang_tokens, read_t<int64_t>(exp, "observation.language.tokens")) << c;
-    EXPECT_EQ(obs->lang_mask, read_t<uint8_t>(exp, "observation.language.attention_mask")) << c;
-    const std::vector<float> sn = read_t<float>(exp, "observation.state.normalized");
+    EXPECT_EQ(obs->lang_tokens, read_tensor<int64_t>(exp, "observation.language.tokens")) << c;
+    EXPECT_EQ(obs->lang_mask, read_tensor<uint8_t>(exp, "observation.language.attention_mask")) << c;
+    const std::vector<float> sn = read_tensor<float>(exp, "observation.state.normalized");
     ASSERT_EQ(obs->state_normalized.size(), sn.size());
     for (size_t i = 0; i < sn.size(); ++i)
       EXPECT_NEAR(obs->state_normalized[i], sn[i], 1e-6 * std::max(1.0f, std::fabs(sn[i]))) << c << " state " << i;
@@ -143,7 +132,7 @@ TEST(PipelineFixtures, PreprocessingEqualsLerobot) {
     for (size_t k = 0; k < obs->cameras.size(); ++k) {
       std::vector<float> got = obs->images[k];
       for (float& v : got) v = v * 2.0f - 1.0f;  // lerobot records the [-1, 1] image
-      const double d = max_abs_diff(got, read_t<float>(exp, "images." + obs->cameras[k]));
+      const double d = max_abs_diff(got, read_tensor<float>(exp, "images." + obs->cameras[k]));
       EXPECT_LE(d, 1e-6) << c << " " << obs->cameras[k];
       worst = std::max(worst, d);
     }
@@ -175,17 +164,17 @@ TEST(PipelineFixtures, ActionMatchesLerobotPostprocessed) {
     auto action = postprocess_pi05_action(an.data(), H, A, m.config(), *proc, *obs, &D);
     ASSERT_TRUE(action.is_ok()) << action.status().message();
     EXPECT_EQ(D, m.config().action_dim);
-    const double dn = max_abs_diff(an, read_t<float>(exp, "action_normalized"));
-    const double da = max_abs_diff(*action, read_t<float>(exp, "action"));
+    const double dn = max_abs_diff(an, read_tensor<float>(exp, "action_normalized"));
+    const double da = max_abs_diff(*action, read_tensor<float>(exp, "action"));
     EXPECT_LE(dn, 1e-4) << c;
     EXPECT_LE(da, 1e-4) << c;
     std::printf("[ pipeline ] %s fp32: max |d action_normalized| %.3g, max |d action| %.3g\n", c, dn, da);
     // lerobot's postprocessor applied to lerobot's own action_normalized gives its action
     // (isolates the postprocessor from the network).
-    const std::vector<float> ln = read_t<float>(exp, "action_normalized");
+    const std::vector<float> ln = read_tensor<float>(exp, "action_normalized");
     auto post = postprocess_pi05_action(ln.data(), H, A, m.config(), *proc, *obs, &D);
     ASSERT_TRUE(post.is_ok());
-    EXPECT_LE(max_abs_diff(*post, read_t<float>(exp, "action")), 1e-6) << c;
+    EXPECT_LE(max_abs_diff(*post, read_tensor<float>(exp, "action")), 1e-6) << c;
   }
 }
 
@@ -197,10 +186,10 @@ TEST(PipelineFixtures, CliWritesActionInRobotUnits) {
     Proc p = run_vlac("run " + dir + "/policy --obs " + dir + "/obs.safetensors --noise " + dir +
                       "/noise.safetensors --dtype fp32 --quiet --out " + out);
     ASSERT_EQ(p.rc, 0) << p.out;
-    const double d = max_abs_diff(read_t<float>(out, "action"), read_t<float>(dir + "/expected.safetensors", "action"));
+    const double d = max_abs_diff(read_tensor<float>(out, "action"), read_tensor<float>(dir + "/expected.safetensors", "action"));
     EXPECT_LE(d, 1e-4) << c;
-    EXPECT_LE(max_abs_diff(read_t<float>(out, "action_normalized"),
-                           read_t<float>(dir + "/expected.safetensors", "action_normalized")),
+    EXPECT_LE(max_abs_diff(read_tensor<float>(out, "action_normalized"),
+                           read_tensor<float>(dir + "/expected.safetensors", "action_normalized")),
               1e-4)
         << c;
     EXPECT_EQ(meta(out, "prompt"), meta(dir + "/expected.safetensors", "prompt"));
@@ -218,11 +207,11 @@ TEST(PipelineFixtures, PreTokenizedObservationsStillWork) {
     Proc p = run_vlac("run " + dir + "/policy --obs " + dir + "/obs.safetensors --noise " + dir +
                       "/noise.safetensors --quiet --out " + out);
     ASSERT_EQ(p.rc, 0) << p.out;
-    EXPECT_LE(max_abs_diff(read_t<float>(out, "action_normalized"),
-                           read_t<float>(dir + "/expected.safetensors", "action_normalized")),
+    EXPECT_LE(max_abs_diff(read_tensor<float>(out, "action_normalized"),
+                           read_tensor<float>(dir + "/expected.safetensors", "action_normalized")),
               1e-4)
         << c;
-    EXPECT_LE(max_abs_diff(read_t<float>(out, "action"), read_t<float>(dir + "/expected.safetensors", "action")), 1e-4)
+    EXPECT_LE(max_abs_diff(read_tensor<float>(out, "action"), read_tensor<float>(dir + "/expected.safetensors", "action")), 1e-4)
         << c;
   }
   // A pre-tokenized prompt wins over the task/state path even when a tokenizer is there.
@@ -242,10 +231,10 @@ TEST(PipelineFixtures, TaskAndTokenizerFlags) {
   const std::string a = (t.path / "a.safetensors").string(), b = (t.path / "b.safetensors").string();
   const std::string base = "run " + dir + "/policy --obs " + dir + "/obs.safetensors --noise " + dir + "/noise.safetensors --quiet";
   ASSERT_EQ(run_vlac(base + " --task 'fold the towel' --out " + a).rc, 0);
-  EXPECT_LE(max_abs_diff(read_t<float>(a, "action"), read_t<float>(dir + "/expected.safetensors", "action")), 1e-4);
+  EXPECT_LE(max_abs_diff(read_tensor<float>(a, "action"), read_tensor<float>(dir + "/expected.safetensors", "action")), 1e-4);
   ASSERT_EQ(run_vlac(base + " --task 'unfold_the towel' --out " + b).rc, 0);
   EXPECT_EQ(meta(b, "prompt").rfind("Task: unfold the towel, State: ", 0), 0u) << meta(b, "prompt");
-  EXPECT_GT(max_abs_diff(read_t<float>(a, "action"), read_t<float>(b, "action")), 0.0);
+  EXPECT_GT(max_abs_diff(read_tensor<float>(a, "action"), read_tensor<float>(b, "action")), 0.0);
   // A policy folder without tokenizer/: a clear error, then --tokenizer makes it work.
   const fs::path pol = t.path / "policy";
   fs::create_directories(pol);
@@ -260,7 +249,7 @@ TEST(PipelineFixtures, TaskAndTokenizerFlags) {
   p = run_vlac("run " + pol.string() + " --obs " + dir + "/obs.safetensors --noise " + dir +
                "/noise.safetensors --quiet --tokenizer " + kFixtures + "/tokenizer/tokenizer.model --out " + c);
   ASSERT_EQ(p.rc, 0) << p.out;
-  EXPECT_LE(max_abs_diff(read_t<float>(c, "action"), read_t<float>(dir + "/expected.safetensors", "action")), 1e-4);
+  EXPECT_LE(max_abs_diff(read_tensor<float>(c, "action"), read_tensor<float>(dir + "/expected.safetensors", "action")), 1e-4);
   p = run_vlac("run " + pol.string() + " --obs " + dir + "/obs.safetensors --quiet --tokenizer /nonexistent.model --out " + c);
   EXPECT_EQ(p.rc, 2) << p.out;
   EXPECT_NE(p.out.find("/nonexistent.model"), std::string::npos) << p.out;
@@ -287,7 +276,7 @@ TEST(PipelineFixtures, BadObservationsGetOneClearError) {
     expect_error(run(write_edited(src, out_of("a.safetensors"), e)), "'observation.state'", "missing state");
   }
   {  // NaN in the state
-    std::vector<float> s = read_t<float>(src, "observation.state");
+    std::vector<float> s = read_tensor<float>(src, "observation.state");
     s[4] = std::nanf("");
     Edit e;
     e.replace = "observation.state";
@@ -343,7 +332,7 @@ TEST(PipelineFixtures, BadObservationsGetOneClearError) {
     expect_error(run(write_edited(src, out_of("h.safetensors"), e)), "no task", "no task");
   }
   {  // non-finite pixel in a float frame
-    std::vector<float> img = read_t<float>(src, "observation.images.cam_left_wrist");
+    std::vector<float> img = read_tensor<float>(src, "observation.images.cam_left_wrist");
     img[11] = INFINITY;
     Edit e;
     e.replace = "observation.images.cam_left_wrist";
@@ -369,7 +358,7 @@ TEST(PipelineFixtures, FrameLayoutsAgree) {
   const std::string dir = kFixtures + "/pipe_b_quantiles";
   const std::string src = dir + "/obs.safetensors";
   const std::string cam = "observation.images.cam_high";
-  const std::vector<uint8_t> u8 = read_t<uint8_t>(src, cam);  // [30, 50, 3]
+  const std::vector<uint8_t> u8 = read_tensor<uint8_t>(src, cam);  // [30, 50, 3]
   ASSERT_EQ(u8.size(), 30u * 50u * 3u);
   std::vector<float> hwc(u8.size()), chw(u8.size());
   for (size_t y = 0; y < 30; ++y)
