@@ -154,7 +154,8 @@ Result<Pi05CompileSummary> compile_pi05(const std::string& policy_dir, const Pi0
   if (!opt.calibrate.empty()) {
     if (quant == DType::F32) return invalid_argument("compile: --calibrate goes with 8-bit weights (--dtype int8 / fp8)");
     if (opt.calibrate_block < 1) return invalid_argument("compile: the calibration block must be at least 1 input");
-    if (!(opt.calibrate_damp >= 0.0)) return invalid_argument("compile: the calibration damping must be above 0");
+    if (!(opt.calibrate_damp >= 0.0))
+      return invalid_argument("compile: the calibration damping must not be negative (0: the dtype's default)");
     const double damp = opt.calibrate_damp > 0.0 ? opt.calibrate_damp : ir::default_gptq_damp(quant);
     stage_hook("calibrate");
     calib = std::make_unique<ir::QuantCalibration>(opt.calibrate_block, damp, opt.calibrate_act_order,
