@@ -42,9 +42,10 @@ double default_gptq_damp(DType weights);
 
 class QuantCalibration {
  public:
-  /// `act_order`: gptq_factor's order for every weight (on by default: 15-25 % less RMS error at
-  /// full size for int8 and fp8; docs/quantization.md).
-  explicit QuantCalibration(int64_t block = 128, double damp = 0.01, bool act_order = true, int threads = 1);
+  /// `damp`: GPTQ's damping, with no default here since it depends on the weight dtype
+  /// (default_gptq_damp). `act_order`: gptq_factor's order for every weight (on by default: 15-25 %
+  /// less RMS error at full size for int8 and fp8; docs/quantization.md).
+  QuantCalibration(int64_t block, double damp, bool act_order = true, int threads = 1);
   /// Adds the rows x [rows, k] (fp32) a Linear over weight `weight` read. A weight seen at
   /// another k keeps its first k and ignores the rest (a graph never does that).
   void observe(const std::string& weight, const float* x, int64_t rows, int64_t k);

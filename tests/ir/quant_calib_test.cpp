@@ -45,7 +45,7 @@ std::vector<float> correlated_inputs(int64_t rows, int64_t k, std::mt19937& rng)
 }
 
 TEST(QuantCalib, StatisticsAreTheBlockDiagonalOfXtX) {
-  QuantCalibration c(2);
+  QuantCalibration c(2, 0.01);
   const std::vector<float> x = {1, 2, 3, 4, 5,  //
                                 -1, 0, 2, 1, 3};
   c.observe("w", x.data(), 2, 5);
@@ -86,7 +86,7 @@ TEST(QuantCalib, UncorrelatedInputsRoundToNearest) {
   const int64_t k = 24;
   std::vector<float> x(size_t(k * k), 0.0f);
   for (int64_t i = 0; i < k; ++i) x[size_t(i * k + i)] = 1.0f + 0.1f * float(i);
-  QuantCalibration c(8);
+  QuantCalibration c(8, 0.01);
   c.observe("w", x.data(), k, k);
   auto f = gptq_factor(*c.find("w"), c.damp(), "w");
   ASSERT_TRUE(f.is_ok()) << f.status().message();
@@ -110,7 +110,7 @@ TEST(QuantCalib, GptqLowersTheOutputErrorOnCorrelatedInputs) {
   const std::vector<float> x = correlated_inputs(rows, k, rng);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   for (int64_t block : {int64_t(128), int64_t(32)}) {
-    QuantCalibration c(block);
+    QuantCalibration c(block, 0.01);
     c.observe("w", x.data(), rows, k);
     auto f = gptq_factor(*c.find("w"), c.damp(), "w");
     ASSERT_TRUE(f.is_ok()) << f.status().message();
@@ -138,7 +138,7 @@ TEST(QuantCalib, NonFiniteAndZeroRowsKeepTheirMeaning) {
   const int64_t k = 8;
   std::vector<float> x(size_t(4 * k));
   for (size_t i = 0; i < x.size(); ++i) x[i] = float(i % 5) - 2.0f;
-  QuantCalibration c;
+  QuantCalibration c(128, 0.01);
   c.observe("w", x.data(), 4, k);
   auto f = gptq_factor(*c.find("w"), c.damp(), "w");
   ASSERT_TRUE(f.is_ok());
