@@ -421,6 +421,7 @@ def main() -> int:
                          "run by pi05_chunk_bench after the main one, with its latency, memory and distance from "
                          "lerobot fp32 (extra.<dtype> in the JSON); DTYPE+VAR=VALUE[+VAR=VALUE] runs that dtype's "
                          "package with those environment variables (e.g. fp8+VLAC_FP8_GEMM=1), compiled once; "
+                         "fp8-w8a8 is the fp8 package compiled with --activations e4m3; "
                          "DTYPE@gptq compiles it with vlac compile --calibrate on --calibrate-obs held-out observations "
                          "(drawn like the measured one, other seeds)")
     ap.add_argument("--calibrate-obs", type=int, default=4,
@@ -585,7 +586,9 @@ def main() -> int:
                     save_file({k: v.contiguous() for k, v in o.items()}, str(calib_paths[-1]))
             calib = [a for c in calib_paths for a in ("--calibrate", c)] + ["--threads", args.threads]
         if not (work / f"compile-{key}.json").exists():  # one package per dtype and method, whatever the settings
-            run([vlac, "compile", folder, "-o", xp, "--backend", backend, "--dtype", dt, *calib, "--report-json",
+            # fp8-w8a8: the fp8 package compiled with e4m3 activations (same engines, run as W8A8).
+            dargs = ["--dtype", "fp8", "--activations", "e4m3"] if dt == "fp8-w8a8" else ["--dtype", dt]
+            run([vlac, "compile", folder, "-o", xp, "--backend", backend, *dargs, *calib, "--report-json",
                  work / f"compile-{key}.json", "--quiet"], f"vlac_compile_{key}")
         xc = json.loads((work / f"compile-{key}.json").read_text())
         run([bench, xp, "--obs", obs_path, "--noise", noise_path, "--warmup", args.warmup, "--rounds", args.rounds,

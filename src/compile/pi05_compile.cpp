@@ -144,6 +144,8 @@ Result<Pi05CompileSummary> compile_pi05(const std::string& policy_dir, const Pi0
   const DType quant = opt.weight_quant;
   if (quant != DType::F32 && (!all || !is_quant_dtype(quant)))
     return invalid_argument("compile: 8-bit weights (I8, F8_E4M3) go with bf16 on every matrix (--dtype int8 / fp8)");
+  if (opt.fp8_activations && quant != DType::F8_E4M3)
+    return invalid_argument("compile: e4m3 activations go with FP8 weights (--dtype fp8 --activations e4m3)");
   bo.run_dtype = [bf16, all, quant](const ir::WeightRef& r) {
     const bool matrix = r.shape.size() == 2 && r.name.find("paligemma_with_expert") != std::string::npos &&
                         r.name.find("position_embedding") == std::string::npos;
@@ -197,7 +199,7 @@ Result<Pi05CompileSummary> compile_pi05(const std::string& policy_dir, const Pi0
       {"dtype", bf16 ? "bf16" : "fp32"},
       {"precision", !bf16                   ? "fp32"
                     : quant == DType::I8      ? "int8-weights"
-                    : quant == DType::F8_E4M3 ? "fp8-weights"
+                    : quant == DType::F8_E4M3 ? (opt.fp8_activations ? "fp8-w8a8" : "fp8-weights")
                     : all                     ? "bf16-all-matrices"
                                               : "bf16-lerobot"},
       {"files", std::move(side)},

@@ -28,6 +28,10 @@ struct Pi05CompileOptions {
   /// codes with one fp32 scale per output row (core/quant.h; "int8" / "fp8" packages: W8A16, the
   /// activations as in bf16-all). F32 (the default): none. Gathered tables stay bf16.
   DType weight_quant = DType::F32;
+  /// With weight_quant F8_E4M3: the package's FP8 Linears also round their activations per row to
+  /// e4m3 at run time (W8A8, ExecOptions::fp8_activations; manifest precision "fp8-w8a8"). The
+  /// engines' bytes are the same as without it; only the manifest says so.
+  bool fp8_activations = false;
   /// With weight_quant: observation files (read as `vlac run` reads them, through the folder's
   /// processor) run once each, with seeded noise, through the folder's fp32 CPU path to collect
   /// every Linear's input statistics; the 8-bit matrices are then rounded by GPTQ

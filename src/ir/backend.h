@@ -240,6 +240,12 @@ struct ExecOptions {
   /// run in the bf16 attention kernel. Off by default: the default bf16 mode matches lerobot's.
   /// A backend without such kernels ignores it (the CPU does).
   bool fast_vision = false;
+  /// An fp8 package compiled with e4m3 activations (`vlac compile --dtype fp8 --activations e4m3`,
+  /// manifest precision "fp8-w8a8"): every Linear over F8_E4M3 weights first rounds its x per row
+  /// to e4m3 (scale max|row| / 448), as Hopper's FP8 GEMM reads it (W8A8). The CPU emulates the
+  /// rounding; the CUDA backend runs the FP8 GEMM where cuBLASLt plans it (VLAC_FP8_GEMM=0 turns
+  /// that off for A/B). Without it an fp8 package is W8A16 (x in bf16).
+  bool fp8_activations = false;
   /// Names the executable in messages (an engine name, "prefix"); backends prefix their errors
   /// with it (a CUDA error or an out-of-memory names the engine, the node and the bytes).
   std::string label;

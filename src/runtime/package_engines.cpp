@@ -277,6 +277,7 @@ Status PackageEngines::prepare(Engine& e, const std::map<std::string, PackageVal
   eo.pack_weights = options_.pack_weights;
   eo.bf16_mqa_attention = options_.bf16_mqa_attention;
   eo.fast_vision = options_.fast_vision && e.stage == "vision";
+  eo.fp8_activations = options_.fp8_activations;
   eo.memo_inputs = options_.memo_inputs;
   eo.memo_slots = options_.memo_slots;
   eo.stable_inputs = options_.stable_inputs;

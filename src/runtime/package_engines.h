@@ -30,6 +30,7 @@ struct PackageRunOptions {
   bool pack_weights = false;         // ExecOptions::pack_weights (not with mem_budget)
   bool bf16_mqa_attention = false;   // ExecOptions::bf16_mqa_attention
   bool fast_vision = false;          // ExecOptions::fast_vision, for the engines of stage "vision"
+  bool fp8_activations = false;      // ExecOptions::fp8_activations (a "fp8-w8a8" package)
   std::vector<std::string> memo_inputs;  // ExecOptions::memo_inputs
   int memo_slots = 0;
   std::vector<std::string> stable_inputs;  // ExecOptions::stable_inputs (inputs_changed())

@@ -100,8 +100,9 @@ Status Pi05PackagePolicy::load_manifest() {
   ro.backend = options_.backend;
   const std::string precision = pkg_->manifest().policy.value("precision", std::string());
   fast_vision_ = options_.fast_vision.value_or(precision == "bf16-all-matrices" || precision == "int8-weights" ||
-                                               precision == "fp8-weights");
+                                               precision == "fp8-weights" || precision == "fp8-w8a8");
   ro.fast_vision = fast_vision_;
+  ro.fp8_activations = precision == "fp8-w8a8";
   VLAC_ASSIGN_OR_RETURN(PackageEngines engines, PackageEngines::open(*pkg_, std::move(ro)));
   engines_ = std::make_unique<PackageEngines>(std::move(engines));
   for (const char* s : {"vision", "lm", "step"})

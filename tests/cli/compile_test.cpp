@@ -667,6 +667,9 @@ TEST(CompileCli, BadFlagsExit2AndWriteNothing) {
       {{"--engine-cap", "99999999TiB"}, "--engine-cap"},
       {{"--dtype", "fp16"}, "--dtype"},       {{"--dtype", ""}, "--dtype"},
       {{"--backend", "nosuch"}, "--backend"}, {{"--no-such-flag"}, "no-such-flag"},
+      {{"--dtype", "fp8", "--activations", "fp16"}, "--activations must be bf16 or e4m3"},
+      {{"--dtype", "int8", "--activations", "e4m3"}, "--activations e4m3 goes with --dtype fp8"},
+      {{"--activations", "e4m3"}, "--activations e4m3 goes with --dtype fp8"},
   };
   for (const auto& [flags, needle] : cases) {
     std::vector<std::string> args = {"compile", policy_of("tiny_a"), "-o", out, "--quiet"};
@@ -834,6 +837,42 @@ TEST(CompileCli, Int8AndFp8PackagesStayNearLerobot) {
       EXPECT_GT(q_bytes, bf16_bytes / 2) << dt;
     }
   }
+}
+
+// --dtype fp8 --activations e4m3 (W8A8): the same engine bytes as the fp8 package, the manifest's
+// precision "fp8-w8a8", and on the CPU exactly the actions of the fp8 package run with every
+// Linear's x rounded to e4m3 (VLAC_CPU_FP8_ACT=1), which differ from its W8A16 actions.
+TEST(CompileCli, Fp8W8a8PackageRoundsItsActivations) {
+  const std::string fx = "tiny_a";
+  const std::string w8a16 = package_for(fx, "fp8", "512MiB");
+  ASSERT_FALSE(w8a16.empty());
+  const std::string w8a8 = cache_dir().file("tiny_a-fp8-w8a8.vlac");
+  Proc c = run_vlac({"compile", policy_of(fx), "-o", w8a8, "--dtype", "fp8", "--activations", "e4m3", "--quiet"});
+  ASSERT_EQ(c.rc, 0) << c.out;
+  auto pa = Package::open(w8a8);
+  auto pb = Package::open(w8a16);
+  ASSERT_TRUE(pa.is_ok() && pb.is_ok());
+  EXPECT_EQ(pa->manifest().policy.value("precision", std::string()), "fp8-w8a8");
+  EXPECT_EQ(pb->manifest().policy.value("precision", std::string()), "fp8-weights");
+  EXPECT_EQ(weights_of(w8a8, "F8_E4M3"), weights_of(w8a16, "F8_E4M3"));
+
+  const auto actions = [&](const std::string& pkg, const std::string& name, bool env) {
+    const std::string out = cache_dir().file(name + ".safetensors");
+    if (env) setenv("VLAC_CPU_FP8_ACT", "1", 1);
+    Proc p = run_vlac(run_args(pkg, fx, out));
+    if (env) unsetenv("VLAC_CPU_FP8_ACT");
+    EXPECT_EQ(p.rc, 0) << p.out;
+    if (name == "w8a8") {
+      EXPECT_NE(p.out.find("fp8-w8a8 package"), std::string::npos) << p.out;
+    }
+    return tensor_bytes(out, "action_normalized");
+  };
+  const std::string a = actions(w8a8, "w8a8", false);
+  const std::string emulated = actions(w8a16, "fp8-emulated", true);
+  const std::string weights_only = actions(w8a16, "fp8-w8a16", false);
+  ASSERT_FALSE(a.empty());
+  EXPECT_EQ(a, emulated);
+  EXPECT_NE(a, weights_only);
 }
 
 TEST(CompileCli, Int8NeedsEveryMatrixInBf16) {

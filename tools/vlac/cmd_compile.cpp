@@ -23,6 +23,7 @@ struct CompileFlags {
   std::string policy;
   std::string out;
   std::string dtype = "bf16";
+  std::string activations;  // "" / bf16: W8A16; e4m3 (with --dtype fp8): W8A8
   std::string engine_cap = "512MiB";
   std::string engine_dir;
   std::string backend = "cpu";
@@ -46,6 +47,11 @@ Status compile_policy(const CompileFlags& f, MemMeter& meter) {
   o.bf16 = f.dtype != "fp32";
   o.bf16_all_matrices = f.dtype == "bf16-all" || f.dtype == "int8" || f.dtype == "fp8";
   o.weight_quant = f.dtype == "int8" ? DType::I8 : f.dtype == "fp8" ? DType::F8_E4M3 : DType::F32;
+  if (!f.activations.empty() && f.activations != "bf16" && f.activations != "e4m3")
+    return invalid_argument("--activations must be bf16 or e4m3, got '" + f.activations + "'");
+  o.fp8_activations = f.activations == "e4m3";
+  if (o.fp8_activations && o.weight_quant != DType::F8_E4M3)
+    return invalid_argument("--activations e4m3 goes with --dtype fp8 (W8A8: FP8 weights and activations)");
   if (!f.calibrate.empty() && o.weight_quant == DType::F32)
     return invalid_argument("--calibrate goes with --dtype int8 or fp8 (it chooses their 8-bit codes)");
   if (f.calibrate_block < 1) return invalid_argument("--calibrate-block must be at least 1");
@@ -86,8 +92,9 @@ Status compile_policy(const CompileFlags& f, MemMeter& meter) {
   };
   const auto t0 = std::chrono::steady_clock::now();
   meter.begin_phase("plan");
-  if (!quiet) std::fprintf(stderr, "vlac compile: %s -> %s (%s, engine cap %s)\n", f.policy.c_str(), f.out.c_str(),
-                           f.dtype.c_str(), format_bytes(o.engine_cap).c_str());
+  if (!quiet) std::fprintf(stderr, "vlac compile: %s -> %s (%s%s, engine cap %s)\n", f.policy.c_str(), f.out.c_str(),
+                           f.dtype.c_str(), o.fp8_activations ? ", e4m3 activations" : "",
+                           format_bytes(o.engine_cap).c_str());
   VLAC_ASSIGN_OR_RETURN(Pi05CompileSummary s, compile_pi05(f.policy, o));
   meter.end_phase();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -126,6 +133,10 @@ void register_compile(CLI::App& app) {
   sub->add_option("policy", f->policy, "policy folder (config.json + model.safetensors, fp32 or bf16)")->required();
   sub->add_option("-o,--out", f->out, "output package OUT.vlac (written atomically)")->required();
   sub->add_option("--dtype", f->dtype, "engine precision: bf16 (lerobot's bf16 split, default), bf16-all (every weight matrix bf16, also SigLIP, projector and adaRMS denses: for GPUs), int8 / fp8 (those matrices as 8-bit codes with one scale per output row, activations bf16: half the weight bytes) or fp32");
+  sub->add_option("--activations", f->activations,
+                  "activations of the 8-bit matrices' linears: bf16 (default: W8A16) or e4m3 (with --dtype fp8: "
+                  "W8A8, each linear's input rounded per row to FP8 at run time, so Hopper-class GPUs run the "
+                  "GEMM on FP8 tensor cores; the CPU rounds the same way)");
   sub->add_option("--engine-cap", f->engine_cap, "weight bytes per engine, e.g. 512MiB (default), 64KiB");
   sub->add_option("--engine-dir", f->engine_dir, "folder for engine files (default: a temporary one beside OUT)");
   sub->add_flag("--keep-engines", f->keep_engines, "keep the engine files in --engine-dir");

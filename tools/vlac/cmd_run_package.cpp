@@ -18,11 +18,13 @@ namespace vlac::cli {
 
 namespace {
 
-// "int8" / "fp8" for an 8-bit weight package (W8A16), else the activations' dtype.
+// "int8" / "fp8" for an 8-bit weight package (W8A16), "fp8-w8a8" for one with e4m3 activations,
+// else the activations' dtype.
 std::string precision_name(const Pi05PackagePolicy& policy) {
   const std::string p = policy.package().manifest().policy.value("precision", std::string());
   if (p == "int8-weights") return "int8";
   if (p == "fp8-weights") return "fp8";
+  if (p == "fp8-w8a8") return "fp8-w8a8";
   return policy.bf16() ? "bf16" : "fp32";
 }
 

@@ -66,6 +66,7 @@ class CpuRuntime final : public BackendRuntime {
     eo.shared_memory = o.shared_memory;
     eo.pack_weights = o.pack_weights;
     eo.bf16_mqa_attention = o.bf16_mqa_attention;
+    eo.fp8_activations = o.fp8_activations;
     eo.memo_inputs = o.memo_inputs;
     eo.memo_slots = o.memo_slots;
     eo.linear_observer = o.linear_observer;

@@ -45,6 +45,7 @@ struct DnnlLinear::Impl {
   bool micro = false;  // blocked on bf16_gemm_nk (AVX2): x staged in its layout, no W blocks
   // 8-bit weights (core/quant.h): I8 or F8_E4M3 codes + per-row scales, gemv or blocked.
   DType quant = DType::F32;  // F32: none
+  bool e4m3_x = false;       // F8_E4M3 weights: x rounded per row to e4m3 first (W8A8, see create())
   WeightLayout layout = WeightLayout::NK;
   int64_t nb = 0, threads = 1;   // blocked: W rows per block, threads planned at create
   uint64_t block_bytes = 0;      // blocked: one thread's widened block (aligned)
@@ -62,7 +63,7 @@ DnnlLinear& DnnlLinear::operator=(DnnlLinear&&) noexcept = default;
 DnnlLinear::~DnnlLinear() = default;
 
 Result<DnnlLinear> DnnlLinear::create(int64_t m, int64_t k, int64_t n, DType w_dtype, bool has_bias,
-                                      WeightLayout layout, const void* pack_from) {
+                                      WeightLayout layout, const void* pack_from, bool e4m3_activations) {
   VLAC_RETURN_IF_ERROR(cpu_isa_status());
   if (w_dtype != DType::F32 && w_dtype != DType::BF16 && !is_quant_dtype(w_dtype))
     return unsupported(std::string("dnnl linear: weight dtype ") + dtype_name(w_dtype));
@@ -73,6 +74,7 @@ Result<DnnlLinear> DnnlLinear::create(int64_t m, int64_t k, int64_t n, DType w_d
     if (layout != WeightLayout::NK) return unsupported("dnnl linear: 8-bit weights must be [N, K]");
     auto p = std::make_unique<Impl>();
     p->m = m, p->k = k, p->n = n, p->bias = has_bias, p->quant = w_dtype;
+    p->e4m3_x = w_dtype == DType::F8_E4M3 && (e4m3_activations || emulate_fp8_activations());
     if (m == 1) {
       p->gemv = true;
       p->impl = std::string("vlac:") + dtype_name(w_dtype) + " gemv";
@@ -153,7 +155,7 @@ Status DnnlLinear::run(const float* x, const void* w, const float* b, float* y, 
   if (p.gemv && p.quant != DType::F32) {
     auto* xr = reinterpret_cast<float*>(base);
     round_to_bf16_f32(x, xr, p.k);
-    if (p.quant == DType::F8_E4M3 && emulate_fp8_activations()) round_rows_e4m3(xr, 1, p.k);
+    if (p.e4m3_x) round_rows_e4m3(xr, 1, p.k);
     const auto* codes = static_cast<const uint8_t*>(w);
     quant_gemv(xr, codes, reinterpret_cast<const float*>(codes + quant_scales_offset(p.n, p.k)), p.quant, b, y, p.k, p.n);
     return Status::ok();
@@ -177,7 +179,7 @@ Status DnnlLinear::run(const float* x, const void* w, const float* b, float* y, 
   if (p.blocked || p.f32_src) {
     auto* xr = reinterpret_cast<float*>(base);
     round_to_bf16_f32(x, xr, p.m * p.k);
-    if (p.quant == DType::F8_E4M3 && emulate_fp8_activations()) round_rows_e4m3(xr, p.m, p.k);
+    if (p.e4m3_x) round_rows_e4m3(xr, p.m, p.k);
     return p.blocked ? run_blocked(xr, w, b, y, base) : execute(xr, w, b, y, base);
   }
   void* src = const_cast<float*>(x);
@@ -202,7 +204,7 @@ Status DnnlLinear::run_bf16_src(const uint16_t* x, const void* w, const float* b
   if (p.blocked || p.f32_src) {  // widen the (already rounded) activations
     auto* xr = reinterpret_cast<float*>(base);
     for (int64_t i = 0; i < p.m; ++i) widen_bf16(x + i * p.k, xr + i * p.k, p.k);
-    if (p.quant == DType::F8_E4M3 && emulate_fp8_activations()) round_rows_e4m3(xr, p.m, p.k);
+    if (p.e4m3_x) round_rows_e4m3(xr, p.m, p.k);
     return p.blocked ? run_blocked(xr, w, b, y, base) : execute(xr, w, b, y, base);
   }
   return execute(const_cast<uint16_t*>(x), w, b, y, base);

@@ -28,8 +28,11 @@ class DnnlLinear {
   /// With `pack_from` (the weights, read now only) W is reordered once into the primitive's
   /// preferred blocked layout and owned (packed_bytes()); run() then ignores its `w`. Faster for
   /// few rows (the expert's M = 50), at the cost of that copy.
+  /// `e4m3_activations` (F8_E4M3 weights only; ExecOptions::fp8_activations): x is rounded per row
+  /// to e4m3 after its bf16 rounding, as a W8A8 FP8 GEMM reads it (also with VLAC_CPU_FP8_ACT=1).
   static Result<DnnlLinear> create(int64_t m, int64_t k, int64_t n, DType w_dtype, bool has_bias,
-                                   WeightLayout layout = WeightLayout::NK, const void* pack_from = nullptr);
+                                   WeightLayout layout = WeightLayout::NK, const void* pack_from = nullptr,
+                                   bool e4m3_activations = false);
   DnnlLinear(DnnlLinear&&) noexcept;
   DnnlLinear& operator=(DnnlLinear&&) noexcept;
   ~DnnlLinear();

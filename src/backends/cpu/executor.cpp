@@ -221,7 +221,8 @@ Status Executor::plan(const CpuWeights& weights) {
         const int64_t m = in(0).numel() / k;
         const bool pack = options_.pack_weights && is_weight(1) && m > 1;
         auto lin = DnnlLinear::create(m, k, w.shape[0], wd, n.inputs.size() == 3, WeightLayout::NK,
-                                      pack ? ptr_[size_t(root_[size_t(n.inputs[1])])] : nullptr);
+                                      pack ? ptr_[size_t(root_[size_t(n.inputs[1])])] : nullptr,
+                                      options_.fp8_activations);
         if (!lin.is_ok()) return Status(lin.status().code(), label(n) + ": " + lin.status().message());
         scratch = std::max(scratch, int64_t((lin->scratch_bytes() + 3) / 4));
         packed_bytes_ += lin->packed_bytes();

@@ -74,6 +74,8 @@ struct ExecutorOptions {
   /// bf16 mode computes in bf16; SigLIP's multi-head attention stays fp32. The policy sets it
   /// for bf16 runs (a per-run choice, so a partitioned package and its folder agree).
   bool bf16_mqa_attention = false;
+  /// ExecOptions::fp8_activations: F8_E4M3 Linears round x per row to e4m3 (W8A8, emulated).
+  bool fp8_activations = false;
   /// Inputs that take few distinct values over the executor's life: pi0.5's denoise time t takes
   /// the same num_steps values in every chunk. A name also matches a partitioned engine's boundary
   /// input "%N:name". The nodes computed from these inputs alone (with weights and constants) are

@@ -12,9 +12,9 @@ namespace vlac::cpu {
 /// y[0..n) = the n codes of `dt` at c, decoded (unscaled, exact).
 void widen_codes(const uint8_t* c, DType dt, float* y, int64_t n);
 
-/// VLAC_CPU_FP8_ACT=1 (read once per process): whether an F8_E4M3 Linear also rounds its
-/// activations as the GPU's W8A8 path does (VLAC_FP8_GEMM=1), to study that path's accuracy on
-/// the CPU. Off by default: the CPU's fp8 packages are W8A16.
+/// VLAC_CPU_FP8_ACT=1 (read once per process): whether every F8_E4M3 Linear also rounds its
+/// activations as the GPU's W8A8 path does, whatever the package says. Off by default: an fp8
+/// package is W8A16 unless compiled with e4m3 activations (ExecOptions::fp8_activations).
 bool emulate_fp8_activations();
 /// x [m, k] (already rounded to bf16) to what an FP8 GEMM reads: per row, the codes of
 /// x / (max|row| / 448) decoded and scaled back (a zero row stays zero). In place.

@@ -1927,14 +1927,15 @@ Status CudaExecutable::run_quant_linear(NodeId id, const void* xin, const void* 
   return Status::ok();
 }
 
-// FP8 W8A8 (opt-in, VLAC_FP8_GEMM=1; docs/quantization.md): every Linear over an e4m3 weight whose
-// FP8 GEMM cuBLASLt can plan (sm_89 and later, k a multiple of 16, its epilogue) quantizes its x
-// per row into the scratch and runs on the weight's codes, with no widening; the rest widen as
-// before (a note names how many fell back). The widening scratch then only needs the weights some
-// widening GEMM still reads.
+// FP8 W8A8 (a package compiled with e4m3 activations, ExecOptions::fp8_activations, or any fp8
+// package with VLAC_FP8_GEMM=1; VLAC_FP8_GEMM=0 turns it off for A/B; docs/quantization.md): every
+// Linear over an e4m3 weight whose FP8 GEMM cuBLASLt can plan (sm_89 and later, k a multiple of
+// 16, its epilogue) quantizes its x per row into the scratch and runs on the weight's codes, with
+// no widening; the rest widen as before, x in bf16 (a note names how many fell back). The widening
+// scratch then only needs the weights some widening GEMM still reads.
 Status CudaExecutable::plan_quant_fp8() {
   qfp8_bytes_ = 0;
-  if (!env_on("VLAC_FP8_GEMM")) return Status::ok();
+  if (env_off("VLAC_FP8_GEMM") || !(options_.fp8_activations || env_on("VLAC_FP8_GEMM"))) return Status::ok();
   const ir::Graph& g = graph_;
   // VLAC_FP8_MIN_ROWS=N: only GEMMs of at least N rows of x in FP8 (the prefix's, not the
   // expert's 50), the rest widened, to measure where FP8 pays.
