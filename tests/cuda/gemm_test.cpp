@@ -580,7 +580,9 @@ TEST_F(CudaGemm, Fp8GemmAppliesBothScaleVectors) {
           if (v.acc) r += y0[size_t(i * c.n + j)];
           ref[size_t(i * c.n + j)] = float(r);
         }
-      const double err = rel_err(y, ref), tol = bf ? 8e-3 : 2e-4;
+      // F32 out: Hopper's FP8 MMA sums in fewer bits than fp32 between its promotions
+      // (1.8e-4 to 2.8e-4 measured on the H200, session 22).
+      const double err = rel_err(y, ref), tol = bf ? 8e-3 : 1e-3;
       std::printf("[ fp8 gemm ] %-60s max|d|/max|ref| = %.3g (tol %.1g)\n", what.c_str(), err, tol);
       EXPECT_LT(err, tol) << what;
       ++ran;

@@ -296,8 +296,9 @@ TEST_F(SeamOps, LinearFp8WeightsAndActivations) {
     const bool fp8 = s.k % 16 == 0;
     check(std::string("linear fp8 w8a8 ") + s.what, c, fp8 ? 6e-2 : 8e-3);
     const MemoryPlan mp = cuda_memory(c, false);
-    // cuBLASLt decides per shape: at 37 x 112 x 80 it may refuse FP8 (then the weight widens).
-    const bool may_widen = s.m < 50;
+    // cuBLASLt decides per shape: at 37 x 112 x 80 it may refuse FP8 (then the weight widens), and
+    // cuBLASLt 13.1 offers no FP8 GEMM with an F32 output and a bias (H200, session 22).
+    const bool may_widen = s.m < 50 || s.bias;
     if (fp8 && !may_widen) {
       EXPECT_LT(mp.scratch_bytes, uint64_t(s.n * s.k)) << s.what << ": a widened weight in the scratch";
     } else if (!fp8) {

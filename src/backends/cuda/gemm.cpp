@@ -371,6 +371,8 @@ Status GemmRunner::Impl::probe_fp8(const GemmDesc& d) {
   Plan pp;
   const uint64_t wsb = std::min<uint64_t>(workspace, 4ull << 20);  // a few MiB, briefly, at plan time
   Status st = make(pd, pp, wsb);
+  if (!st.is_ok())  // no FP8 algorithm for it (e.g. an F32 output with a bias, cuBLASLt 13.1 on sm_90)
+    st = unsupported("gemm " + shape_name(d) + ": cuBLASLt offers no FP8 plan for this combination (" + st.message() + ")");
   const uint64_t xs = uint64_t(pd.m * pd.k), wbytes = uint64_t(pd.n * pd.k), sb = uint64_t(std::max(pd.m, pd.n)) * 4,
                  bb = uint64_t(pd.n) * 4, ys = uint64_t(pd.m * pd.n) * std::max(1, d.k_parts) * dtype_size(d.out);
   void *x = nullptr, *w = nullptr, *sc = nullptr, *b = nullptr, *y = nullptr, *wsp = nullptr;
@@ -572,6 +574,8 @@ Status GemmRunner::plan(const GemmDesc& d) {
   Status s = impl_->make(d, p);
   if (!s.is_ok()) {
     p.destroy();
+    // An FP8 plan the probe's smaller shape had is refused at the full one: the caller widens.
+    if (d.in == DType::F8_E4M3 && s.code() == StatusCode::Backend) return unsupported(s.message());
     return s;
   }
   impl_->plans.emplace(d.key(), p);
