@@ -488,6 +488,9 @@ def main() -> int:
         p = subprocess.run([str(c) for c in cmd], capture_output=True, text=True,
                            env={**os.environ, **env} if env else None)
         result["seconds"][step] = now() - t0
+        # Progress, so a run cut off by a time limit shows how far it got (log and JSON).
+        print(f"[bench] {step}: {result['seconds'][step]:.1f} s, exit {p.returncode}", flush=True)
+        save()
         if p.returncode != 0:
             result.setdefault("errors", []).append({"step": step, "exit": p.returncode, "stderr": p.stderr[-3000:]})
             save()

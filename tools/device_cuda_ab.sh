@@ -43,7 +43,7 @@ for cams in ${BENCH_CAMERAS:-3}; do
   sfx=""; [ "$cams" = 3 ] || sfx="_c$cams"
   el "bench_cuda_vs_lerobot --cameras $cams ${skip[*]} ${BENCH_ARGS:-}"
   # shellcheck disable=SC2086
-  timeout "${BENCH_TIMEOUT:-330}" python3 /tmp/vb/tools/bench_cuda_vs_lerobot.py --bin /tmp/vb/bin --work /tmp/bw \
+  timeout "${BENCH_TIMEOUT:-330}" python3 -u /tmp/vb/tools/bench_cuda_vs_lerobot.py --bin /tmp/vb/bin --work /tmp/bw \
     --cameras "$cams" --dtype "${BENCH_DTYPE:-bf16-all}" --extra-dtypes "${BENCH_EXTRA:-}" "${skip[@]}" ${BENCH_ARGS:-} \
     --out "$out/bench_cuda$sfx.json" > "$out/bench$sfx.log" 2>&1
   el "bench rc=$?"; tail -3 "$out/bench$sfx.log"
