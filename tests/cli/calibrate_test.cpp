@@ -162,6 +162,10 @@ TEST(CalibrateCli, GptqInt8StaysWithinTwiceTheBf16PackagesDistance) {
     EXPECT_EQ(meta["calibration"]["observations"].size(), 4u);
     EXPECT_EQ(meta["calibration"]["damp"].get<double>(), ir::default_gptq_damp(DType::I8));
     EXPECT_GT(meta["calibration"]["tensors"].get<int>(), 0);
+    Proc ins = run_vlac({"inspect", dir().file(std::string(fx) + "-int8-gptq.vlac")});
+    EXPECT_EQ(ins.rc, 0) << ins.out;
+    EXPECT_NE(ins.out.find("policy: pi05, precision int8-weights"), std::string::npos) << ins.out;
+    EXPECT_NE(ins.out.find("calibration: gptq on 4 observations, damp 1, block"), std::string::npos) << ins.out;
     EXPECT_EQ(weight_bytes(dir().file(std::string(fx) + "-int8-gptq.vlac")),
               weight_bytes(dir().file(std::string(fx) + "-int8.vlac")));
   }

@@ -855,6 +855,9 @@ TEST(CompileCli, Fp8W8a8PackageRoundsItsActivations) {
   EXPECT_EQ(pa->manifest().policy.value("precision", std::string()), "fp8-w8a8");
   EXPECT_EQ(pb->manifest().policy.value("precision", std::string()), "fp8-weights");
   EXPECT_EQ(weights_of(w8a8, "F8_E4M3"), weights_of(w8a16, "F8_E4M3"));
+  Proc ins = run_vlac({"inspect", w8a8});
+  EXPECT_EQ(ins.rc, 0) << ins.out;
+  EXPECT_NE(ins.out.find("policy: pi05, precision fp8-w8a8"), std::string::npos) << ins.out;
 
   const auto actions = [&](const std::string& pkg, const std::string& name, bool env) {
     const std::string out = cache_dir().file(name + ".safetensors");

@@ -104,8 +104,31 @@ std::string text_of(const Package& p, const Status* verified) {
   out += "\nnormalization: " + (m.normalization_segment ? "segment '" + *m.normalization_segment + "'" : "none") + "\n";
   out += "tokenizer: " + (m.tokenizer_segment ? "segment '" + *m.tokenizer_segment + "'" : "none") + "\n";
   auto type = m.policy.find("type");
+  auto precision = m.policy.find("precision");
   out += "policy: " + (type != m.policy.end() && type->is_string() ? printable_name(type->get<std::string>()) : std::string("-")) +
+         (precision != m.policy.end() && precision->is_string()
+              ? ", precision " + printable_name(precision->get<std::string>())
+              : std::string()) +
          " (" + std::to_string(m.policy.size()) + " config keys)\n";
+  // vlac compile --calibrate records how the 8-bit codes were chosen.
+  if (auto c = m.metadata.find("calibration"); c != m.metadata.end() && c->is_object()) {
+    const auto num = [&](const char* k) {
+      auto v = c->find(k);
+      if (v == c->end() || !v->is_number()) return std::string("-");
+      if (!v->is_number_float()) return v->dump();
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%g", v->get<double>());
+      return std::string(buf);
+    };
+    auto obs = c->find("observations");
+    const size_t n = obs != c->end() && obs->is_array() ? obs->size() : 0;
+    auto method = c->find("method");
+    auto act = c->find("act_order");
+    out += "calibration: " + (method != c->end() && method->is_string() ? printable_name(method->get<std::string>()) : std::string("-")) +
+           " on " + std::to_string(n) + " observation" + (n == 1 ? "" : "s") + ", damp " + num("damp") + ", block " +
+           num("block") + ", " + (act != c->end() && act->is_boolean() && act->get<bool>() ? "act order" : "index order") +
+           ", " + num("tensors") + " tensors\n";
+  }
   Totals t = totals_of(p);
   out += "\ntotal: " + format_bytes(p.file_size()) + " (" + std::to_string(p.file_size()) + " bytes): engines " +
          format_bytes(t.engine_bytes) + ", other segments " + format_bytes(t.other_bytes) + ", header+manifest " +
