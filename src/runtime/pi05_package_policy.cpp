@@ -99,8 +99,8 @@ Status Pi05PackagePolicy::load_manifest() {
     for (const char* kv : {"prefix.k.", "prefix.v."}) ro.stable_inputs.push_back(kv + std::to_string(l));
   ro.backend = options_.backend;
   const std::string precision = pkg_->manifest().policy.value("precision", std::string());
-  fast_vision_ = options_.fast_vision.value_or(precision == "bf16-all-matrices" || precision == "int8-weights" ||
-                                               precision == "fp8-weights" || precision == "fp8-w8a8");
+  // Every precision that stores SigLIP's matrices in bf16 or 8 bits (all but lerobot's own two).
+  fast_vision_ = options_.fast_vision.value_or(!precision.empty() && precision != "fp32" && precision != "bf16-lerobot");
   ro.fast_vision = fast_vision_;
   ro.fp8_activations = precision == "fp8-w8a8";
   VLAC_ASSIGN_OR_RETURN(PackageEngines engines, PackageEngines::open(*pkg_, std::move(ro)));
