@@ -827,8 +827,8 @@ TEST_F(CudaChain, EightBitPackagesAgreeWithTheCpuAndLerobot) {
 // (sm_89+) with no switch: recorded chunks equal the eager run; x's codes written by the fused
 // residual norms and GeGLUs (the default) give the same actions, bit for bit, as quantizing in each
 // GEMM's launch (VLAC_FP8_FUSED_CODES=0); and the actions stay near the CPU's run of the same
-// package (x rounded to e4m3 there too) and lerobot fp32 (loose bounds, the distances printed). The tiny models' K of 40 and 160 are no multiple of
-// 16 in places: those GEMMs widen as before.
+// package (x rounded to e4m3 there too) and lerobot fp32 (loose bounds, the distances printed).
+// The tiny models' K of 40 and 160 are no multiple of 16 in places: those GEMMs widen as before.
 TEST_F(CudaChain, Fp8PackageRunsAsW8A8) {
   if (cuda::device_compute_capability() < 89) GTEST_SKIP() << "FP8 GEMMs need compute capability 8.9 or later";
   for (const char* fx : {"tiny_a", "tiny_b"}) {
