@@ -184,6 +184,97 @@ TEST_F(CudaAttention, MatchesCpuOnPi05ShapesAndOddOnes) {
   }
 }
 
+// The expert's RoPE inside its attention (AttentionRope): q and the step's own keys rotated from
+// the fused q|k|v GEMM's f32 rows as they load, the own values rounded there too. The reference is
+// what the executor ran before: rope_pair_to (q into bf16, k and a v copy into the last rows of
+// bf16 K/V buffers), then the attention. Bit for bit, for every split, key-group setting and
+// output dtype; the fused run's q and the fresh K/V rows it must not read are NaN.
+TEST_F(CudaAttention, FusedRopeEqualsTheRopeLaunchesBitForBit) {
+  struct R { const char* what; int64_t t, h, hk, prefix, d; };
+  const R cases[] = {{"expert 50 x 8 heads vs 968 + 50", 50, 8, 1, 968, 256},
+                     {"odd 37 x 2 heads of 72 vs 45 + 37", 37, 2, 1, 45, 72},
+                     {"GQA 5 x 4 heads / 2 kv of 72 vs 70 + 5", 5, 4, 2, 70, 72},
+                     {"own keys only, 20 x 8 heads", 20, 8, 1, 0, 256}};
+  const int sms = device_sm_count();
+  uint32_t seed = 4000;
+  for (const R& c : cases) {
+    const int64_t s = c.prefix + c.t, qw = c.h * c.d, kw = c.hk * c.d, w = qw + 2 * kw + 8;  // + padding
+    const auto fused = randn(size_t(c.t * w), seed += 10, 1.5f);
+    std::vector<int64_t> pos(size_t(c.t));
+    for (int64_t i = 0; i < c.t; ++i) pos[size_t(i)] = c.prefix + 3 * i + 1;
+    const auto prefix_k = to_bf16(randn(size_t(c.prefix * kw), seed + 1));
+    const auto prefix_v = to_bf16(randn(size_t(c.prefix * kw), seed + 2));
+    auto dfused = to_device(fused);
+    auto dpos = to_device(pos);
+    const float* fq = dfused->as<float>();
+    // K/V [s, hk·d] bf16: the prefix rows, then the step's own (written by the rope launch, or NaN).
+    DevBuf kb(size_t(s * kw) * 2), vb(size_t(s * kw) * 2), kf(size_t(s * kw) * 2), vf(size_t(s * kw) * 2);
+    DevBuf qb(size_t(c.t * qw) * 2), qnan(size_t(c.t * qw) * 2), table(size_t(c.t * c.d) * 4);
+    for (DevBuf* b : {&kb, &vb, &kf, &vf, &qb, &qnan, &table}) b->poison();
+    for (DevBuf* b : {&kb, &kf, &vb, &vf}) {
+      const auto& src = b == &kb || b == &kf ? prefix_k : prefix_v;
+      if (c.prefix) {
+        ASSERT_EQ(cudaMemcpy(b->get(), src.data(), src.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+      }
+    }
+    const RopeJob jq{fq, w, qb.get(), qw, c.h};
+    const RopeJob jk{fq + qw, w, kb.as<uint16_t>() + c.prefix * kw, kw, c.hk};
+    const RowCopyJob cv{fq + qw + kw, w, vb.as<uint16_t>() + c.prefix * kw, kw, kw};
+    VLAC_CUDA_OK(rope_pair_to(stream_, jq, jk, DType::F32, DType::BF16, dpos->as<int64_t>(), c.t, c.d, 1e4f, &cv));
+    VLAC_CUDA_OK(rope_sincos(stream_, dpos->as<int64_t>(), c.t, c.d, 1e4f, table.as<float>()));
+    AttentionRope rope;
+    rope.q = fq, rope.q_stride = w, rope.k = fq + qw, rope.k_stride = w, rope.v = fq + qw + kw, rope.v_stride = w;
+    rope.sc = table.as<float>();
+    AttentionShape a;
+    a.t = c.t, a.h = c.h, a.hk = c.hk, a.s = s, a.dh = a.dv = c.d;
+    const float scale = 1.0f / std::sqrt(float(c.d));
+    const int auto_splits = attention_splits(a, DType::BF16, sms);
+    int runs = 0;
+    for (const char* sub : {"", "1", "2"})
+      for (int splits : {1, auto_splits, 3})
+        for (DType ot : {DType::F32, DType::BF16}) {
+          const uint64_t sb = attention_scratch_bytes(a, DType::BF16, splits);
+          DevBuf scratch(sb), want(size_t(c.t * qw) * 4), got(size_t(c.t * qw) * 4);
+          want.poison(), got.poison();
+          if (*sub) setenv("VLAC_ATTN_SUB", sub, 1); else unsetenv("VLAC_ATTN_SUB");
+          const Status s1 = attention(stream_, a, DType::BF16, qb.get(), kb.get(), vb.get(), {}, want.get(), ot, scale,
+                                      splits, scratch.get(), sb);
+          const Status s2 = attention(stream_, a, DType::BF16, qnan.get(), kf.get(), vf.get(), {}, got.get(), ot, scale,
+                                      splits, scratch.get(), sb, &rope);
+          unsetenv("VLAC_ATTN_SUB");
+          VLAC_CUDA_OK(s1);
+          VLAC_CUDA_OK(s2);
+          sync();
+          const size_t bytes = size_t(c.t * qw) * (ot == DType::F32 ? 4 : 2);
+          const auto hw = download<uint8_t>(want, bytes), hg = download<uint8_t>(got, bytes);
+          ASSERT_EQ(hw.size(), bytes);
+          EXPECT_EQ(hw, hg) << c.what << " splits " << splits << " groups '" << sub << "' -> " << dtype_name(ot);
+          ++runs;
+        }
+    std::printf("[attention] fused RoPE, %s: %d settings bit for bit (auto splits %d)\n", c.what, runs, auto_splits);
+  }
+}
+
+TEST_F(CudaAttention, FusedRopeRefusesWhatItCannotRun) {
+  AttentionShape a;
+  a.t = 4, a.h = 2, a.hk = 1, a.s = 8, a.dh = a.dv = 72;
+  DevBuf buf(1 << 16);
+  AttentionRope rope;
+  rope.q = rope.k = rope.v = rope.sc = buf.as<float>();
+  rope.q_stride = rope.k_stride = rope.v_stride = 4 * 72;
+  const void* p = buf.get();
+  // fp32 attention, an unaligned row stride, fewer keys than tokens.
+  EXPECT_EQ(attention(stream_, a, DType::F32, p, p, p, {}, buf.get(), DType::F32, 1.0f, 1, nullptr, 0, &rope).code(),
+            StatusCode::InvalidArgument);
+  rope.k_stride = 4 * 72 + 2;
+  EXPECT_EQ(attention(stream_, a, DType::BF16, p, p, p, {}, buf.get(), DType::F32, 1.0f, 1, nullptr, 0, &rope).code(),
+            StatusCode::InvalidArgument);
+  rope.k_stride = 4 * 72;
+  a.s = 3;
+  EXPECT_EQ(attention(stream_, a, DType::BF16, p, p, p, {}, buf.get(), DType::F32, 1.0f, 1, nullptr, 0, &rope).code(),
+            StatusCode::InvalidArgument);
+}
+
 TEST(CudaAttentionPlan, ExpertShapeSplitsTheKeys) {
   AttentionShape a;
   a.t = 50, a.h = 8, a.hk = 1, a.s = 1018, a.dh = a.dv = 256;

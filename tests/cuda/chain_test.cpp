@@ -281,6 +281,30 @@ void make_tiny_bf16_package(TinyBf16Package* t, uint64_t engine_cap) {
   t->obs = std::move(*obs);
   t->noise = std::move(*noise);
 }
+// A bf16-all CUDA package of a random policy folder of `dims` (write_random_pi05_folder), with a
+// sample observation and a fixed noise.
+void make_random_bf16_package(TinyBf16Package* t, const Pi05Dims& dims, uint64_t seed) {
+  std::string tmpl = (fs::temp_directory_path() / "vlac-rand-XXXXXX").string();
+  ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
+  t->tmp = tmpl;
+  const std::string policy = (t->tmp / "policy").string(), obs_path = (t->tmp / "obs.safetensors").string();
+  ASSERT_TRUE(write_random_pi05_folder(policy, dims, Pi05Layout::FineTune, seed).is_ok());
+  ASSERT_TRUE(write_pi05_sample_observation(policy, obs_path, 12, seed).is_ok());
+  Pi05CompileOptions co;
+  co.out = t->path = (t->tmp / "p.vlac").string();
+  co.backend = "cuda";
+  co.bf16 = true;
+  co.bf16_all_matrices = true;
+  auto sum = compile_pi05(policy, co);
+  ASSERT_TRUE(sum.is_ok()) << sum.status().message();
+  auto folder_pol = Pi05Policy::load(policy, {});
+  ASSERT_TRUE(folder_pol.is_ok()) << folder_pol.status().message();
+  auto obs = read_pi05_observation(obs_path, folder_pol->model());
+  ASSERT_TRUE(obs.is_ok()) << obs.status().message();
+  t->obs = std::move(*obs);
+  t->noise.resize(size_t(50 * dims.max_action_dim));
+  for (size_t i = 0; i < t->noise.size(); ++i) t->noise[i] = std::sin(float(i) * 0.731f) * 1.3f;
+}
 // A recorded chunk's text embedding is gathered on the host before each replay (a replay hook),
 // not by a host node inside the graph: chunks with other tokens replay to the actions an eager
 // run gives them, bit for bit, and a token outside the vocabulary in a replayed chunk is one
@@ -544,37 +568,55 @@ TEST_F(CudaChain, L2PrefetchChangesNoAction) {
   std::printf("[ cuda     ] L2 prefetch: %lld launches a run of the engines, same actions\n", static_cast<long long>(launches[1]));
 }
 
+// The expert's RoPE inside its attention (plan_rope_attention): in a bf16-all package of a random
+// policy with pi0.5's head dim, every expert layer's attention rotates q and its own keys itself, and the actions are the same bits
+// as with the rope launches (VLAC_ROPE_ATTENTION=0): eager, warm-up, recorded and replayed.
+TEST_F(CudaChain, RopeInsideTheExpertAttentionChangesNoAction) {
+  Pi05Dims dims = Pi05Dims::demo();  // head dim 256: the bf16 attention kernel's (the fixtures' is 16)
+  dims.head_dim = 256, dims.lm_heads = dims.expert_heads = 2;
+  TinyBf16Package t;
+  ASSERT_NO_FATAL_FAILURE(make_random_bf16_package(&t, dims, 23));
+  auto counter = breakdown_value;
+  std::vector<float> actions[2];
+  int64_t folds[2] = {0, 0};
+  int64_t before = -1;
+  for (int on = 0; on < 2; ++on) {
+    setenv("VLAC_ROPE_ATTENTION", on ? "1" : "0", 1);
+    Pi05PackageOptions po;
+    po.backend = "cuda";
+    auto pkg = Pi05PackagePolicy::open(t.path, po);
+    ASSERT_TRUE(pkg.is_ok()) << pkg.status().message();
+    if (before < 0) before = std::max<int64_t>(0, counter(*pkg, "rope_attention_folds"));
+    for (int i = 0; i < 4; ++i) {
+      std::vector<float> c(t.noise.size());
+      const Status st = pkg->run_chunk(*t.obs, t.noise.data(), c.data());
+      ASSERT_TRUE(st.is_ok()) << st.message();
+      if (i == 0) actions[on] = c;
+      else EXPECT_EQ(max_abs_diff(c, actions[on]), 0.0) << "rope in attention " << on << ", chunk " << i;
+    }
+    folds[on] = counter(*pkg, "rope_attention_folds") - before;
+    before = counter(*pkg, "rope_attention_folds");
+  }
+  unsetenv("VLAC_ROPE_ATTENTION");
+  EXPECT_EQ(folds[0], 0);
+  EXPECT_GT(folds[1], 0) << "no expert attention took its RoPE";
+  EXPECT_EQ(max_abs_diff(actions[0], actions[1]), 0.0);
+  std::printf("[ cuda     ] RoPE inside the expert attention: %lld attentions, same actions\n",
+              static_cast<long long>(folds[1]));
+}
+
 // The expert's MLP in one launch (VLAC_EXPERT_MLP=1, expert_mlp.h) inside whole package runs: a
 // random demo-sized policy whose expert is 512 wide with an MLP of 1024 (the kernel's smallest
 // shape), compiled bf16-all for CUDA. With it, eager, warm-up, recorded and replayed chunks give
 // the same bits (the cooperative launch inside a captured graph, with PDL); against the three
 // launches the actions differ (another sum order: it ran) by no more than bf16 roundings do.
 TEST_F(CudaChain, ExpertMlpInOneLaunchKeepsTheActions) {
-  std::string tmpl = (fs::temp_directory_path() / "vlac-mlp-XXXXXX").string();
-  ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
-  const fs::path tmp = tmpl;
-  struct Cleanup {
-    fs::path p;
-    ~Cleanup() { fs::remove_all(p); }
-  } cleanup{tmp};
   Pi05Dims dims = Pi05Dims::demo();
   dims.expert_width = 512, dims.expert_mlp = 1024;
-  const std::string policy = (tmp / "policy").string(), obs_path = (tmp / "obs.safetensors").string();
-  ASSERT_TRUE(write_random_pi05_folder(policy, dims, Pi05Layout::FineTune, 17).is_ok());
-  ASSERT_TRUE(write_pi05_sample_observation(policy, obs_path, 12, 17).is_ok());
-  Pi05CompileOptions co;
-  co.out = (tmp / "p.vlac").string();
-  co.backend = "cuda";
-  co.bf16 = true;
-  co.bf16_all_matrices = true;
-  auto sum = compile_pi05(policy, co);
-  ASSERT_TRUE(sum.is_ok()) << sum.status().message();
-  auto folder_pol = Pi05Policy::load(policy, {});
-  ASSERT_TRUE(folder_pol.is_ok()) << folder_pol.status().message();
-  auto obs = read_pi05_observation(obs_path, folder_pol->model());
-  ASSERT_TRUE(obs.is_ok()) << obs.status().message();
-  std::vector<float> noise(size_t(50 * dims.max_action_dim));
-  for (size_t i = 0; i < noise.size(); ++i) noise[i] = std::sin(float(i) * 0.731f) * 1.3f;
+  TinyBf16Package t;
+  ASSERT_NO_FATAL_FAILURE(make_random_bf16_package(&t, dims, 17));
+  const Pi05Observation* obs = &*t.obs;
+  const std::vector<float>& noise = t.noise;
   std::vector<float> actions[2];
   const char* was = std::getenv("VLAC_EXPERT_MLP");
   const std::string prev = was ? was : "";
@@ -582,7 +624,7 @@ TEST_F(CudaChain, ExpertMlpInOneLaunchKeepsTheActions) {
     setenv("VLAC_EXPERT_MLP", on ? "1" : "0", 1);
     Pi05PackageOptions po;
     po.backend = "cuda";
-    auto pkg = Pi05PackagePolicy::open(co.out, po);
+    auto pkg = Pi05PackagePolicy::open(t.path, po);
     ASSERT_TRUE(pkg.is_ok()) << pkg.status().message();
     for (int i = 0; i < 4; ++i) {  // eager, warm-up, recorded, replayed
       std::vector<float> c(noise.size());

@@ -12,6 +12,8 @@
 // (blockIdx.z) and the partial (o, max, sum) triples are merged by a combine kernel over partials
 // in global scratch, or (opt-in, sm_90) inside the kernel, the splits of a row tile being one
 // thread-block cluster (≤ 8) that reads its members' partials from their shared memory (DSMEM).
+// The expert's RoPE can run inside it (AttentionRope): q and the step's own keys are rotated from
+// the fused q|k|v GEMM's f32 rows as they load, which saves the rope launch of every layer.
 #include <cooperative_groups.h>
 
 #include <algorithm>
@@ -88,12 +90,20 @@ struct Params {
   int splits;
   bool allow_pairs;  // allow rows 2-byte aligned: mask bytes of a key pair in one 16-bit load
   float scale;
+  // AttentionRope: q from f32 rows rotated as it loads, key rows >= fresh0 (= s − t) from f32 rows.
+  const float* qf;
+  const float* kf;
+  const float* vf;
+  const float* sc;
+  int64_t qfs, kfs, vfs, fresh0;
 };
 
 // Loads 64 rows of a bf16 matrix into smem (stride LD): row r (< n_valid) from base + r·stride,
 // rows >= n_valid zero-filled. 32-bit tile indices, the loop unrolled (CH is a constant).
+// Rows [skip_lo, n_valid) are left alone (the fused RoPE's rows, stored by the threads themselves).
 template <int D>
-__device__ __forceinline__ void load_rows(uint16_t* sm, const uint16_t* base, int64_t stride, int n_valid, int tid) {
+__device__ __forceinline__ void load_rows(uint16_t* sm, const uint16_t* base, int64_t stride, int n_valid, int tid,
+                                          int skip_lo = kBM) {
   using G = Geom<D>;
   constexpr int kChunks = kBM * G::CH, kIters = (kChunks + kThreads - 1) / kThreads;
 #pragma unroll 2
@@ -101,6 +111,7 @@ __device__ __forceinline__ void load_rows(uint16_t* sm, const uint16_t* base, in
     const int c = tid + i * kThreads;
     if (kChunks % kThreads != 0 && c >= kChunks) break;
     const int r = c / G::CH, ch = c % G::CH;
+    if (r >= skip_lo && r < n_valid) continue;
     const bool ok = r < n_valid;
     cp_async16(sm + r * G::LD + ch * 8, base + (ok ? r : 0) * stride + ch * 8, ok);
   }
@@ -122,6 +133,83 @@ __device__ __forceinline__ void load_q(uint16_t* sm, const Params& p, int64_t kv
     const bool ok = row < p.rows;
     const int rr = ok ? int(row) : 0;
     cp_async16(sm + r * G::LD + ch * 8, p.q + int64_t(rr / group) * p.qs + (kvh * group + rr % group) * D + ch * 8, ok);
+  }
+}
+
+// Four pairs (i..i+3, i+half..i+half+3) of one f32 row rotated by the angles at sc (sin, cos of
+// each i) into bf16 at d0 / d0 + half (rope_to's bits: rotate, then one rounding).
+__device__ __forceinline__ uint2 pack4(float a, float b, float c, float d) {
+  return make_uint2(pack_bf16(a, b), pack_bf16(c, d));
+}
+__device__ __forceinline__ void rope4_bf16(const float* x, int half, const float* sc, uint16_t* d0) {
+  const float4 a = *reinterpret_cast<const float4*>(x), b = *reinterpret_cast<const float4*>(x + half);
+  const float4 s01 = *reinterpret_cast<const float4*>(sc), s23 = *reinterpret_cast<const float4*>(sc + 4);
+  float y0[4], y1[4];
+  rotate(a.x, b.x, s01.x, s01.y, &y0[0], &y1[0]);
+  rotate(a.y, b.y, s01.z, s01.w, &y0[1], &y1[1]);
+  rotate(a.z, b.z, s23.x, s23.y, &y0[2], &y1[2]);
+  rotate(a.w, b.w, s23.z, s23.w, &y0[3], &y1[3]);
+  *reinterpret_cast<uint2*>(d0) = pack4(y0[0], y0[1], y0[2], y0[3]);
+  *reinterpret_cast<uint2*>(d0 + half) = pack4(y1[0], y1[1], y1[2], y1[3]);
+}
+
+// load_q with the RoPE fused (Params::qf): each thread rotates four pairs of one packed row at a
+// time, rows past p.rows zero. Plain loads and stores (no cp.async), done before the barrier that
+// precedes the first read of Q.
+template <int D, int kT>
+__device__ __forceinline__ void load_q_rope(uint16_t* sm, const Params& p, int64_t kvh, int64_t row0) {
+  using G = Geom<D>;
+  constexpr int kHalf = D / 2, kQuads = kHalf / 4, kUnits = kBM * kQuads, kIters = (kUnits + kT - 1) / kT;
+  static_assert(kHalf % 4 == 0);
+  const int group = int(p.group);
+#pragma unroll 4
+  for (int it = 0; it < kIters; ++it) {
+    const int u = int(threadIdx.x) + it * kT;
+    if (kUnits % kT != 0 && u >= kUnits) break;
+    const int r = u / kQuads, i = (u % kQuads) * 4;
+    const int64_t row = row0 + r;
+    uint16_t* d0 = sm + r * G::LD + i;
+    if (row >= p.rows) {
+      *reinterpret_cast<uint2*>(d0) = make_uint2(0u, 0u);
+      *reinterpret_cast<uint2*>(d0 + kHalf) = make_uint2(0u, 0u);
+      continue;
+    }
+    const int64_t tok = row / group;
+    rope4_bf16(p.qf + tok * p.qfs + (kvh * group + row % group) * D + i, kHalf, p.sc + (tok * kHalf + i) * 2, d0);
+  }
+}
+
+// A K (or V) tile of n_valid rows from key `key0` on: with the RoPE fused, rows at keys >= fresh0
+// come from the f32 rows (k rotated, v rounded) by this group's threads, the rest by cp.async.
+template <int D, bool kIsK>
+__device__ __forceinline__ void load_kv(uint16_t* sm, const Params& p, int64_t kvh, int64_t key0, int n_valid, int tid) {
+  using G = Geom<D>;
+  const uint16_t* base = (kIsK ? p.k : p.v) + kvh * D + key0 * (kIsK ? p.ks : p.vs);
+  const int64_t stride = kIsK ? p.ks : p.vs;
+  if (!p.kf || key0 + n_valid <= p.fresh0) {
+    load_rows<D>(sm, base, stride, n_valid, tid);
+    return;
+  }
+  const int f0 = p.fresh0 > key0 ? int(p.fresh0 - key0) : 0;
+  load_rows<D>(sm, base, stride, n_valid, tid, f0);
+  if constexpr (kIsK) {
+    constexpr int kHalf = D / 2, kQuads = kHalf / 4;
+    const int units = (n_valid - f0) * kQuads;
+#pragma unroll 4
+    for (int u = tid; u < units; u += kThreads) {
+      const int r = f0 + u / kQuads, i = (u % kQuads) * 4;
+      const int64_t tok = key0 + r - p.fresh0;
+      rope4_bf16(p.kf + tok * p.kfs + kvh * D + i, kHalf, p.sc + (tok * kHalf + i) * 2, sm + r * G::LD + i);
+    }
+  } else {
+    constexpr int kQuads = D / 4;
+    const int units = (n_valid - f0) * kQuads;
+#pragma unroll 4
+    for (int u = tid; u < units; u += kThreads) {
+      const int r = f0 + u / kQuads, i = (u % kQuads) * 4;
+      const float4 x = *reinterpret_cast<const float4*>(p.vf + (key0 + r - p.fresh0) * p.vfs + kvh * D + i);
+      *reinterpret_cast<uint2*>(sm + r * G::LD + i) = pack4(x.x, x.y, x.z, x.w);
+    }
   }
 }
 
@@ -232,18 +320,18 @@ __global__ void __launch_bounds__(kThreads * kSub) attn_bf16_kernel(Params p) {
       if (sub == 0) Qs[r * G::LD + c] = 0;
     }
   }
-  const uint16_t* kbase = p.k + kvh * D;
-  const uint16_t* vbase = p.v + kvh * D;
-  load_q<D, kThreads * kSub>(Qs, p, kvh, row0);
+  if (!p.qf) load_q<D, kThreads * kSub>(Qs, p, kvh, row0);
   {
     const bool have = k_first < k_end;  // a group past the last tile loads zeros and reads nothing
     const int64_t at = have ? k_first : 0;
-    const int nv = have ? int(k_end - k_first) : 0;
-    load_rows<D>(Ks, kbase + at * p.ks, p.ks, nv, tid);
+    const int nv = have ? int(min(k_end - k_first, int64_t(kBN))) : 0;
+    load_kv<D, true>(Ks, p, kvh, at, nv, tid);
     cp_commit();
-    load_rows<D>(Vs, vbase + at * p.vs, p.vs, nv, tid);
+    load_kv<D, false>(Vs, p, kvh, at, nv, tid);
     cp_commit();
   }
+  // The fused RoPE's q while the first K/V tiles are in flight.
+  if (p.qf) load_q_rope<D, kThreads * kSub>(Qs, p, kvh, row0);
 
   // This thread's two rows (g and g + 8 of the warp's 16) and their tokens (for the mask).
   const int64_t rr[2] = {row0 + warp * 16 + g, row0 + warp * 16 + g + 8};
@@ -279,7 +367,7 @@ __global__ void __launch_bounds__(kThreads * kSub) attn_bf16_kernel(Params p) {
       }
     }  // have
     __syncthreads();  // every warp is done with this K tile
-    if (more) load_rows<D>(Ks, kbase + (kt + kStep) * p.ks, p.ks, int(k_end - kt - kStep), tid);
+    if (more) load_kv<D, true>(Ks, p, kvh, kt + kStep, int(min(k_end - kt - kStep, int64_t(kBN))), tid);
     cp_commit();  // (an empty group at the last tile keeps the wait counts uniform)
     uint32_t pa[kBN / 16][4];
     if (have) {
@@ -376,7 +464,7 @@ __global__ void __launch_bounds__(kThreads * kSub) attn_bf16_kernel(Params p) {
       }
     }  // have
     __syncthreads();  // every warp is done with this V tile
-    if (more) load_rows<D>(Vs, vbase + (kt + kStep) * p.vs, p.vs, int(k_end - kt - kStep), tid);
+    if (more) load_kv<D, false>(Vs, p, kvh, kt + kStep, int(min(k_end - kt - kStep, int64_t(kBN))), tid);
     cp_commit();
   }
   cp_wait<0>();
@@ -777,7 +865,7 @@ uint64_t attention_scratch_bytes(const AttentionShape& a, DType io, int splits) 
 
 Status attention(cudaStream_t stream, const AttentionShape& a, DType io, const void* q, const void* k, const void* v,
                  AttentionMask mask, void* out, DType ot, float scale, int splits, void* scratch,
-                 uint64_t scratch_bytes) {
+                 uint64_t scratch_bytes, const AttentionRope* rope) {
   const char* name = "attention";
   if (!is_act(io) || !is_act(ot)) return bad_dtype(name);
   if (a.t < 0 || a.h <= 0 || a.hk <= 0 || a.h % a.hk != 0 || a.s <= 0 || a.dh <= 0 || a.dv <= 0)
@@ -786,6 +874,17 @@ Status attention(cudaStream_t stream, const AttentionShape& a, DType io, const v
                             std::to_string(a.dh) + ", " + std::to_string(a.dv) + ")");
   if (a.t == 0) return Status::ok();
   const Dense dn = strides(a);
+  if (rope) {
+    const auto bad16 = [](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) != 0; };
+    if (io != DType::BF16 || a.kv_block > 0 || a.dh != a.dv || a.dh % 8 != 0 || a.s < a.t)
+      return invalid_argument("attention: the fused RoPE needs bf16 attention, no kv_block, dh = dv (a multiple of 8) "
+                              "and at least t keys");
+    if (!rope->q || !rope->k || !rope->v || !rope->sc || bad16(rope->q) || bad16(rope->k) || bad16(rope->v) ||
+        bad16(rope->sc) || rope->q_stride % 4 || rope->k_stride % 4 || rope->v_stride % 4 ||
+        rope->q_stride < a.h * a.dh || rope->k_stride < a.hk * a.dh || rope->v_stride < a.hk * a.dv)
+      return invalid_argument("attention: the fused RoPE's f32 rows must be 16-byte aligned, strides multiples of 4 "
+                              "and at least a row");
+  }
   if (a.kv_block > 0) {
     if (mask.allow || mask.add || a.t != a.s || a.t % a.kv_block != 0)
       return invalid_argument("attention: kv_block " + std::to_string(a.kv_block) + " needs no mask and t = s (" +
@@ -836,6 +935,10 @@ Status attention(cudaStream_t stream, const AttentionShape& a, DType io, const v
   p.t = a.t, p.h = a.h, p.hk = a.hk, p.s = a.s, p.group = a.h / a.hk, p.rows = a.t * (a.h / a.hk);
   p.qs = dn.qs, p.ks = dn.ks, p.vs = dn.vs, p.os = dn.os;
   p.scale = scale;
+  if (rope) {
+    p.qf = rope->q, p.kf = rope->k, p.vf = rope->v, p.sc = rope->sc;
+    p.qfs = rope->q_stride, p.kfs = rope->k_stride, p.vfs = rope->v_stride, p.fresh0 = a.s - a.t;
+  }
   p.kv_block = a.kv_block;
   p.keys_per_split = a.kv_block > 0 ? a.s : keys_per_split(a.s, std::min(splits, kMaxSplits));
   p.splits = a.kv_block > 0 ? 1 : int(cdiv(a.s, p.keys_per_split));

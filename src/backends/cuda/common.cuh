@@ -123,6 +123,14 @@ __device__ __forceinline__ float gelu_tanh_1(float v) {
   return v / (1.0f + expf(-kC2 * (v + 0.044715f * v * v * v)));
 }
 
+// RoPE's rotation of one pair, its products and sums rounded as written (no FMA contraction left
+// to the compiler), so every kernel that rotates (rope, rope_pair, rope_qkv, the attention's fused
+// RoPE) gives the same bits.
+__device__ __forceinline__ void rotate(float x0, float x1, float s, float c, float* y0, float* y1) {
+  *y0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+  *y1 = __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s));
+}
+
 // Element access over F32 (float) and BF16 (uint16_t) arrays.
 template <typename T> __device__ __forceinline__ float ld(const T* p, int64_t i);
 template <> __device__ __forceinline__ float ld<float>(const float* p, int64_t i) { return p[i]; }

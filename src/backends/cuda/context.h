@@ -66,6 +66,9 @@ void note_on_demand_fetch(uint64_t bytes);
 /// L2 prefetches planned (l2_prefetch.h), summed over the executables made so far: launches and
 /// bytes one run of each issues (breakdown: l2_prefetch_launches_per_run, l2_prefetch_bytes_per_run).
 void note_l2_prefetch_plan(uint64_t launches, uint64_t bytes);
+/// Attentions that run their RoPE themselves (executor's plan_rope_attention), summed over the
+/// executables made so far (breakdown: rope_attention_folds).
+void note_rope_attention_folds(uint64_t n);
 
 class CudaContext {
  public:

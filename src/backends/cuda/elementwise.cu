@@ -139,12 +139,6 @@ __device__ __forceinline__ void rope_angle(const int64_t* pos, int ti, int i, in
   sincosf(a, s, c);
 }
 
-// The rotation of one pair, its products and sums rounded as written (no FMA contraction left to
-// the compiler), so every kernel that rotates (rope, rope_pair, rope_qkv) gives the same bits.
-__device__ __forceinline__ void rotate(float x0, float x1, float s, float c, float* y0, float* y1) {
-  *y0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
-  *y1 = __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s));
-}
 
 // Rotates pair (i, i + dh/2) of heads [0, h) in row xr into row yr (yr may be xr: each element is
 // read and written by this thread alone, and every read of a chunk of heads comes before its writes).
@@ -278,6 +272,17 @@ __global__ void rope_qkv_kernel(RopeQkvJob j, const int64_t* pos, int t, int dh,
     for (int hh = 0; hh < kRopeChunk; ++hh)  // constant indices: lk stays in registers
       if (hh < int(j.hk)) put_k(hh, lk.x0[hh], lk.x1[hh]);
     for (int hh = kRopeChunk; hh < int(j.hk); ++hh) put_k(hh, kr[hh * dh + i], kr[hh * dh + i + half]);
+  }
+}
+
+// rope_sincos: one thread per (token, i < dh/2), the angle of rope_angle.
+__global__ void rope_sincos_kernel(const int64_t* pos, int t, int dh, float base, float* sc) {
+  pdl_wait();
+  const int half = dh / 2, n = t * half;
+  for (int idx = int(blockIdx.x * blockDim.x + threadIdx.x); idx < n; idx += int(gridDim.x * blockDim.x)) {
+    float s, c;
+    rope_angle(pos, idx / half, idx % half, dh, base, &s, &c);
+    sc[2 * idx] = s, sc[2 * idx + 1] = c;
   }
 }
 
@@ -494,6 +499,16 @@ Status rope_qkv_to(cudaStream_t stream, const RopeQkvJob& j, const int64_t* pos,
   if (n > INT32_MAX / 2 || (j.hq + j.hk) * dh > INT32_MAX / 2) return invalid_argument("rope_qkv: sizes above 2^30");
   launch(rope_qkv_kernel, grid_1d(n, kThreads), kThreads, 0, stream, j, pos, int(t), int(dh), base);
   return launch_status("rope_qkv");
+}
+
+Status rope_sincos(cudaStream_t stream, const int64_t* pos, int64_t t, int64_t dh, float base, float* sc) {
+  if (t < 0 || dh <= 0 || dh % 2 != 0 || (t > 0 && (!pos || !sc)))
+    return invalid_argument("rope_sincos: bad shape (dh even) or a null pointer");
+  if (t == 0) return Status::ok();
+  const int64_t n = t * (dh / 2);
+  if (n > INT32_MAX / 2) return invalid_argument("rope_sincos: sizes above 2^30");
+  launch(rope_sincos_kernel, grid_1d(n, kThreads), kThreads, 0, stream, pos, int(t), int(dh), base, sc);
+  return launch_status("rope_sincos");
 }
 
 Status im2col_patches(cudaStream_t stream, const float* img, void* cols, DType ct, int64_t c, int64_t y, int64_t x,

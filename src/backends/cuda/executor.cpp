@@ -595,7 +595,9 @@ Status CudaExecutable::plan(const CudaWeights& weights) {
   std::vector<uint64_t> stored(nv, 0);
   for (size_t v = 0; v < nv; ++v)
     if (bf16_store_[v] || k_parts_[v] > 1) stored[v] = stored_bytes(ValueId(v));
-  exec::ArenaPlan arena = exec::plan_arena(g, order_, root_, outside, residual_norm_lifetimes(), stored);
+  std::vector<int64_t> lifetimes = residual_norm_lifetimes();
+  rope_attention_lifetimes(lifetimes);
+  exec::ArenaPlan arena = exec::plan_arena(g, order_, root_, outside, lifetimes, stored);
   arena_bytes_ = arena.bytes;
   arena_blocks_ = std::move(arena.blocks);
   if (!options_.shared_memory) {
@@ -622,6 +624,7 @@ Status CudaExecutable::plan(const CudaWeights& weights) {
   plan_fp8_fused_codes();
   plan_rope_pairs();
   plan_prefix_qkv();
+  VLAC_RETURN_IF_ERROR(plan_rope_attention());
   plan_prefetches();
   for (NodeId id : order_) {
     const Node& n = g.node(id);
@@ -794,6 +797,11 @@ std::vector<uint8_t> CudaExecutable::output_roots() const {
   return is_out;
 }
 
+int64_t CudaExecutable::heads_stride(ValueId v) const {
+  const ValueInfo& x = graph_.info(v);  // [T, H, D]
+  return view_stride_[size_t(v)] ? view_stride_[size_t(v)] : x.shape[1] * x.shape[2];
+}
+
 int64_t CudaExecutable::row_stride(ValueId v) const {
   return view_stride_[size_t(v)] ? view_stride_[size_t(v)] : last_dim(graph_.info(v));
 }
@@ -923,6 +931,112 @@ void CudaExecutable::plan_prefix_qkv() {
     plans_[size_t(sv)].skip = true;
     ap.kv_ready = true;
   }
+}
+
+// The expert's RoPE inside its attention. Each expert layer's q and k RoPEs read the fused q|k|v
+// GEMM's f32 rows and run as one launch (plan_rope_pairs) that also copies v; the attention then
+// reads q (bf16) and K/V, Concats [prefix | the step's own rows] in buffers of their own whose
+// last rows that launch wrote. Here the attention reads those f32 rows instead (AttentionRope):
+// q and the fresh keys rotated as they load, the fresh values rounded, with the angles from a
+// table that the first such attention of a run fills (rope_sincos: one launch a step instead of
+// one a layer). Taken where every reader of q's and K/V's storage is that attention (and the
+// Concats themselves), only nodes that launch nothing, or the two Concats (which copy their
+// stable pieces only), run between the RoPE and the attention, and the fresh rows are the
+// Concats' last. The same bits as the separate launches (one rotation and rounding per element).
+void CudaExecutable::rope_attention_lifetimes(std::vector<int64_t>& at) const {
+  if (env_off("VLAC_ROPE_ATTENTION")) return;
+  const ir::Graph& g = graph_;
+  for (size_t i = 0; i < order_.size(); ++i) {
+    const Node& an = g.node(order_[i]);
+    if (an.op != OpKind::Attention || an.inputs.size() != 3) continue;
+    const Node& qn = g.node(g.value(root_[size_t(an.inputs[0])]).producer);
+    const Node& kc = g.node(g.value(root_[size_t(an.inputs[1])]).producer);
+    if (qn.op != OpKind::RoPE || kc.op != OpKind::Concat) continue;
+    // The fused rows are read at the attention's place: they must outlive the Concats in between.
+    int64_t& life = at[size_t(root_[size_t(qn.inputs[0])])];
+    life = std::max(life, int64_t(i));
+  }
+}
+
+Status CudaExecutable::plan_rope_attention() {
+  if (env_off("VLAC_ROPE_ATTENTION")) return Status::ok();
+  const ir::Graph& g = graph_;
+  std::vector<int64_t> at(g.nodes().size(), -1);
+  for (size_t i = 0; i < order_.size(); ++i) at[size_t(order_[i])] = int64_t(i);
+  const auto readers = readers_by_root();
+  const auto through_reshapes = [&](ValueId v) {
+    NodeId pid = g.value(v).producer;
+    while (g.node(pid).op == OpKind::Reshape) pid = g.value(g.node(pid).inputs[0]).producer;
+    return pid;
+  };
+  bool first = true;
+  ValueId pos_root = 0;
+  int64_t t0 = 0, dh0 = 0;
+  double base0 = 0;
+  for (NodeId aid : order_) {
+    const Node& an = g.node(aid);
+    NodePlan& ap = plans_[size_t(aid)];
+    if (an.op != OpKind::Attention || !ap.bf16 || memo_.node[size_t(aid)] || ap.kv_ready || an.inputs.size() != 3 ||
+        ap.att.kv_block > 0)
+      continue;
+    const NodeId rq = g.value(root_[size_t(an.inputs[0])]).producer;
+    const Node& qn = g.node(rq);
+    const NodePlan& qp = plans_[size_t(rq)];
+    if (qn.op != OpKind::RoPE || qp.rope_pair < 0 || qp.rope_copy < 0 || qp.skip || memo_.node[size_t(rq)]) continue;
+    const NodeId rk = NodeId(qp.rope_pair), sv = NodeId(qp.rope_copy);
+    const Node &kn = g.node(rk), &vn = g.node(sv);
+    const ValueId kr = root_[size_t(an.inputs[1])], vr = root_[size_t(an.inputs[2])];
+    const NodeId kc = g.value(kr).producer, vc = g.value(vr).producer;
+    if (g.node(kc).op != OpKind::Concat || g.node(vc).op != OpKind::Concat || root_[size_t(kn.outputs[0])] != kr ||
+        root_[size_t(vn.outputs[0])] != vr || through_reshapes(g.node(kc).inputs.back()) != rk ||
+        through_reshapes(g.node(vc).inputs.back()) != sv)
+      continue;
+    // Stored in bf16 where the attention reads them; the fused rows in f32.
+    if (!bf16_stored(an.inputs[0]) || !bf16_stored(an.inputs[1]) || !bf16_stored(an.inputs[2]) ||
+        bf16_stored(qn.inputs[0]) || bf16_stored(kn.inputs[0]) || bf16_stored(vn.inputs[0]) ||
+        g.info(qn.inputs[0]).dtype != DType::F32 || g.info(kn.inputs[0]).dtype != DType::F32 ||
+        g.info(vn.inputs[0]).dtype != DType::F32)
+      continue;
+    const ValueInfo &xq = g.info(qn.inputs[0]), &xk = g.info(kn.inputs[0]), &vi = g.info(vn.inputs[0]);
+    const AttentionShape& sh = ap.att;
+    if (xq.shape.size() != 3 || xk.shape.size() != 3 || vi.shape.size() != 2) continue;
+    const int64_t t = xq.shape[0], dh = xq.shape[2];
+    const int64_t vstart = vn.attrs.get_int("start", 0), vcols = vn.attrs.get_int("end", vi.shape[1]) - vstart;
+    const int64_t qs = heads_stride(qn.inputs[0]), ks = heads_stride(kn.inputs[0]);
+    if (sh.t != t || sh.h != xq.shape[1] || sh.hk != xk.shape[1] || xk.shape[0] != t || xk.shape[2] != dh ||
+        sh.dh != dh || sh.dv != dh || (dh != 256 && dh != 72) || sh.s < t || vi.shape[0] != t ||
+        vcols != sh.hk * sh.dv || qs % 4 || ks % 4 || vi.shape[1] % 4 || vstart % 4 ||
+        view_off_[size_t(qn.inputs[0])] % 16 || view_off_[size_t(kn.inputs[0])] % 16)
+      continue;
+    // Only the attention (and the Concats) read q's and K/V's storage.
+    bool ok = true;
+    for (const auto& [r, i] : readers[size_t(root_[size_t(an.inputs[0])])]) ok = ok && r == aid;
+    for (const auto& [r, i] : readers[size_t(kr)]) ok = ok && (r == aid || r == kc);
+    for (const auto& [r, i] : readers[size_t(vr)]) ok = ok && (r == aid || r == vc);
+    // Between the RoPE and the attention: nothing that launches, but the two Concats.
+    for (int64_t i = at[size_t(rq)] + 1; ok && i < at[size_t(aid)]; ++i) {
+      const NodeId m = order_[size_t(i)];
+      ok = m == rk || m == sv || m == kc || m == vc || runs_nothing(m);
+    }
+    if (!ok || at[size_t(rq)] < 0 || at[size_t(aid)] <= at[size_t(rq)]) continue;
+    // One table for every folded attention: the same positions, tokens, head dim and base.
+    const double base = qn.attrs.get_float("base", 10000.0);
+    if (first) {
+      pos_root = root_[size_t(qn.inputs[1])], t0 = t, dh0 = dh, base0 = base;
+      VLAC_ASSIGN_OR_RETURN(void* b, device_alloc(uint64_t(t) * uint64_t(dh) * 4, where(an) + ": the RoPE angles"));
+      own_blocks_.push_back(b);
+      rope_table_ = static_cast<float*>(b);
+      ap.rope_table = true;
+      first = false;
+    } else if (root_[size_t(qn.inputs[1])] != pos_root || t != t0 || dh != dh0 || base != base0) {
+      continue;
+    }
+    ap.rope_q = int64_t(rq);
+    plans_[size_t(rq)].skip = true;  // its pair and copy were skipped already (plan_rope_pairs)
+    ++rope_folds_;
+  }
+  if (rope_folds_) note_rope_attention_folds(uint64_t(rope_folds_));
+  return Status::ok();
 }
 
 // What plan_residual_norms may fold into a norm (h + gate·branch, then the norm of the sum) is
@@ -2308,6 +2422,24 @@ Status CudaExecutable::run_node(NodeId id) {
           }
           VLAC_RETURN_IF_ERROR(cast(s, f(i), DType::F32, scratch_at(offs[i]), DType::BF16, counts[i]));
           qkv[i] = scratch_at(offs[i]);
+        }
+        if (p.rope_q >= 0) {  // plan_rope_attention: q and the fresh k, v from the fused f32 rows
+          const Node& qn = g.node(NodeId(p.rope_q));
+          const NodePlan& qp = plans_[size_t(p.rope_q)];
+          const Node& kn = g.node(NodeId(qp.rope_pair));
+          const Node& vn = g.node(NodeId(qp.rope_copy));
+          const int64_t dh = sh.dh;
+          if (p.rope_table)
+            VLAC_RETURN_IF_ERROR(rope_sincos(s, static_cast<const int64_t*>(ptr(qn.inputs[1])), sh.t, dh,
+                                             float(qn.attrs.get_float("base", 10000.0)), rope_table_));
+          AttentionRope r;
+          r.q = static_cast<const float*>(ptr(qn.inputs[0])), r.q_stride = heads_stride(qn.inputs[0]);
+          r.k = static_cast<const float*>(ptr(kn.inputs[0])), r.k_stride = heads_stride(kn.inputs[0]);
+          r.v = static_cast<const float*>(ptr(vn.inputs[0])) + vn.attrs.get_int("start", 0);
+          r.v_stride = info(vn.inputs[0]).shape[1];
+          r.sc = rope_table_;
+          return attention(s, sh, DType::BF16, qkv[0], qkv[1], qkv[2], mask, out, od, sc, p.splits, split,
+                           p.split_bytes, &r);
         }
         return attention(s, sh, DType::BF16, qkv[0], qkv[1], qkv[2], mask, out, od, sc, p.splits, split, p.split_bytes);
       }

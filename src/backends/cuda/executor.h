@@ -66,6 +66,8 @@ class CudaExecutable final : public Executable {
   /// Row stride in elements of a value read as rows of its last dimension: the fused output's
   /// width for a Slice view (plan_slice_views), else the value's own last dimension.
   int64_t row_stride(ir::ValueId v) const;
+  /// The same for a [T, H, D] value read as T rows of H·D (a RoPE's x).
+  int64_t heads_stride(ir::ValueId v) const;
   /// (reader node, input index) of every storage root, in schedule order (Reshapes see through),
   /// and which roots hold a graph output: what the plan passes ask of the current roots.
   std::vector<std::vector<std::pair<ir::NodeId, size_t>>> readers_by_root() const;
@@ -93,6 +95,13 @@ class CudaExecutable final : public Executable {
   void plan_residual_norms();
   void plan_rope_pairs();
   void plan_prefix_qkv();
+  /// The expert's q/k RoPE pair (with its v copy) run inside the attention that reads them
+  /// (AttentionRope); VLAC_ROPE_ATTENTION=0 turns it off. The fused q|k|v rows live until then
+  /// (rope_attention_lifetimes, folded into the arena's lifetimes).
+  Status plan_rope_attention();
+  void rope_attention_lifetimes(std::vector<int64_t>& at) const;
+  float* rope_table_ = nullptr;  // rope_sincos of the folded attentions' positions (own_blocks_)
+  int64_t rope_folds_ = 0;
   /// L2 prefetches of the small-M GEMMs' weights ahead of them (l2_prefetch.h), by run position.
   void plan_prefetches();
   std::vector<PrefetchLaunch> prefetches_;  // sorted by `before`
@@ -187,6 +196,11 @@ class CudaExecutable final : public Executable {
     // the attention qkv_att, writing their bf16 copies into its scratch (kv_ready there).
     int64_t qkv_k = -1, qkv_v = -1, qkv_att = -1;
     bool kv_ready = false;
+    // plan_rope_attention: this attention rotates q and its own keys itself; rope_q is the q RoPE
+    // (with its rope_pair and rope_copy) whose launch it replaces, and rope_table says it fills
+    // rope_table_ first (the first such attention of a run).
+    int64_t rope_q = -1;
+    bool rope_table = false;
     // plan_k_parts: this fused norm's branch is a GEMM's K parts (GemmDesc::k_parts), summed here.
     int f_branch_parts = 1;
     int64_t f_part_stride = 0;

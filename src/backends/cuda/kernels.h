@@ -219,6 +219,10 @@ struct RopeQkvJob {
 };
 Status rope_qkv_to(cudaStream_t stream, const RopeQkvJob& job, const int64_t* pos, int64_t t, int64_t dh, float base);
 
+/// The angles of rope_to for t tokens (pos [T] int64): sc[(t·dh/2 + i)·2] = sin, + 1 = cos, the
+/// same bits the rotating kernels compute. The attention's fused RoPE (AttentionRope) reads them.
+Status rope_sincos(cudaStream_t stream, const int64_t* pos, int64_t t, int64_t dh, float base, float* sc);
+
 // ---------------------------------------------------------------------------------------------
 // Embeddings
 
@@ -271,9 +275,23 @@ uint64_t attention_scratch_bytes(const AttentionShape& shape, DType io, int spli
 /// out is [T,H,Dv] in ot (F32 or BF16). Row strides and pointers must be 16-byte aligned (BF16).
 /// The bf16 kernel's shared-memory limit is raised once per process, i.e. for the device current
 /// at the first call (one GPU per process today).
+/// The expert's RoPE inside its attention (io = BF16, dh = dv even, no kv_block): q is read from
+/// f32 rows before rotation and rotated as it loads, and key rows s - t .. s - 1 (the step's own
+/// keys and values, token order) from f32 rows too, k rotated; the rows of k and v below come
+/// from the bf16 K/V as usual, and the q/k/v pointers' rows of those tokens are never read. The
+/// same bits as rope_to / rope_pair_to into bf16 followed by the attention on what they wrote.
+struct AttentionRope {
+  const float* q = nullptr;   // [t, h·dh] rows q_stride apart (16-byte aligned, stride % 4 == 0)
+  int64_t q_stride = 0;
+  const float* k = nullptr;   // [t, hk·dh] rows k_stride apart
+  int64_t k_stride = 0;
+  const float* v = nullptr;   // [t, hk·dv] rows v_stride apart
+  int64_t v_stride = 0;
+  const float* sc = nullptr;  // rope_sincos of the t tokens' positions
+};
 Status attention(cudaStream_t stream, const AttentionShape& shape, DType io, const void* q, const void* k,
                  const void* v, AttentionMask mask, void* out, DType ot, float scale, int splits, void* scratch,
-                 uint64_t scratch_bytes);
+                 uint64_t scratch_bytes, const AttentionRope* rope = nullptr);
 
 /// Reads `bytes` at p (16-byte aligned device memory, read only) so that what was in the L2 cache
 /// before is evicted: GEMM candidates are timed on weights coming from HBM, as in a chunk where
