@@ -17,6 +17,7 @@
 #include "ir/serialize.h"
 #include "models/pi05_builder.h"
 #include "package/package_writer.h"
+#include "package/pi05_precision.h"
 #include "policy/pi05_observation.h"
 #include "policy/pi05_policy.h"
 #include "policy/pi05_processor.h"
@@ -197,11 +198,12 @@ Result<Pi05CompileSummary> compile_pi05(const std::string& policy_dir, const Pi0
   manifest.policy = json::object({
       {"type", "pi05"},
       {"dtype", bf16 ? "bf16" : "fp32"},
-      {"precision", !bf16                   ? "fp32"
-                    : quant == DType::I8      ? "int8-weights"
-                    : quant == DType::F8_E4M3 ? (opt.fp8_activations ? "fp8-w8a8" : "fp8-weights")
-                    : all                     ? "bf16-all-matrices"
-                                              : "bf16-lerobot"},
+      {"precision", std::string(!bf16                   ? pi05_precision::kFp32
+                                : quant == DType::I8      ? pi05_precision::kInt8Weights
+                                : quant == DType::F8_E4M3 ? (opt.fp8_activations ? pi05_precision::kFp8W8a8
+                                                                                 : pi05_precision::kFp8Weights)
+                                : all                     ? pi05_precision::kBf16All
+                                                          : pi05_precision::kBf16Lerobot)},
       {"files", std::move(side)},
       {"stages", std::move(stage_engines)},
       {"cameras", std::move(cams)},

@@ -8,6 +8,8 @@
 #include <cstring>
 #include <functional>
 
+#include "package/pi05_precision.h"
+
 namespace vlac {
 
 using nlohmann::json;
@@ -100,9 +102,9 @@ Status Pi05PackagePolicy::load_manifest() {
   ro.backend = options_.backend;
   const std::string precision = pkg_->manifest().policy.value("precision", std::string());
   // Every precision that stores SigLIP's matrices in bf16 or 8 bits (all but lerobot's own two).
-  fast_vision_ = options_.fast_vision.value_or(!precision.empty() && precision != "fp32" && precision != "bf16-lerobot");
+  fast_vision_ = options_.fast_vision.value_or(pi05_precision::fast_vision(precision));
   ro.fast_vision = fast_vision_;
-  ro.fp8_activations = precision == "fp8-w8a8";
+  ro.fp8_activations = precision == pi05_precision::kFp8W8a8;
   VLAC_ASSIGN_OR_RETURN(PackageEngines engines, PackageEngines::open(*pkg_, std::move(ro)));
   engines_ = std::make_unique<PackageEngines>(std::move(engines));
   for (const char* s : {"vision", "lm", "step"})

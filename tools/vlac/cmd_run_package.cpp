@@ -10,25 +10,13 @@
 #include "core/bytes.h"
 #include "io/safetensors.h"
 #include "io/safetensors_writer.h"
+#include "package/pi05_precision.h"
 #include "policy/pi05_policy.h"
 #include "runtime/memory_report.h"
 #include "runtime/pi05_package_policy.h"
 
 namespace vlac::cli {
 
-namespace {
-
-// "int8" / "fp8" for an 8-bit weight package (W8A16), "fp8-w8a8" for one with e4m3 activations,
-// else the activations' dtype.
-std::string precision_name(const Pi05PackagePolicy& policy) {
-  const std::string p = policy.package().manifest().policy.value("precision", std::string());
-  if (p == "int8-weights") return "int8";
-  if (p == "fp8-weights") return "fp8";
-  if (p == "fp8-w8a8") return "fp8-w8a8";
-  return policy.bf16() ? "bf16" : "fp32";
-}
-
-}  // namespace
 
 Status run_package(const PackageRunArgs& f, MemMeter& meter) {
   VLAC_ASSIGN_OR_RETURN(DevicePath dev, device_path(f.device, "", meter));
@@ -142,7 +130,7 @@ Status run_package(const PackageRunArgs& f, MemMeter& meter) {
   std::printf("vlac run: %s -> %s: action_normalized [%lld, %lld]%s (%s package, %zu of %zu cameras, prefix %lld tokens)\n",
               f.package.c_str(), f.out.c_str(), (long long)H, (long long)A,
               D == 0 ? "" : (" + action [" + std::to_string(H) + ", " + std::to_string(D) + "]").c_str(),
-              precision_name(policy).c_str(), obs.cameras.size(), policy.config().cameras.size(), (long long)P);
+              pi05_precision::short_name(policy.package().manifest().policy.value("precision", std::string()), policy.bf16()).c_str(), obs.cameras.size(), policy.config().cameras.size(), (long long)P);
   if (st.packed_weight_bytes > 0)
     std::printf("  weights: %s in the package, packed copies %s (--pack-weights); activations %s; %d engines loaded\n",
                 format_bytes(policy.weight_bytes()).c_str(), format_bytes(st.packed_weight_bytes).c_str(),

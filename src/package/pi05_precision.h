@@ -1,0 +1,30 @@
+// The values of a pi0.5 package manifest's `policy.precision` (docs/compile.md): written by
+// compile_pi05, read by the package runtime (fast vision, e4m3 activations) and printed by
+// `vlac run`. One list, so a new precision cannot be spelled two ways.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace vlac::pi05_precision {
+
+inline constexpr std::string_view kFp32 = "fp32";                  // lerobot's fp32 arithmetic
+inline constexpr std::string_view kBf16Lerobot = "bf16-lerobot";   // lerobot's bf16 mode
+inline constexpr std::string_view kBf16All = "bf16-all-matrices";  // every matrix in bf16
+inline constexpr std::string_view kInt8Weights = "int8-weights";   // W8A16, int8 codes
+inline constexpr std::string_view kFp8Weights = "fp8-weights";     // W8A16, e4m3 codes
+inline constexpr std::string_view kFp8W8a8 = "fp8-w8a8";           // e4m3 codes and activations
+
+/// Whether SigLIP runs in bf16 with its fused epilogues: every precision but lerobot's two.
+inline bool fast_vision(std::string_view p) { return !p.empty() && p != kFp32 && p != kBf16Lerobot; }
+
+/// The short name `vlac run` prints: int8, fp8, fp8-w8a8 for the 8-bit packages, else the
+/// activations' dtype (bf16 or fp32).
+inline std::string short_name(std::string_view p, bool bf16) {
+  if (p == kInt8Weights) return "int8";
+  if (p == kFp8Weights) return "fp8";
+  if (p == kFp8W8a8) return std::string(kFp8W8a8);
+  return bf16 ? "bf16" : "fp32";
+}
+
+}  // namespace vlac::pi05_precision
