@@ -136,81 +136,116 @@ __device__ __forceinline__ void load_q(uint16_t* sm, const Params& p, int64_t kv
   }
 }
 
-// Four pairs (i..i+3, i+half..i+half+3) of one f32 row rotated by the angles at sc (sin, cos of
-// each i) into bf16 at d0 / d0 + half (rope_to's bits: rotate, then one rounding).
+// The fused RoPE (Params::qf): f32 rows rotated (q, the step's own k) or rounded (its v) into
+// bf16 tiles by plain loads and stores, which the barrier before the tile's first read publishes.
+// Each thread takes units of four pairs (i..i+3, i+half..i+half+3) of one row, in batches whose
+// loads are all issued before any is used, so their latency overlaps (one L2 round trip a batch).
 __device__ __forceinline__ uint2 pack4(float a, float b, float c, float d) {
   return make_uint2(pack_bf16(a, b), pack_bf16(c, d));
 }
-__device__ __forceinline__ void rope4_bf16(const float* x, int half, const float* sc, uint16_t* d0) {
-  const float4 a = *reinterpret_cast<const float4*>(x), b = *reinterpret_cast<const float4*>(x + half);
-  const float4 s01 = *reinterpret_cast<const float4*>(sc), s23 = *reinterpret_cast<const float4*>(sc + 4);
+struct Rope4 {
+  float4 a, b, s01, s23;  // x[i..i+3], x[half+i..], (sin, cos) of i, i+1 and of i+2, i+3
+};
+__device__ __forceinline__ Rope4 rope4_load(const float* x, int half, const float* sc) {
+  return {*reinterpret_cast<const float4*>(x), *reinterpret_cast<const float4*>(x + half),
+          *reinterpret_cast<const float4*>(sc), *reinterpret_cast<const float4*>(sc + 4)};
+}
+// rope_to's bits: rotate, then one rounding to bf16, at d0 (i..i+3) and d0 + half.
+__device__ __forceinline__ void rope4_store(const Rope4& l, int half, uint16_t* d0) {
   float y0[4], y1[4];
-  rotate(a.x, b.x, s01.x, s01.y, &y0[0], &y1[0]);
-  rotate(a.y, b.y, s01.z, s01.w, &y0[1], &y1[1]);
-  rotate(a.z, b.z, s23.x, s23.y, &y0[2], &y1[2]);
-  rotate(a.w, b.w, s23.z, s23.w, &y0[3], &y1[3]);
+  rotate(l.a.x, l.b.x, l.s01.x, l.s01.y, &y0[0], &y1[0]);
+  rotate(l.a.y, l.b.y, l.s01.z, l.s01.w, &y0[1], &y1[1]);
+  rotate(l.a.z, l.b.z, l.s23.x, l.s23.y, &y0[2], &y1[2]);
+  rotate(l.a.w, l.b.w, l.s23.z, l.s23.w, &y0[3], &y1[3]);
   *reinterpret_cast<uint2*>(d0) = pack4(y0[0], y0[1], y0[2], y0[3]);
   *reinterpret_cast<uint2*>(d0 + half) = pack4(y1[0], y1[1], y1[2], y1[3]);
 }
+constexpr int kQBatch = 4, kKBatch = 2, kVBatch = 4;  // units a thread has in flight (4, 4, 1 float4 each)
 
-// load_q with the RoPE fused (Params::qf): each thread rotates four pairs of one packed row at a
-// time, rows past p.rows zero. Plain loads and stores (no cp.async), done before the barrier that
-// precedes the first read of Q.
+// Q with the RoPE fused: rows of the tile packed as load_q's, rows past p.rows zero.
 template <int D, int kT>
 __device__ __forceinline__ void load_q_rope(uint16_t* sm, const Params& p, int64_t kvh, int64_t row0) {
   using G = Geom<D>;
-  constexpr int kHalf = D / 2, kQuads = kHalf / 4, kUnits = kBM * kQuads, kIters = (kUnits + kT - 1) / kT;
+  constexpr int kHalf = D / 2, kQuads = kHalf / 4, kUnits = kBM * kQuads;
   static_assert(kHalf % 4 == 0);
   const int group = int(p.group);
-#pragma unroll 4
-  for (int it = 0; it < kIters; ++it) {
-    const int u = int(threadIdx.x) + it * kT;
-    if (kUnits % kT != 0 && u >= kUnits) break;
-    const int r = u / kQuads, i = (u % kQuads) * 4;
-    const int64_t row = row0 + r;
-    uint16_t* d0 = sm + r * G::LD + i;
-    if (row >= p.rows) {
-      *reinterpret_cast<uint2*>(d0) = make_uint2(0u, 0u);
-      *reinterpret_cast<uint2*>(d0 + kHalf) = make_uint2(0u, 0u);
-      continue;
+  for (int b = int(threadIdx.x); b < kUnits; b += kT * kQBatch) {
+    Rope4 l[kQBatch];
+#pragma unroll
+    for (int j = 0; j < kQBatch; ++j) {
+      const int u = b + j * kT, r = u / kQuads, i = (u % kQuads) * 4;
+      const int64_t row = row0 + r;
+      if (u >= kUnits || row >= p.rows) continue;
+      const int64_t tok = row / group;
+      l[j] = rope4_load(p.qf + tok * p.qfs + (kvh * group + row % group) * D + i, kHalf, p.sc + (tok * kHalf + i) * 2);
     }
-    const int64_t tok = row / group;
-    rope4_bf16(p.qf + tok * p.qfs + (kvh * group + row % group) * D + i, kHalf, p.sc + (tok * kHalf + i) * 2, d0);
+#pragma unroll
+    for (int j = 0; j < kQBatch; ++j) {
+      const int u = b + j * kT, r = u / kQuads, i = (u % kQuads) * 4;
+      if (u >= kUnits) continue;
+      uint16_t* d0 = sm + r * G::LD + i;
+      if (row0 + r < p.rows) {
+        rope4_store(l[j], kHalf, d0);
+      } else {
+        *reinterpret_cast<uint2*>(d0) = make_uint2(0u, 0u);
+        *reinterpret_cast<uint2*>(d0 + kHalf) = make_uint2(0u, 0u);
+      }
+    }
   }
 }
 
-// A K (or V) tile of n_valid rows from key `key0` on: with the RoPE fused, rows at keys >= fresh0
-// come from the f32 rows (k rotated, v rounded) by this group's threads, the rest by cp.async.
-template <int D, bool kIsK>
-__device__ __forceinline__ void load_kv(uint16_t* sm, const Params& p, int64_t kvh, int64_t key0, int n_valid, int tid) {
+// The first of a tile's rows (key0 on, n_valid of them) that the fused RoPE supplies: n_valid
+// when none does.
+__device__ __forceinline__ int first_fresh(const Params& p, int64_t key0, int n_valid) {
+  if (!p.kf || key0 + n_valid <= p.fresh0) return n_valid;
+  return p.fresh0 > key0 ? int(p.fresh0 - key0) : 0;
+}
+
+// Rows [f0, n_valid) of the K and V tiles whose first key is key0 (either may be null: not this
+// time), by kT threads (index t): k rotated, v rounded, from the step's own f32 rows (token
+// key − fresh0).
+template <int D, int kT>
+__device__ __forceinline__ void fresh_rows(uint16_t* Ks, uint16_t* Vs, const Params& p, int64_t kvh, int64_t key0,
+                                           int f0, int n_valid, int t) {
   using G = Geom<D>;
-  const uint16_t* base = (kIsK ? p.k : p.v) + kvh * D + key0 * (kIsK ? p.ks : p.vs);
+  constexpr int kHalf = D / 2, kKQ = kHalf / 4, kVQ = D / 4;
+  const int ku = (n_valid - f0) * kKQ, vu = (n_valid - f0) * kVQ;
+  const int64_t tok0 = key0 - p.fresh0;
+  for (int b = t; Ks && b < ku; b += kT * kKBatch) {
+    Rope4 l[kKBatch];
+#pragma unroll
+    for (int j = 0; j < kKBatch; ++j) {
+      const int u = b + j * kT, r = f0 + u / kKQ, i = (u % kKQ) * 4;
+      if (u < ku)
+        l[j] = rope4_load(p.kf + (tok0 + r) * p.kfs + kvh * D + i, kHalf, p.sc + ((tok0 + r) * kHalf + i) * 2);
+    }
+#pragma unroll
+    for (int j = 0; j < kKBatch; ++j) {
+      const int u = b + j * kT, r = f0 + u / kKQ, i = (u % kKQ) * 4;
+      if (u < ku) rope4_store(l[j], kHalf, Ks + r * G::LD + i);
+    }
+  }
+  for (int b = t; Vs && b < vu; b += kT * kVBatch) {
+    float4 x[kVBatch];
+#pragma unroll
+    for (int j = 0; j < kVBatch; ++j) {
+      const int u = b + j * kT, r = f0 + u / kVQ, i = (u % kVQ) * 4;
+      if (u < vu) x[j] = *reinterpret_cast<const float4*>(p.vf + (tok0 + r) * p.vfs + kvh * D + i);
+    }
+#pragma unroll
+    for (int j = 0; j < kVBatch; ++j) {
+      const int u = b + j * kT, r = f0 + u / kVQ, i = (u % kVQ) * 4;
+      if (u < vu) *reinterpret_cast<uint2*>(Vs + r * G::LD + i) = pack4(x[j].x, x[j].y, x[j].z, x[j].w);
+    }
+  }
+}
+
+// A K or V tile by cp.async, less the rows the fused RoPE supplies (first_fresh on).
+template <int D, bool kIsK, bool kRope>
+__device__ __forceinline__ void load_kv(uint16_t* sm, const Params& p, int64_t kvh, int64_t key0, int n_valid, int tid) {
   const int64_t stride = kIsK ? p.ks : p.vs;
-  if (!p.kf || key0 + n_valid <= p.fresh0) {
-    load_rows<D>(sm, base, stride, n_valid, tid);
-    return;
-  }
-  const int f0 = p.fresh0 > key0 ? int(p.fresh0 - key0) : 0;
-  load_rows<D>(sm, base, stride, n_valid, tid, f0);
-  if constexpr (kIsK) {
-    constexpr int kHalf = D / 2, kQuads = kHalf / 4;
-    const int units = (n_valid - f0) * kQuads;
-#pragma unroll 4
-    for (int u = tid; u < units; u += kThreads) {
-      const int r = f0 + u / kQuads, i = (u % kQuads) * 4;
-      const int64_t tok = key0 + r - p.fresh0;
-      rope4_bf16(p.kf + tok * p.kfs + kvh * D + i, kHalf, p.sc + (tok * kHalf + i) * 2, sm + r * G::LD + i);
-    }
-  } else {
-    constexpr int kQuads = D / 4;
-    const int units = (n_valid - f0) * kQuads;
-#pragma unroll 4
-    for (int u = tid; u < units; u += kThreads) {
-      const int r = f0 + u / kQuads, i = (u % kQuads) * 4;
-      const float4 x = *reinterpret_cast<const float4*>(p.vf + (key0 + r - p.fresh0) * p.vfs + kvh * D + i);
-      *reinterpret_cast<uint2*>(sm + r * G::LD + i) = pack4(x.x, x.y, x.z, x.w);
-    }
-  }
+  load_rows<D>(sm, (kIsK ? p.k : p.v) + kvh * D + key0 * stride, stride, n_valid, tid,
+               kRope ? first_fresh(p, key0, n_valid) : kBM);
 }
 
 // Hopper allows clusters of 16 blocks where the kernel opts in (non-portable size); launch_bf16
@@ -291,7 +326,9 @@ __device__ __forceinline__ void cluster_combine(const Params& p, uint16_t* smem,
 // sum) are merged through shared memory at the end. With pi0.5's prefix (121 row tiles on 132
 // multiprocessors) that puts 8 warps instead of 4 on each multiprocessor without splitting the keys
 // across blocks (no partials in global memory, no combine kernel).
-template <int D, typename To, bool kCluster, int kSub = 1>
+// kRope: the expert's fused RoPE (Params::qf, AttentionRope), a kernel of its own so that the
+// others keep their registers (its loads in flight cost the accumulators some spills).
+template <int D, typename To, bool kCluster, int kSub = 1, bool kRope = false>
 __global__ void __launch_bounds__(kThreads * kSub) attn_bf16_kernel(Params p) {
   pdl_wait();
   using G = Geom<D>;
@@ -320,18 +357,29 @@ __global__ void __launch_bounds__(kThreads * kSub) attn_bf16_kernel(Params p) {
       if (sub == 0) Qs[r * G::LD + c] = 0;
     }
   }
-  if (!p.qf) load_q<D, kThreads * kSub>(Qs, p, kvh, row0);
+  if constexpr (!kRope) load_q<D, kThreads * kSub>(Qs, p, kvh, row0);
   {
     const bool have = k_first < k_end;  // a group past the last tile loads zeros and reads nothing
     const int64_t at = have ? k_first : 0;
     const int nv = have ? int(min(k_end - k_first, int64_t(kBN))) : 0;
-    load_kv<D, true>(Ks, p, kvh, at, nv, tid);
+    load_kv<D, true, kRope>(Ks, p, kvh, at, nv, tid);
     cp_commit();
-    load_kv<D, false>(Vs, p, kvh, at, nv, tid);
+    load_kv<D, false, kRope>(Vs, p, kvh, at, nv, tid);
     cp_commit();
   }
-  // The fused RoPE's q while the first K/V tiles are in flight.
-  if (p.qf) load_q_rope<D, kThreads * kSub>(Qs, p, kvh, row0);
+  if constexpr (kRope) {
+    // The fused RoPE while the first K/V tiles are in flight: q, then the step's own keys of every
+    // group's first tile, by all the block's threads (they sit in one split's tiles: spread thin).
+    load_q_rope<D, kThreads * kSub>(Qs, p, kvh, row0);
+#pragma unroll
+    for (int sg = 0; sg < kSub; ++sg) {
+      const int64_t at = k_begin + int64_t(sg) * kBN;
+      const int nv = at < k_end ? int(min(k_end - at, int64_t(kBN))) : 0;
+      const int f0 = first_fresh(p, at, nv);
+      uint16_t* ks = Qs + kBM * G::LD + sg * 2 * kBN * G::LD;
+      if (f0 < nv) fresh_rows<D, kThreads * kSub>(ks, ks + kBN * G::LD, p, kvh, at, f0, nv, int(threadIdx.x));
+    }
+  }
 
   // This thread's two rows (g and g + 8 of the warp's 16) and their tokens (for the mask).
   const int64_t rr[2] = {row0 + warp * 16 + g, row0 + warp * 16 + g + 8};
@@ -367,7 +415,12 @@ __global__ void __launch_bounds__(kThreads * kSub) attn_bf16_kernel(Params p) {
       }
     }  // have
     __syncthreads();  // every warp is done with this K tile
-    if (more) load_kv<D, true>(Ks, p, kvh, kt + kStep, int(min(k_end - kt - kStep, int64_t(kBN))), tid);
+    if (more) {  // (the fused RoPE's rows of a later tile by this group: not pi0.5's case, one tile a group)
+      const int nv = int(min(k_end - kt - kStep, int64_t(kBN)));
+      load_kv<D, true, kRope>(Ks, p, kvh, kt + kStep, nv, tid);
+      if (kRope && first_fresh(p, kt + kStep, nv) < nv)
+        fresh_rows<D, kThreads>(Ks, nullptr, p, kvh, kt + kStep, first_fresh(p, kt + kStep, nv), nv, tid);
+    }
     cp_commit();  // (an empty group at the last tile keeps the wait counts uniform)
     uint32_t pa[kBN / 16][4];
     if (have) {
@@ -464,7 +517,12 @@ __global__ void __launch_bounds__(kThreads * kSub) attn_bf16_kernel(Params p) {
       }
     }  // have
     __syncthreads();  // every warp is done with this V tile
-    if (more) load_kv<D, false>(Vs, p, kvh, kt + kStep, int(min(k_end - kt - kStep, int64_t(kBN))), tid);
+    if (more) {
+      const int nv = int(min(k_end - kt - kStep, int64_t(kBN)));
+      load_kv<D, false, kRope>(Vs, p, kvh, kt + kStep, nv, tid);
+      if (kRope && first_fresh(p, kt + kStep, nv) < nv)
+        fresh_rows<D, kThreads>(nullptr, Vs, p, kvh, kt + kStep, first_fresh(p, kt + kStep, nv), nv, tid);
+    }
     cp_commit();
   }
   cp_wait<0>();
@@ -769,6 +827,27 @@ Status launch_combine(cudaStream_t stream, const Params& p) {
 
 template <int D, typename To>
 Status launch_bf16(cudaStream_t stream, Params p, int sms) {
+  using G0 = Geom<D>;
+  if (p.qf) {  // the fused RoPE's kernels (no cluster merge: the combine kernel)
+    static const cudaError_t attr_r = [] {
+      cudaError_t e = cudaFuncSetAttribute(attn_bf16_kernel<D, To, false, 1, true>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, int(G0::smem(1)));
+      if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(attn_bf16_kernel<D, To, false, 2, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 int(G0::smem(2)));
+      return e;
+    }();
+    if (attr_r != cudaSuccess) {
+      (void)cudaGetLastError();
+      return Status(StatusCode::Backend, std::string("attention_bf16 (fused RoPE): ") + cudaGetErrorString(attr_r));
+    }
+    const int sub = subgroups(p, D, sms);
+    const dim3 grid(unsigned(cdiv(p.rows, kBM)), unsigned(p.hk), unsigned(p.splits));
+    launch(sub == 2 ? attn_bf16_kernel<D, To, false, 2, true> : attn_bf16_kernel<D, To, false, 1, true>, grid,
+           sub * kThreads, G0::smem(sub), stream, p);
+    VLAC_RETURN_IF_ERROR(launch_status("attention_bf16 (fused RoPE)"));
+    return launch_combine<D, To>(stream, p);
+  }
   using G = Geom<D>;
   if (subgroups(p, D, sms) == 2) {
     static const cudaError_t attr2 = cudaFuncSetAttribute(
