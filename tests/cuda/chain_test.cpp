@@ -570,7 +570,8 @@ TEST_F(CudaChain, L2PrefetchChangesNoAction) {
 
 // The expert's RoPE inside its attention (plan_rope_attention): in a bf16-all package of a random
 // policy with pi0.5's head dim, every expert layer's attention rotates q and its own keys itself, and the actions are the same bits
-// as with the rope launches (VLAC_ROPE_ATTENTION=0): eager, warm-up, recorded and replayed.
+// as with the rope launches (the default; VLAC_ROPE_ATTENTION=1 turns the fusion on): eager,
+// warm-up, recorded and replayed.
 TEST_F(CudaChain, RopeInsideTheExpertAttentionChangesNoAction) {
   Pi05Dims dims = Pi05Dims::demo();  // head dim 256: the bf16 attention kernel's (the fixtures' is 16)
   dims.head_dim = 256, dims.lm_heads = dims.expert_heads = 2;

@@ -96,8 +96,9 @@ class CudaExecutable final : public Executable {
   void plan_rope_pairs();
   void plan_prefix_qkv();
   /// The expert's q/k RoPE pair (with its v copy) run inside the attention that reads them
-  /// (AttentionRope); VLAC_ROPE_ATTENTION=0 turns it off. The fused q|k|v rows live until then
-  /// (rope_attention_lifetimes, folded into the arena's lifetimes).
+  /// (AttentionRope), opt-in with VLAC_ROPE_ATTENTION=1: correct, and slower than the separate
+  /// launch on an H100 (docs/cuda.md, session 23). The fused q|k|v rows then live until the
+  /// attention (rope_attention_lifetimes, folded into the arena's lifetimes).
   Status plan_rope_attention();
   void rope_attention_lifetimes(std::vector<int64_t>& at) const;
   float* rope_table_ = nullptr;  // rope_sincos of the folded attentions' positions (own_blocks_)
