@@ -522,6 +522,36 @@ TEST(CudaL2Prefetch, PlanReachesEveryGemmWithinTheCap) {
   EXPECT_EQ(p2[1].ranges[0].bytes, 40 * kMiB);
 }
 
+// One package run with an environment switch at `off`, then at `on`, each in a policy of its own:
+// the first chunk's actions of each (the later chunks, warm-up, recorded and replayed, must give
+// the same bits) and how far the breakdown counter `key` moved meanwhile. The switch is unset after.
+struct SwitchRuns {
+  std::vector<float> actions[2];
+  int64_t counted[2] = {0, 0};
+};
+void run_with_switch(const std::string& path, const Pi05Observation& obs, const std::vector<float>& noise,
+                     const char* var, const char* off, const char* on, const std::string& key, SwitchRuns* r) {
+  int64_t before = -1;
+  for (int k = 0; k < 2; ++k) {
+    setenv(var, k ? on : off, 1);
+    Pi05PackageOptions po;
+    po.backend = "cuda";
+    auto pkg = Pi05PackagePolicy::open(path, po);
+    ASSERT_TRUE(pkg.is_ok()) << pkg.status().message();
+    if (before < 0) before = std::max<int64_t>(0, breakdown_value(*pkg, key));
+    for (int i = 0; i < 4; ++i) {
+      std::vector<float> c(noise.size());
+      const Status st = pkg->run_chunk(obs, noise.data(), c.data());
+      ASSERT_TRUE(st.is_ok()) << var << "=" << (k ? on : off) << ", chunk " << i << ": " << st.message();
+      if (i == 0) r->actions[k] = c;
+      else EXPECT_EQ(max_abs_diff(c, r->actions[k]), 0.0) << var << "=" << (k ? on : off) << ", chunk " << i;
+    }
+    r->counted[k] = breakdown_value(*pkg, key) - before;
+    before = breakdown_value(*pkg, key);
+  }
+  unsetenv(var);
+}
+
 // The prefetch kernel over unaligned ranges, and a package run with prefetches planned before
 // every small GEMM gives the same actions, bit for bit, as without them (eager, warm-up,
 // recorded, replayed).
@@ -536,72 +566,33 @@ TEST_F(CudaChain, L2PrefetchChangesNoAction) {
 
   TinyBf16Package t;
   ASSERT_NO_FATAL_FAILURE(make_tiny_bf16_package(&t, 0));
-  auto counter = breakdown_value;
-  const Pi05Observation* obs = &*t.obs;
-  const std::vector<float>* noise = &t.noise;
-  std::vector<float> actions[2];
-  int64_t launches[2] = {0, 0};
-  int64_t before = -1;
-  for (int on = 0; on < 2; ++on) {
-    setenv("VLAC_L2_PREFETCH_MIB", on ? "1" : "0", 1);
-    setenv("VLAC_L2_PREFETCH_BATCH_MIB", "0", 1);
-    Pi05PackageOptions po;
-    po.backend = "cuda";
-    auto pkg = Pi05PackagePolicy::open(t.path, po);
-    ASSERT_TRUE(pkg.is_ok()) << pkg.status().message();
-    if (before < 0) before = std::max<int64_t>(0, counter(*pkg, "l2_prefetch_launches_per_run"));
-    for (int i = 0; i < 4; ++i) {
-      std::vector<float> c(noise->size());
-      const Status st = pkg->run_chunk(*obs, noise->data(), c.data());
-      ASSERT_TRUE(st.is_ok()) << st.message();
-      if (i == 0) actions[on] = c;
-      else EXPECT_EQ(max_abs_diff(c, actions[on]), 0.0) << "prefetch " << on << ", chunk " << i;
-    }
-    launches[on] = counter(*pkg, "l2_prefetch_launches_per_run") - before;
-    before = counter(*pkg, "l2_prefetch_launches_per_run");
-  }
-  unsetenv("VLAC_L2_PREFETCH_MIB");
+  SwitchRuns runs;
+  setenv("VLAC_L2_PREFETCH_BATCH_MIB", "0", 1);
+  ASSERT_NO_FATAL_FAILURE(
+      run_with_switch(t.path, *t.obs, t.noise, "VLAC_L2_PREFETCH_MIB", "0", "1", "l2_prefetch_launches_per_run", &runs));
   unsetenv("VLAC_L2_PREFETCH_BATCH_MIB");
+  const int64_t* launches = runs.counted;
   EXPECT_EQ(launches[0], 0);
   EXPECT_GT(launches[1], 0);
-  EXPECT_EQ(max_abs_diff(actions[0], actions[1]), 0.0);
+  EXPECT_EQ(max_abs_diff(runs.actions[0], runs.actions[1]), 0.0);
   std::printf("[ cuda     ] L2 prefetch: %lld launches a run of the engines, same actions\n", static_cast<long long>(launches[1]));
 }
 
-// The expert's RoPE inside its attention (plan_rope_attention): in a bf16-all package of a random
-// policy with pi0.5's head dim, every expert layer's attention rotates q and its own keys itself, and the actions are the same bits
-// as with the rope launches (the default; VLAC_ROPE_ATTENTION=1 turns the fusion on): eager,
-// warm-up, recorded and replayed.
+// The expert's RoPE inside its attention (plan_rope_attention, opt-in: VLAC_ROPE_ATTENTION=1): in
+// a bf16-all package of a random policy with pi0.5's head dim, every expert layer's attention
+// rotates q and its own keys itself, and the actions are the same bits as with the rope launches
+// (the default): eager, warm-up, recorded and replayed.
 TEST_F(CudaChain, RopeInsideTheExpertAttentionChangesNoAction) {
   Pi05Dims dims = Pi05Dims::demo();  // head dim 256: the bf16 attention kernel's (the fixtures' is 16)
   dims.head_dim = 256, dims.lm_heads = dims.expert_heads = 2;
   TinyBf16Package t;
   ASSERT_NO_FATAL_FAILURE(make_random_bf16_package(&t, dims, 23));
-  auto counter = breakdown_value;
-  std::vector<float> actions[2];
-  int64_t folds[2] = {0, 0};
-  int64_t before = -1;
-  for (int on = 0; on < 2; ++on) {
-    setenv("VLAC_ROPE_ATTENTION", on ? "1" : "0", 1);
-    Pi05PackageOptions po;
-    po.backend = "cuda";
-    auto pkg = Pi05PackagePolicy::open(t.path, po);
-    ASSERT_TRUE(pkg.is_ok()) << pkg.status().message();
-    if (before < 0) before = std::max<int64_t>(0, counter(*pkg, "rope_attention_folds"));
-    for (int i = 0; i < 4; ++i) {
-      std::vector<float> c(t.noise.size());
-      const Status st = pkg->run_chunk(*t.obs, t.noise.data(), c.data());
-      ASSERT_TRUE(st.is_ok()) << st.message();
-      if (i == 0) actions[on] = c;
-      else EXPECT_EQ(max_abs_diff(c, actions[on]), 0.0) << "rope in attention " << on << ", chunk " << i;
-    }
-    folds[on] = counter(*pkg, "rope_attention_folds") - before;
-    before = counter(*pkg, "rope_attention_folds");
-  }
-  unsetenv("VLAC_ROPE_ATTENTION");
+  SwitchRuns r;
+  ASSERT_NO_FATAL_FAILURE(run_with_switch(t.path, *t.obs, t.noise, "VLAC_ROPE_ATTENTION", "0", "1", "rope_attention_folds", &r));
+  const int64_t* folds = r.counted;
   EXPECT_EQ(folds[0], 0);
   EXPECT_GT(folds[1], 0) << "no expert attention took its RoPE";
-  EXPECT_EQ(max_abs_diff(actions[0], actions[1]), 0.0);
+  EXPECT_EQ(max_abs_diff(r.actions[0], r.actions[1]), 0.0);
   std::printf("[ cuda     ] RoPE inside the expert attention: %lld attentions, same actions\n",
               static_cast<long long>(folds[1]));
 }
