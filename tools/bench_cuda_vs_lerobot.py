@@ -425,7 +425,8 @@ def main() -> int:
                          "DTYPE@gptq compiles it with vlac compile --calibrate on --calibrate-obs held-out observations "
                          "(drawn like the measured one, other seeds)")
     ap.add_argument("--calibrate-obs", type=int, default=4,
-                    help="held-out observations for the DTYPE@gptq extras (seeds seed+100..)")
+                    help="held-out observations for the DTYPE@gptq extras (seeds seed+100..); the first such "
+                         "package's calibration run is saved and the others round from it (--calibrate-stats)")
     ap.add_argument("--extra-chunks", type=int, default=20, help="chunks per round of each extra dtype")
     ap.add_argument("--dtype", choices=["bf16", "bf16-all", "int8", "fp8", "fp32"], default="bf16",
                     help="the vlac package's precision (vlac compile --dtype): bf16 = lerobot's bf16 split (SigLIP, "
@@ -587,7 +588,14 @@ def main() -> int:
                                      batch_dim=False)
                     calib_paths.append(work / f"calibrate{i}.safetensors")
                     save_file({k: v.contiguous() for k, v in o.items()}, str(calib_paths[-1]))
-            calib = [a for c in calib_paths for a in ("--calibrate", c)] + ["--threads", args.threads]
+            # The first GPTQ package runs the observations and saves their statistics; the others
+            # (another dtype) round from that file: the statistics depend on neither dtype nor damping.
+            stats = work / "calibration.stats.safetensors"
+            if stats.exists():
+                calib = ["--calibrate-stats", stats, "--threads", args.threads]
+            else:
+                calib = [a for c in calib_paths for a in ("--calibrate", c)] + ["--calibrate-save", stats,
+                                                                               "--threads", args.threads]
         if not (work / f"compile-{key}.json").exists():  # one package per dtype and method, whatever the settings
             # fp8-w8a8: the fp8 package compiled with e4m3 activations (same engines, run as W8A8).
             dargs = ["--dtype", "fp8", "--activations", "e4m3"] if dt == "fp8-w8a8" else ["--dtype", dt]

@@ -7,6 +7,7 @@
 #include <map>
 
 #include "backends/registry.h"
+#include "compile/calibration_file.h"
 #include "compile/engine_build.h"
 #include "core/atomic_file.h"
 #include "core/bytes.h"
@@ -74,6 +75,22 @@ Status run_calibration(const std::string& policy_dir, const Pi05CompileOptions& 
   }
   log("  calibration: " + std::to_string(calib.size()) + " linear weights observed, " + format_bytes(calib.bytes()) +
       " of statistics (blocks of " + std::to_string(calib.block()) + " inputs)");
+  return Status::ok();
+}
+
+// Statistics read from a file must be this policy's: every weight in it a matrix of the folder
+// whose input width is the statistics' k (GPTQ would otherwise round those weights to nearest
+// without a word).
+Status check_calibration_weights(const ir::QuantCalibration& calib, const TensorSet& tensors, const std::string& path) {
+  for (const auto& [name, st] : calib.all()) {
+    const TensorSet::Entry* e = tensors.find(name);
+    if (!e || e->info->shape.size() != 2)
+      return invalid_argument(path + ": statistics of '" + name + "', which is not a matrix of this policy (" +
+                              tensors.source() + ")");
+    if (e->info->shape[1] != st.k)
+      return invalid_argument(path + ": statistics of '" + name + "' over " + std::to_string(st.k) +
+                              " inputs, but this policy's matrix has " + std::to_string(e->info->shape[1]));
+  }
   return Status::ok();
 }
 
@@ -154,16 +171,39 @@ Result<Pi05CompileSummary> compile_pi05(const std::string& policy_dir, const Pi0
     return Pi05Model::run_dtype(r, bf16);
   };
   std::unique_ptr<ir::QuantCalibration> calib;
-  if (!opt.calibrate.empty()) {
+  std::map<std::string, std::string> calib_info;  // which observations and noise draws (the file's, or this run's)
+  if (!opt.calibrate_save.empty() && opt.calibrate.empty())
+    return invalid_argument("compile: saving calibration statistics needs a calibration run (--calibrate OBS)");
+  if (!opt.calibrate.empty() && !opt.calibrate_stats.empty())
+    return invalid_argument("compile: calibrate on observations or from saved statistics, not both");
+  if (!opt.calibrate.empty() || !opt.calibrate_stats.empty()) {
     if (quant == DType::F32) return invalid_argument("compile: --calibrate goes with 8-bit weights (--dtype int8 / fp8)");
     if (opt.calibrate_block < 1) return invalid_argument("compile: the calibration block must be at least 1 input");
     if (!(opt.calibrate_damp >= 0.0))
       return invalid_argument("compile: the calibration damping must not be negative (0: the dtype's default)");
     const double damp = opt.calibrate_damp > 0.0 ? opt.calibrate_damp : ir::default_gptq_damp(quant);
     stage_hook("calibrate");
-    calib = std::make_unique<ir::QuantCalibration>(opt.calibrate_block, damp, opt.calibrate_act_order,
-                                                   std::max(1, opt.threads));
-    VLAC_RETURN_IF_ERROR(run_calibration(policy_dir, opt, *calib));
+    if (!opt.calibrate_stats.empty()) {
+      VLAC_ASSIGN_OR_RETURN(CalibrationFileInfo head, read_calibration_info(opt.calibrate_stats));
+      calib = std::make_unique<ir::QuantCalibration>(head.block, damp, opt.calibrate_act_order, std::max(1, opt.threads));
+      VLAC_RETURN_IF_ERROR(load_calibration(opt.calibrate_stats, *calib));
+      VLAC_RETURN_IF_ERROR(check_calibration_weights(*calib, model.tensors(), opt.calibrate_stats));
+      calib_info = std::move(head.info);
+      log("  calibration: " + std::to_string(calib->size()) + " linear weights' statistics from " + opt.calibrate_stats +
+          " (" + format_bytes(calib->bytes()) + ", blocks of " + std::to_string(calib->block()) + " inputs)");
+    } else {
+      calib = std::make_unique<ir::QuantCalibration>(opt.calibrate_block, damp, opt.calibrate_act_order,
+                                                     std::max(1, opt.threads));
+      VLAC_RETURN_IF_ERROR(run_calibration(policy_dir, opt, *calib));
+      json names = json::array();
+      for (const std::string& f : opt.calibrate) names.push_back(base_name(f));
+      calib_info["observations"] = names.dump();
+      calib_info["chunks_per_observation"] = std::to_string(std::max(1, opt.calibrate_chunks));
+      if (!opt.calibrate_save.empty()) {
+        VLAC_RETURN_IF_ERROR(save_calibration(*calib, opt.calibrate_save, calib_info));
+        log("  calibration statistics saved to " + opt.calibrate_save);
+      }
+    }
     compiler->release_memory();
   }
   bo.calibration = calib.get();
@@ -222,14 +262,21 @@ Result<Pi05CompileSummary> compile_pi05(const std::string& policy_dir, const Pi0
   });
   manifest.metadata = json::object({{"producer", "vlac compile"}});
   if (calib) {
+    // The observations and noise draws as the run recorded them (a statistics file carries them).
     json obs_names = json::array();
-    for (const std::string& f : opt.calibrate) obs_names.push_back(base_name(f));
+    int64_t chunks = 0;
+    if (auto it = calib_info.find("observations"); it != calib_info.end()) {
+      json o = json::parse(it->second, nullptr, false);
+      if (o.is_array()) obs_names = std::move(o);
+    }
+    if (auto it = calib_info.find("chunks_per_observation"); it != calib_info.end())
+      chunks = std::strtoll(it->second.c_str(), nullptr, 10);
     manifest.metadata["calibration"] = json::object({{"method", "gptq"},
                                                      {"observations", std::move(obs_names)},
                                                      {"block", calib->block()},
                                                      {"damp", calib->damp()},
                                                      {"act_order", calib->act_order()},
-                                                     {"chunks_per_observation", std::max(1, opt.calibrate_chunks)},
+                                                     {"chunks_per_observation", chunks},
                                                      {"tensors", calib->applied()}});
     log("  GPTQ chose the codes of " + std::to_string(calib->applied()) +
         " weight tensors (8-bit tensors no Linear reads, such as embed_tokens, round to nearest)");

@@ -42,6 +42,11 @@ struct Pi05CompileOptions {
   int calibrate_chunks = 8;       // noise draws (denoising loops) per observation
   double calibrate_damp = 0;      // λ = damp · mean(diag H); 0: ir::default_gptq_damp of the dtype
   bool calibrate_act_order = true;  // GPTQ's act-order within each block (else index order)
+  /// Also write the statistics of the --calibrate run here (compile/calibration_file.h).
+  std::string calibrate_save;
+  /// The statistics from this file (a --calibrate-save run) instead of a run: `calibrate` stays
+  /// empty, and the file's block is used.
+  std::string calibrate_stats;
   std::string tokenizer;          // for observations with a raw task: a SentencePiece model (else the folder's)
   int threads = 2;                // of the calibration run
   uint64_t engine_cap = 512ull << 20;   // packed weight bytes per engine

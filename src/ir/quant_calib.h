@@ -51,6 +51,11 @@ class QuantCalibration {
   void observe(const std::string& weight, const float* x, int64_t rows, int64_t k);
   /// The statistics of `weight`, nullptr when it was never observed.
   const InputStats* find(const std::string& weight) const;
+  /// Every weight's statistics, by name.
+  const std::map<std::string, InputStats>& all() const { return stats_; }
+  /// Sets a weight's statistics (read back from a file: load_calibration); the block must be
+  /// this calibration's.
+  void set(const std::string& weight, InputStats s) { stats_[weight] = std::move(s); }
   size_t size() const { return stats_.size(); }
   uint64_t bytes() const;
   int64_t block() const { return block_; }

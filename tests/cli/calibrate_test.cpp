@@ -220,5 +220,70 @@ TEST(CalibrateCli, BadCalibrationInputIsOneClearErrorAndNoPackage) {
   }
 }
 
+// --calibrate-save writes the run's statistics; --calibrate-stats rounds from them without a run.
+// The statistics depend on neither the dtype nor the damping, so one run serves int8 and fp8: each
+// package is the same bytes as the one calibrated directly; a damping given still applies.
+TEST(CalibrateCli, SavedStatisticsServeEveryDtype) {
+  const std::vector<std::string> cal = held_out_observations("tiny_b", 1);
+  ASSERT_EQ(cal.size(), 1u);
+  const std::string stats = dir().file("tiny_b.stats.safetensors");
+  auto compile = [&](const std::string& out, const char* dtype, std::vector<std::string> more) {
+    std::vector<std::string> args = {"compile", policy_of("tiny_b"), "-o", out, "--dtype", dtype, "--quiet"};
+    args.insert(args.end(), more.begin(), more.end());
+    Proc p = run_vlac(args);
+    EXPECT_EQ(p.rc, 0) << p.out;
+    return read_file(out);
+  };
+  const std::string int8_run = compile(dir().file("saved-int8-run.vlac"), "int8",
+                                       {"--calibrate", cal[0], "--calibrate-save", stats});
+  ASSERT_TRUE(exists(stats));
+  const std::string int8_file = compile(dir().file("saved-int8-file.vlac"), "int8", {"--calibrate-stats", stats});
+  EXPECT_FALSE(int8_run.empty());
+  EXPECT_TRUE(int8_run == int8_file) << "int8 from the saved statistics differs from the run's package";
+  const std::string fp8_run = compile(dir().file("saved-fp8-run.vlac"), "fp8", {"--calibrate", cal[0]});
+  const std::string fp8_file = compile(dir().file("saved-fp8-file.vlac"), "fp8", {"--calibrate-stats", stats});
+  EXPECT_TRUE(fp8_run == fp8_file) << "fp8 from the saved statistics differs from the run's package";
+  const std::string damped = compile(dir().file("saved-int8-damp.vlac"), "int8",
+                                     {"--calibrate-stats", stats, "--calibrate-damp", "0.01"});
+  EXPECT_FALSE(damped == int8_file) << "the damping did not reach the rounding";
+  Proc p = run_vlac({"inspect", dir().file("saved-fp8-file.vlac")});
+  EXPECT_EQ(p.rc, 0) << p.out;
+  EXPECT_NE(p.out.find("calibration: gptq on 1 observation"), std::string::npos) << p.out;
+}
+
+TEST(CalibrateCli, BadStatisticsFileIsOneClearErrorAndNoPackage) {
+  const std::string stats = dir().file("tiny_a.stats.safetensors");
+  Proc p = run_vlac({"compile", policy_of("tiny_a"), "-o", dir().file("tiny_a-stats.vlac"), "--dtype", "int8",
+                     "--calibrate", kFixtures + "/tiny_a/obs.safetensors", "--calibrate-save", stats, "--quiet"});
+  ASSERT_EQ(p.rc, 0) << p.out;
+  const std::string out = dir().file("bad-stats.vlac");
+  // Another policy's statistics: the file, the weight and both widths.
+  p = run_vlac({"compile", policy_of("tiny_b"), "-o", out, "--dtype", "int8", "--calibrate-stats", stats, "--quiet"});
+  EXPECT_EQ(p.rc, 2) << p.out;
+  EXPECT_NE(p.out.find(stats), std::string::npos) << p.out;
+  EXPECT_NE(p.out.find("inputs, but this policy's matrix has"), std::string::npos) << p.out;
+  EXPECT_FALSE(exists(out));
+  // A safetensors file of something else.
+  p = run_vlac({"compile", policy_of("tiny_a"), "-o", out, "--dtype", "int8", "--calibrate-stats",
+                kFixtures + "/tiny_a/obs.safetensors", "--quiet"});
+  EXPECT_NE(p.rc, 0);
+  EXPECT_NE(p.out.find("tiny_a/obs.safetensors: not a vlac calibration statistics file"), std::string::npos) << p.out;
+  EXPECT_FALSE(exists(out));
+  // Flags that do not go together.
+  const std::vector<std::vector<std::string>> wrong = {
+      {"--calibrate-stats", stats, "--calibrate", kFixtures + "/tiny_a/obs.safetensors"},
+      {"--calibrate-stats", stats, "--calibrate-block", "32"},
+      {"--calibrate-save", dir().file("nowhere.safetensors")}};
+  for (const auto& more : wrong) {
+    std::vector<std::string> args = {"compile", policy_of("tiny_a"), "-o", out, "--dtype", "int8", "--quiet"};
+    args.insert(args.end(), more.begin(), more.end());
+    p = run_vlac(args);
+    EXPECT_EQ(p.rc, 2) << more[0] << " " << more.back() << ": " << p.out;
+    EXPECT_NE(p.out.find("--calibrate"), std::string::npos) << p.out;
+    EXPECT_FALSE(exists(out));
+  }
+  EXPECT_FALSE(exists(dir().file("nowhere.safetensors")));
+}
+
 }  // namespace
 }  // namespace vlac

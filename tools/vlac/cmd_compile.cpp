@@ -35,6 +35,8 @@ struct CompileFlags {
   double calibrate_damp = 0;  // not given: the dtype's default (ir::default_gptq_damp)
   bool calibrate_damp_given = false;
   std::string calibrate_order = "act";
+  bool calibrate_block_given = false, calibrate_chunks_given = false;
+  std::string calibrate_save, calibrate_stats;
   int threads = 2;
   std::string tokenizer;
 };
@@ -54,6 +56,15 @@ Status compile_policy(const CompileFlags& f, MemMeter& meter) {
     return invalid_argument("--activations e4m3 goes with --dtype fp8 (W8A8: FP8 weights and activations)");
   if (!f.calibrate.empty() && o.weight_quant == DType::F32)
     return invalid_argument("--calibrate goes with --dtype int8 or fp8 (it chooses their 8-bit codes)");
+  if (!f.calibrate_stats.empty() && o.weight_quant == DType::F32)
+    return invalid_argument("--calibrate-stats goes with --dtype int8 or fp8 (it chooses their 8-bit codes)");
+  if (!f.calibrate_stats.empty() && !f.calibrate.empty())
+    return invalid_argument("--calibrate-stats replaces the --calibrate run: give one or the other");
+  if (!f.calibrate_stats.empty() && (f.calibrate_block_given || f.calibrate_chunks_given || !f.tokenizer.empty()))
+    return invalid_argument("--calibrate-block, --calibrate-chunks and --tokenizer shape a --calibrate run; "
+                            "--calibrate-stats takes the statistics as they were saved");
+  if (!f.calibrate_save.empty() && f.calibrate.empty())
+    return invalid_argument("--calibrate-save goes with --calibrate (it writes that run's statistics)");
   if (f.calibrate_block < 1) return invalid_argument("--calibrate-block must be at least 1");
   if (f.threads < 1) return invalid_argument("--threads must be at least 1");
   o.calibrate = f.calibrate;
@@ -65,6 +76,8 @@ Status compile_policy(const CompileFlags& f, MemMeter& meter) {
   if (f.calibrate_order != "act" && f.calibrate_order != "index")
     return invalid_argument("--calibrate-order must be act or index, got '" + f.calibrate_order + "'");
   o.calibrate_act_order = f.calibrate_order == "act";
+  o.calibrate_save = f.calibrate_save;
+  o.calibrate_stats = f.calibrate_stats;
   o.threads = f.threads;
   if (!f.tokenizer.empty() && f.calibrate.empty()) return invalid_argument("--tokenizer goes with --calibrate");
   o.tokenizer = f.tokenizer;
@@ -146,10 +159,17 @@ void register_compile(CLI::App& app) {
                   "folder's fp32 CPU path; the 8-bit codes are then chosen by GPTQ from every linear's inputs instead "
                   "of rounded to nearest (same scales and bytes). Repeat for several observations");
   sub->add_option("--calibrate-block", f->calibrate_block,
-                  "inputs per diagonal block of the calibration statistics (default 128; k x block floats per weight)");
+                  "inputs per diagonal block of the calibration statistics (default 128; k x block floats per weight)")
+      ->each([f](const std::string&) { f->calibrate_block_given = true; });
   sub->add_option("--calibrate-chunks", f->calibrate_chunks,
                   "denoising loops per calibration observation, each from its own seeded noise (default 8): the action "
-                  "expert sees chunk_size rows a step");
+                  "expert sees chunk_size rows a step")
+      ->each([f](const std::string&) { f->calibrate_chunks_given = true; });
+  sub->add_option("--calibrate-save", f->calibrate_save,
+                  "with --calibrate: also write the run's statistics to FILE (safetensors), for --calibrate-stats");
+  sub->add_option("--calibrate-stats", f->calibrate_stats,
+                  "with --dtype int8 / fp8: GPTQ from the statistics a --calibrate-save run wrote, instead of running "
+                  "observations again (they depend on neither the dtype nor the damping)");
   sub->add_option("--calibrate-damp", f->calibrate_damp,
                   "GPTQ damping: lambda = damp x mean(diag H) added to H's diagonal (default 1 for int8, 0.01 for fp8)")
       ->each([f](const std::string&) { f->calibrate_damp_given = true; });
