@@ -57,30 +57,18 @@ Status save_calibration(const ir::QuantCalibration& c, const std::string& path,
   return w.finish().with_context("--calibrate-save");
 }
 
-Result<CalibrationFileInfo> read_calibration_info(const std::string& path) {
+Result<CalibrationFile> read_calibration(const std::string& path, double damp, bool act_order, int threads) {
   VLAC_ASSIGN_OR_RETURN(SafetensorsFile f, SafetensorsFile::open(path));
   const auto& m = f.metadata();
   auto it = m.find("format");
   if (it == m.end() || it->second != kCalibrationFormat)
     return bad(path, it == m.end() ? "no \"format\" entry" : "format '" + printable(it->second) + "'");
-  CalibrationFileInfo out;
   bool ok = false;
   auto b = m.find("block");
-  out.block = b == m.end() ? 0 : parse_int(b->second, &ok);
-  if (!ok || out.block < 1) return bad(path, "no block size of at least 1");
-  for (const auto& [k, v] : m)
-    if (k != "format" && k != "block" && k != "weights") out.info[k] = v;
-  return out;
-}
-
-Status load_calibration(const std::string& path, ir::QuantCalibration& c) {
-  VLAC_ASSIGN_OR_RETURN(CalibrationFileInfo head, read_calibration_info(path));
-  if (head.block != c.block())
-    return invalid_argument(path + ": statistics in blocks of " + std::to_string(head.block) + ", not " +
-                            std::to_string(c.block()));
-  VLAC_ASSIGN_OR_RETURN(SafetensorsFile f, SafetensorsFile::open(path));
-  const auto wit = f.metadata().find("weights");
-  if (wit == f.metadata().end()) return bad(path, "no \"weights\" entry");
+  const int64_t block = b == m.end() ? 0 : parse_int(b->second, &ok);
+  if (!ok || block < 1) return bad(path, "no block size of at least 1");
+  const auto wit = m.find("weights");
+  if (wit == m.end()) return bad(path, "no \"weights\" entry");
   auto weights = parse_json_strict(reinterpret_cast<const uint8_t*>(wit->second.data()), wit->second.size(),
                                    path + " (metadata \"weights\")");
   if (!weights.is_ok()) return weights.status();
@@ -88,6 +76,10 @@ Status load_calibration(const std::string& path, ir::QuantCalibration& c) {
   if (weights->size() != f.tensors().size())
     return bad(path, std::to_string(f.tensors().size()) + " tensors but " + std::to_string(weights->size()) +
                          " weights in \"weights\"");
+  CalibrationFile out;
+  out.calib = std::make_unique<ir::QuantCalibration>(block, damp, act_order, threads);
+  for (const auto& [k, v] : m)
+    if (k != "format" && k != "block" && k != "weights") out.info[k] = v;
   for (const TensorInfo& t : f.tensors()) {
     const auto w = weights->find(t.name);
     if (w == weights->end() || !w->is_object() || !w->contains("k") || !(*w)["k"].is_number_integer() ||
@@ -95,7 +87,7 @@ Status load_calibration(const std::string& path, ir::QuantCalibration& c) {
       return bad(path, "tensor '" + printable(t.name) + "' has no k and rows in \"weights\"");
     ir::InputStats st;
     st.k = (*w)["k"].get<int64_t>();
-    st.block = head.block;
+    st.block = block;
     st.rows = (*w)["rows"].get<uint64_t>();
     if (st.k < 1 || t.dtype != DType::F32 || t.shape.size() != 1 || uint64_t(t.shape[0]) != stats_floats(st.k, st.block))
       return bad(path, "tensor '" + printable(t.name) + "' is not the F32 statistics of " + std::to_string(st.k) +
@@ -103,9 +95,9 @@ Status load_calibration(const std::string& path, ir::QuantCalibration& c) {
     st.h.resize(size_t(t.shape[0]));
     std::memcpy(st.h.data(), f.data(t), t.nbytes());
     f.drop(t);
-    c.set(t.name, std::move(st));
+    out.calib->set(t.name, std::move(st));
   }
-  return Status::ok();
+  return out;
 }
 
 }  // namespace vlac

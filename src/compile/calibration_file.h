@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 
 #include "core/status.h"
@@ -24,15 +25,15 @@ inline constexpr const char* kCalibrationFormat = "vlac-gptq-statistics-1";
 Status save_calibration(const ir::QuantCalibration& c, const std::string& path,
                         const std::map<std::string, std::string>& info);
 
-/// What a statistics file holds besides the statistics.
-struct CalibrationFileInfo {
-  int64_t block = 0;
-  std::map<std::string, std::string> info;  // the writer's entries
+/// A statistics file read back: the calibration (in the file's block, with the caller's GPTQ
+/// damping, order and threads, which the statistics do not depend on) and the writer's entries.
+struct CalibrationFile {
+  std::unique_ptr<ir::QuantCalibration> calib;
+  std::map<std::string, std::string> info;
 };
-/// Reads the file's block and entries (to make the QuantCalibration), then load_calibration
-/// fills it. Every problem is one error naming the file: not safetensors, another format, a
-/// weight without its k, a tensor whose size is not its k and block's.
-Result<CalibrationFileInfo> read_calibration_info(const std::string& path);
-Status load_calibration(const std::string& path, ir::QuantCalibration& c);
+/// Reads a file save_calibration wrote, in one pass. Every problem is one error naming the file:
+/// not safetensors, another format, a weight without its k, a tensor whose size is not its k and
+/// block's.
+Result<CalibrationFile> read_calibration(const std::string& path, double damp, bool act_order, int threads);
 
 }  // namespace vlac

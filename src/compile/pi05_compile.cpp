@@ -184,11 +184,11 @@ Result<Pi05CompileSummary> compile_pi05(const std::string& policy_dir, const Pi0
     const double damp = opt.calibrate_damp > 0.0 ? opt.calibrate_damp : ir::default_gptq_damp(quant);
     stage_hook("calibrate");
     if (!opt.calibrate_stats.empty()) {
-      VLAC_ASSIGN_OR_RETURN(CalibrationFileInfo head, read_calibration_info(opt.calibrate_stats));
-      calib = std::make_unique<ir::QuantCalibration>(head.block, damp, opt.calibrate_act_order, std::max(1, opt.threads));
-      VLAC_RETURN_IF_ERROR(load_calibration(opt.calibrate_stats, *calib));
+      VLAC_ASSIGN_OR_RETURN(CalibrationFile file, read_calibration(opt.calibrate_stats, damp, opt.calibrate_act_order,
+                                                                  std::max(1, opt.threads)));
+      calib = std::move(file.calib);
+      calib_info = std::move(file.info);
       VLAC_RETURN_IF_ERROR(check_calibration_weights(*calib, model.tensors(), opt.calibrate_stats));
-      calib_info = std::move(head.info);
       log("  calibration: " + std::to_string(calib->size()) + " linear weights' statistics from " + opt.calibrate_stats +
           " (" + format_bytes(calib->bytes()) + ", blocks of " + std::to_string(calib->block()) + " inputs)");
     } else {

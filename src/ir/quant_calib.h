@@ -53,7 +53,7 @@ class QuantCalibration {
   const InputStats* find(const std::string& weight) const;
   /// Every weight's statistics, by name.
   const std::map<std::string, InputStats>& all() const { return stats_; }
-  /// Sets a weight's statistics (read back from a file: load_calibration); the block must be
+  /// Sets a weight's statistics (read back from a file: compile/calibration_file.h); the block must be
   /// this calibration's.
   void set(const std::string& weight, InputStats s) { stats_[weight] = std::move(s); }
   size_t size() const { return stats_.size(); }

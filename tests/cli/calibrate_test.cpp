@@ -189,35 +189,36 @@ TEST(CalibrateCli, ThreadCountDoesNotChangeThePackage) {
   EXPECT_TRUE(bytes[0] == bytes[1]);
 }
 
+// A compile of tiny fixture `fx` into `out` (with `more` arguments) that must be refused: exit `rc`
+// (0: any non-zero), each of `says` in its output, and no package written.
+void expect_refused(const char* fx, const std::string& out, const std::vector<std::string>& more, int rc,
+                    const std::vector<std::string>& says) {
+  std::vector<std::string> args = {"compile", policy_of(fx), "-o", out, "--quiet"};
+  args.insert(args.end(), more.begin(), more.end());
+  const Proc p = run_vlac(args);
+  const std::string what = more.empty() ? std::string() : more.front() + " ... " + more.back();
+  if (rc) EXPECT_EQ(p.rc, rc) << what << ": " << p.out;
+  else EXPECT_NE(p.rc, 0) << what << ": " << p.out;
+  for (const std::string& s : says) EXPECT_NE(p.out.find(s), std::string::npos) << what << ": " << p.out;
+  EXPECT_FALSE(exists(out)) << what;
+}
+
 TEST(CalibrateCli, BadCalibrationInputIsOneClearErrorAndNoPackage) {
   const std::string out = dir().file("bad.vlac");
+  const std::string obs_a = kFixtures + "/tiny_a/obs.safetensors";
   // Not with a dtype it cannot change.
-  Proc p = run_vlac({"compile", policy_of("tiny_a"), "-o", out, "--dtype", "bf16-all", "--calibrate",
-                     kFixtures + "/tiny_a/obs.safetensors", "--quiet"});
-  EXPECT_EQ(p.rc, 2) << p.out;
-  EXPECT_NE(p.out.find("--calibrate goes with --dtype int8 or fp8"), std::string::npos) << p.out;
-  EXPECT_FALSE(exists(out));
+  expect_refused("tiny_a", out, {"--dtype", "bf16-all", "--calibrate", obs_a}, 2,
+                 {"--calibrate goes with --dtype int8 or fp8"});
   // A missing observation names the file.
-  p = run_vlac({"compile", policy_of("tiny_a"), "-o", out, "--dtype", "int8", "--calibrate", dir().file("nope.safetensors"),
-                "--quiet"});
-  EXPECT_NE(p.rc, 0);
-  EXPECT_NE(p.out.find("nope.safetensors"), std::string::npos) << p.out;
-  EXPECT_FALSE(exists(out));
+  expect_refused("tiny_a", out, {"--dtype", "int8", "--calibrate", dir().file("nope.safetensors")}, 0,
+                 {"nope.safetensors"});
   // An observation of another model (tiny_b's cameras for tiny_a) names the file and the problem.
-  p = run_vlac({"compile", policy_of("tiny_a"), "-o", out, "--dtype", "int8", "--calibrate",
-                kFixtures + "/tiny_b/obs.safetensors", "--quiet"});
-  EXPECT_NE(p.rc, 0);
-  EXPECT_NE(p.out.find("--calibrate"), std::string::npos) << p.out;
-  EXPECT_NE(p.out.find("tiny_b/obs.safetensors"), std::string::npos) << p.out;
-  EXPECT_FALSE(exists(out));
+  expect_refused("tiny_a", out, {"--dtype", "int8", "--calibrate", kFixtures + "/tiny_b/obs.safetensors"}, 0,
+                 {"--calibrate", "tiny_b/obs.safetensors"});
   // A damping given must be above 0 (not given, the dtype's default: ir::default_gptq_damp).
-  for (const char* d : {"0", "-1", "nan"}) {
-    p = run_vlac({"compile", policy_of("tiny_a"), "-o", out, "--dtype", "int8", "--calibrate",
-                  kFixtures + "/tiny_a/obs.safetensors", "--calibrate-damp", d, "--quiet"});
-    EXPECT_EQ(p.rc, 2) << d << ": " << p.out;
-    EXPECT_NE(p.out.find("--calibrate-damp must be above 0"), std::string::npos) << d << ": " << p.out;
-    EXPECT_FALSE(exists(out));
-  }
+  for (const char* d : {"0", "-1", "nan"})
+    expect_refused("tiny_a", out, {"--dtype", "int8", "--calibrate", obs_a, "--calibrate-damp", d}, 2,
+                   {"--calibrate-damp must be above 0"});
 }
 
 // --calibrate-save writes the run's statistics; --calibrate-stats rounds from them without a run.
@@ -258,29 +259,19 @@ TEST(CalibrateCli, BadStatisticsFileIsOneClearErrorAndNoPackage) {
   ASSERT_EQ(p.rc, 0) << p.out;
   const std::string out = dir().file("bad-stats.vlac");
   // Another policy's statistics: the file, the weight and both widths.
-  p = run_vlac({"compile", policy_of("tiny_b"), "-o", out, "--dtype", "int8", "--calibrate-stats", stats, "--quiet"});
-  EXPECT_EQ(p.rc, 2) << p.out;
-  EXPECT_NE(p.out.find(stats), std::string::npos) << p.out;
-  EXPECT_NE(p.out.find("inputs, but this policy's matrix has"), std::string::npos) << p.out;
-  EXPECT_FALSE(exists(out));
+  expect_refused("tiny_b", out, {"--dtype", "int8", "--calibrate-stats", stats}, 2,
+                 {stats, "inputs, but this policy's matrix has"});
   // A safetensors file of something else.
-  p = run_vlac({"compile", policy_of("tiny_a"), "-o", out, "--dtype", "int8", "--calibrate-stats",
-                kFixtures + "/tiny_a/obs.safetensors", "--quiet"});
-  EXPECT_NE(p.rc, 0);
-  EXPECT_NE(p.out.find("tiny_a/obs.safetensors: not a vlac calibration statistics file"), std::string::npos) << p.out;
-  EXPECT_FALSE(exists(out));
+  expect_refused("tiny_a", out, {"--dtype", "int8", "--calibrate-stats", kFixtures + "/tiny_a/obs.safetensors"}, 0,
+                 {"tiny_a/obs.safetensors: not a vlac calibration statistics file"});
   // Flags that do not go together.
   const std::vector<std::vector<std::string>> wrong = {
       {"--calibrate-stats", stats, "--calibrate", kFixtures + "/tiny_a/obs.safetensors"},
       {"--calibrate-stats", stats, "--calibrate-block", "32"},
       {"--calibrate-save", dir().file("nowhere.safetensors")}};
-  for (const auto& more : wrong) {
-    std::vector<std::string> args = {"compile", policy_of("tiny_a"), "-o", out, "--dtype", "int8", "--quiet"};
-    args.insert(args.end(), more.begin(), more.end());
-    p = run_vlac(args);
-    EXPECT_EQ(p.rc, 2) << more[0] << " " << more.back() << ": " << p.out;
-    EXPECT_NE(p.out.find("--calibrate"), std::string::npos) << p.out;
-    EXPECT_FALSE(exists(out));
+  for (std::vector<std::string> more : wrong) {
+    more.insert(more.begin(), {"--dtype", "int8"});
+    expect_refused("tiny_a", out, more, 2, {"--calibrate"});
   }
   EXPECT_FALSE(exists(dir().file("nowhere.safetensors")));
 }

@@ -418,8 +418,8 @@ __global__ void __launch_bounds__(kThreads * kSub) attn_bf16_kernel(Params p) {
     if (more) {  // (the fused RoPE's rows of a later tile by this group: not pi0.5's case, one tile a group)
       const int nv = int(min(k_end - kt - kStep, int64_t(kBN)));
       load_kv<D, true, kRope>(Ks, p, kvh, kt + kStep, nv, tid);
-      if (kRope && first_fresh(p, kt + kStep, nv) < nv)
-        fresh_rows<D, kThreads>(Ks, nullptr, p, kvh, kt + kStep, first_fresh(p, kt + kStep, nv), nv, tid);
+      const int f0 = kRope ? first_fresh(p, kt + kStep, nv) : nv;
+      if (f0 < nv) fresh_rows<D, kThreads>(Ks, nullptr, p, kvh, kt + kStep, f0, nv, tid);
     }
     cp_commit();  // (an empty group at the last tile keeps the wait counts uniform)
     uint32_t pa[kBN / 16][4];
@@ -520,8 +520,8 @@ __global__ void __launch_bounds__(kThreads * kSub) attn_bf16_kernel(Params p) {
     if (more) {
       const int nv = int(min(k_end - kt - kStep, int64_t(kBN)));
       load_kv<D, false, kRope>(Vs, p, kvh, kt + kStep, nv, tid);
-      if (kRope && first_fresh(p, kt + kStep, nv) < nv)
-        fresh_rows<D, kThreads>(nullptr, Vs, p, kvh, kt + kStep, first_fresh(p, kt + kStep, nv), nv, tid);
+      const int f0 = kRope ? first_fresh(p, kt + kStep, nv) : nv;
+      if (f0 < nv) fresh_rows<D, kThreads>(nullptr, Vs, p, kvh, kt + kStep, f0, nv, tid);
     }
     cp_commit();
   }
@@ -827,14 +827,14 @@ Status launch_combine(cudaStream_t stream, const Params& p) {
 
 template <int D, typename To>
 Status launch_bf16(cudaStream_t stream, Params p, int sms) {
-  using G0 = Geom<D>;
+  using G = Geom<D>;
   if (p.qf) {  // the fused RoPE's kernels (no cluster merge: the combine kernel)
     static const cudaError_t attr_r = [] {
       cudaError_t e = cudaFuncSetAttribute(attn_bf16_kernel<D, To, false, 1, true>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, int(G0::smem(1)));
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, int(G::smem(1)));
       if (e == cudaSuccess)
         e = cudaFuncSetAttribute(attn_bf16_kernel<D, To, false, 2, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 int(G0::smem(2)));
+                                 int(G::smem(2)));
       return e;
     }();
     if (attr_r != cudaSuccess) {
@@ -844,11 +844,10 @@ Status launch_bf16(cudaStream_t stream, Params p, int sms) {
     const int sub = subgroups(p, D, sms);
     const dim3 grid(unsigned(cdiv(p.rows, kBM)), unsigned(p.hk), unsigned(p.splits));
     launch(sub == 2 ? attn_bf16_kernel<D, To, false, 2, true> : attn_bf16_kernel<D, To, false, 1, true>, grid,
-           sub * kThreads, G0::smem(sub), stream, p);
+           sub * kThreads, G::smem(sub), stream, p);
     VLAC_RETURN_IF_ERROR(launch_status("attention_bf16 (fused RoPE)"));
     return launch_combine<D, To>(stream, p);
   }
-  using G = Geom<D>;
   if (subgroups(p, D, sms) == 2) {
     static const cudaError_t attr2 = cudaFuncSetAttribute(
         attn_bf16_kernel<D, To, false, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(G::smem(2)));
