@@ -57,6 +57,8 @@ struct Plan {
   std::vector<int> skinny_splits;                 // the skinny kernel's choices where it fits
   int skinny = 0;                                 // > 0: run the skinny kernel with this many splits
   size_t chosen = 0;                              // index of algo in candidates
+  int splitk_added = 0;                           // FP8 split-K variants among them (fp8_splitk)
+  bool forced = false;                            // algo fixed by a setting: not timed
   bool tuned = false;
   void destroy() {
     if (op) cublasLtMatmulDescDestroy(op);
@@ -142,6 +144,29 @@ static SkinnyMode skinny_mode() {
 // 160 B (stack_limit_now: +29 MB of GPU memory).
 static bool reduction_variants() {
   static const bool on = env_on("VLAC_GEMM_INPLACE_SPLITK");
+  return on;
+}
+
+// FP8 split-K candidates, opt-in with VLAC_FP8_SPLITK=1 (for A/B): at the expert's M = 50 the
+// heuristic's FP8 answers run one block per output tile (N / tile blocks on 132 multiprocessors:
+// o 1.65x and down 1.32x bf16's time on the H100, session 23), while its bf16 answers split K. Each
+// of the first FP8 answers that can split K is offered again with 2, 4 and 8 splits (reduced in
+// fp32 in the workspace), checked by cublasLtMatmulAlgoCheck and timed with the others.
+// VLAC_FP8_SPLITK=2|4|8 forces that many splits wherever an answer takes them (no timing: the
+// tests' way to run them).
+static int fp8_splitk_setting() {
+  static const int v = [] {
+    const int64_t n = env_count("VLAC_FP8_SPLITK", 0);
+    return n == 1 || n == 2 || n == 4 || n == 8 ? int(n) : 0;
+  }();
+  return v;
+}
+static bool fp8_splitk() { return fp8_splitk_setting() > 0; }
+
+// VLAC_GEMM_REPORT=1: one stderr line per timed shape (candidates, the choice, its split-K, the
+// first and best times), to read what the timing chose inside a benchmark.
+static bool gemm_report() {
+  static const bool on = env_on("VLAC_GEMM_REPORT");
   return on;
 }
 
@@ -239,7 +264,7 @@ std::string tune_identity(uint64_t workspace, int sms) {
   return name + "_" + std::to_string(sms) + "sms_lt" + std::to_string(cublasLtGetVersion()) + "_ws" +
          std::to_string(workspace >> 20) + "m_c" + std::to_string(candidate_count()) + "_s" +
          std::to_string(int(skinny_mode())) + (cold_timing() ? "_cold" : "") + (reduction_variants() ? "_inplace" : "") +
-         (fp8_fast_accum() ? "_fp8fast" : "");
+         (fp8_fast_accum() ? "_fp8fast" : "") + (fp8_splitk() ? "_fp8sk" + std::to_string(fp8_splitk_setting()) : "");
 }
 
 struct GemmRunner::Impl {
@@ -262,7 +287,17 @@ struct GemmRunner::Impl {
     device_free(fp8_placeholder);
   }
   // ws_limit: the workspace a plan may use (the runner's by default; 0 for the FP8 probe).
-  Status make(const GemmDesc& d, Plan& p, uint64_t ws_limit = UINT64_MAX);
+  // An FP8 combination cuBLASLt refuses while planning (an F32 output with a bias, K parts, a
+  // scale mode: cuBLASLt 13.1 on sm_90) is Unsupported, so the caller widens the weight instead;
+  // this is the one place that turns its refusals into that.
+  Status make(const GemmDesc& d, Plan& p, uint64_t ws_limit = UINT64_MAX) {
+    Status s = make_plan(d, p, ws_limit);
+    if (!s.is_ok() && d.in == DType::F8_E4M3 && s.code() == StatusCode::Backend)
+      return unsupported("gemm " + shape_name(d) + ": cuBLASLt offers no FP8 plan for this combination (" + s.message() + ")");
+    return s;
+  }
+  Status make_plan(const GemmDesc& d, Plan& p, uint64_t ws_limit);
+  void add_fp8_splitk(const GemmDesc& d, Plan& p, uint64_t ws) const;
   // FP8 combinations (clamped shape, output dtype, epilogue, accumulation, K parts) run once.
   std::map<std::tuple<int64_t, int64_t, int64_t, int, int, bool, int>, Status> fp8_probes;
   Status probe_fp8(const GemmDesc& d);
@@ -347,6 +382,17 @@ void GemmRunner::Impl::tune(cudaStream_t stream, const GemmDesc& d, Plan& p, con
     p.skinny = skinny_at;
     ++skinny_shapes;
   }
+  if (gemm_report()) {
+    int32_t sk = 1;
+    size_t got = 0;
+    if (cublasLtMatmulAlgoConfigGetAttribute(&p.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &sk, sizeof(sk), &got) !=
+        CUBLAS_STATUS_SUCCESS)
+      sk = -1;
+    std::fprintf(stderr,
+                 "vlac gemm: %s candidates %zu (split-K added %d) chosen %zu split-K %d first %.2f us best %.2f us%s\n",
+                 shape_name(d).c_str(), p.candidates.size(), p.splitk_added, p.chosen, int(sk), first * 1000.0f / 3,
+                 best * 1000.0f / 3, p.skinny > 0 ? " (skinny kernel)" : "");
+  }
   // Timing loaded each candidate's kernels from cuBLASLt's 540 MB library file: give those clean
   // pages back now (a loading step, context.h), not only when the chunk is done, so the first
   // chunk's host peak does not hold the code of every candidate of every shape at once.
@@ -370,9 +416,7 @@ Status GemmRunner::Impl::probe_fp8(const GemmDesc& d) {
   if (auto it = fp8_probes.find(key); it != fp8_probes.end()) return it->second;
   Plan pp;
   const uint64_t wsb = std::min<uint64_t>(workspace, 4ull << 20);  // a few MiB, briefly, at plan time
-  Status st = make(pd, pp, wsb);
-  if (!st.is_ok())  // no FP8 algorithm for it (e.g. an F32 output with a bias, cuBLASLt 13.1 on sm_90)
-    st = unsupported("gemm " + shape_name(d) + ": cuBLASLt offers no FP8 plan for this combination (" + st.message() + ")");
+  Status st = make(pd, pp, wsb);  // no FP8 algorithm for it: Unsupported from make()
   const uint64_t xs = uint64_t(pd.m * pd.k), wbytes = uint64_t(pd.n * pd.k), sb = uint64_t(std::max(pd.m, pd.n)) * 4,
                  bb = uint64_t(pd.n) * 4, ys = uint64_t(pd.m * pd.n) * std::max(1, d.k_parts) * dtype_size(d.out);
   void *x = nullptr, *w = nullptr, *sc = nullptr, *b = nullptr, *y = nullptr, *wsp = nullptr;
@@ -423,7 +467,37 @@ static Status fp8_precheck(const GemmDesc& d) {
   return Status::ok();
 }
 
-Status GemmRunner::Impl::make(const GemmDesc& d, Plan& p, uint64_t ws_limit) {
+void GemmRunner::Impl::add_fp8_splitk(const GemmDesc& d, Plan& p, uint64_t ws) const {
+  const size_t base = std::min<size_t>(p.candidates.size(), 4);
+  for (size_t i = 0; i < base; ++i) {
+    int32_t can = 0;
+    size_t got = 0;
+    if (cublasLtMatmulAlgoCapGetAttribute(&p.candidates[i], CUBLASLT_ALGO_CAP_SPLITK_SUPPORT, &can, sizeof(can), &got) !=
+            CUBLAS_STATUS_SUCCESS ||
+        !can)
+      continue;
+    for (int32_t splits : {2, 4, 8}) {
+      if (d.k / splits < 128) break;
+      cublasLtMatmulAlgo_t a = p.candidates[i];
+      const uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;  // fp32 partials, whatever y's dtype
+      cublasLtMatmulHeuristicResult_t r{};
+      if (cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof(splits)) !=
+              CUBLAS_STATUS_SUCCESS ||
+          cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof(scheme)) !=
+              CUBLAS_STATUS_SUCCESS ||
+          cublasLtMatmulAlgoCheck(handle, p.op, p.a, p.b, p.c, p.c, &a, &r) != CUBLAS_STATUS_SUCCESS ||
+          r.state != CUBLAS_STATUS_SUCCESS || r.workspaceSize > ws)
+        continue;
+      const bool seen = std::any_of(p.candidates.begin(), p.candidates.end(),
+                                    [&](const cublasLtMatmulAlgo_t& c) { return std::memcmp(&c, &a, sizeof(c)) == 0; });
+      if (seen) continue;
+      p.candidates.push_back(a), ++p.splitk_added;
+      if (splits == fp8_splitk_setting() && !p.forced) p.algo = a, p.chosen = p.candidates.size() - 1, p.forced = true;
+    }
+  }
+}
+
+Status GemmRunner::Impl::make_plan(const GemmDesc& d, Plan& p, uint64_t ws_limit) {
   const std::string name = shape_name(d);
   if (d.m <= 0 || d.n <= 0 || d.k <= 0) return invalid_argument("gemm " + name + ": sizes must be positive");
   if ((d.in != DType::BF16 && d.in != DType::F32 && d.in != DType::F8_E4M3) ||
@@ -506,6 +580,7 @@ Status GemmRunner::Impl::make(const GemmDesc& d, Plan& p, uint64_t ws_limit) {
   p.algo = res[0].algo;
   for (int i = 0; i < found; ++i)
     if (res[i].state == CUBLAS_STATUS_SUCCESS) p.candidates.push_back(res[i].algo);
+  if (fp8 && fp8_splitk() && d.k_parts <= 1 && !d.accumulate) add_fp8_splitk(d, p, ws);
   // Opt-in: split-K answers whose partial sums are reduced in place (in the fp32 output, ordered by
   // counters: deterministic), appended to be timed too: the heuristic's own split-K pick for the
   // expert's down_proj (M = 50) reduces in a second kernel (cublasLt splitKreduce_kernel, ~4 us
@@ -571,11 +646,9 @@ Status GemmRunner::plan(const GemmDesc& d) {
     VLAC_RETURN_IF_ERROR(impl_->probe_fp8(d));
   }
   Plan p;
-  Status s = impl_->make(d, p);
+  Status s = impl_->make(d, p);  // (an FP8 plan refused at the full shape is Unsupported there too)
   if (!s.is_ok()) {
     p.destroy();
-    // An FP8 plan the probe's smaller shape had is refused at the full one: the caller widens.
-    if (d.in == DType::F8_E4M3 && s.code() == StatusCode::Backend) return unsupported(s.message());
     return s;
   }
   impl_->plans.emplace(d.key(), p);
@@ -614,7 +687,7 @@ Status GemmRunner::run_scaled(cudaStream_t stream, const GemmDesc& d, const void
     if (cs == cudaStreamCaptureStatusNone) {
       p.tuned = true;  // also when not timed: the choice is fixed from here on
       if (tuning_enabled() && (p.candidates.size() > 1 || !p.skinny_splits.empty()) && !d.accumulate &&
-          p.skinny == 0) {
+          p.skinny == 0 && !p.forced) {
         const std::string key = cache_key(d);
         const std::string* c = impl_->cache.find(key);
         const int v = c ? std::atoi(c->c_str() + 1) : -1;
