@@ -18,6 +18,7 @@
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/expert_mlp.h"
 #include "backends/cuda/skinny_gemm.h"
+#include "backends/cuda/small_gemm.h"
 #include "core/quant.h"
 #include "cuda_test_util.h"
 
@@ -239,6 +240,51 @@ TEST_F(CudaGemm, TuningChoicesAreCachedOnDisk) {
   EXPECT_LE(diff, 1e-5 * mag);
   EXPECT_EQ(t3, 1u) << "a file that does not parse is ignored";
   EXPECT_EQ(c3, 0u);
+}
+
+// The fp32 kernels for few rows and a small side (small_gemm.h), which GemmRunner runs for such
+// shapes instead of cuBLASLt: pi0.5's action projections, the edges of what they take, and a
+// shape they refuse. Against the CPU at the fp32 tolerance, with and without a bias, through the
+// runner (as the executor calls them) and directly.
+TEST_F(CudaGemm, SmallF32KernelsMatchCpu) {
+  auto runner = GemmRunner::create();
+  ASSERT_TRUE(runner.is_ok()) << runner.status().message();
+  DevBuf ws(runner->workspace_bytes());
+  struct S { int64_t m, k, n; const char* what; };
+  uint32_t seed = 900;
+  for (S c : {S{50, 32, 1024, "action_in_proj"}, S{50, 1024, 32, "action_out_proj"}, S{64, 64, 33, "widest K"},
+              S{1, 4, 5, "one row"}, S{37, 4096, 64, "longest K"}, S{64, 12, 1000, "odd N"}, S{5, 2048, 7, "odd rows"}}) {
+    ASSERT_TRUE(small_f32_gemm_fits(c.m, c.n, c.k)) << c.what;
+    for (bool with_bias : {false, true}) {
+      const size_t yn = size_t(c.m * c.n);
+      auto x = randn(size_t(c.m * c.k), ++seed), w = randn(size_t(c.n * c.k), ++seed, 1.0f / std::sqrt(float(c.k)));
+      auto b = randn(size_t(c.n), ++seed);
+      auto dx = to_device(x), dw = to_device(w), db = to_device(b);
+      std::vector<float> ref(yn);
+      ref_gemm(x, w, with_bias ? b.data() : nullptr, false, nullptr, ref, c.m, c.k, c.n);
+      for (bool direct : {false, true}) {
+        DevBuf y(yn * 4);
+        y.poison();
+        if (direct) {
+          VLAC_CUDA_OK(small_f32_gemm(stream_, c.m, c.n, c.k, dx->as<float>(), dw->as<float>(),
+                                      with_bias ? db->as<float>() : nullptr, y.as<float>()));
+        } else {
+          const GemmDesc d{c.m, c.n, c.k, DType::F32, DType::F32, with_bias ? Epilogue::Bias : Epilogue::None, false};
+          VLAC_CUDA_OK(runner->run(stream_, d, dx->get(), dw->get(), with_bias ? db->get() : nullptr, y.get(), ws.get()));
+        }
+        sync();
+        EXPECT_LT(rel_err(download<float>(y, yn), ref), 2e-5)
+            << c.what << (with_bias ? " with bias" : "") << (direct ? " (direct)" : " (runner)");
+      }
+    }
+  }
+  EXPECT_FALSE(small_f32_gemm_fits(65, 32, 32));
+  EXPECT_FALSE(small_f32_gemm_fits(50, 65, 68));
+  EXPECT_FALSE(small_f32_gemm_fits(50, 32, 4100));
+  EXPECT_FALSE(small_f32_gemm_fits(50, 32, 30));
+  DevBuf x(64 * 4), y(64 * 4);
+  EXPECT_EQ(small_f32_gemm(stream_, 65, 1, 4, x.as<float>(), x.as<float>(), nullptr, y.as<float>()).code(),
+            StatusCode::InvalidArgument);
 }
 
 // The weight-streaming kernel for M <= 64 (skinny_gemm.h), at the expert's four GEMM shapes, the

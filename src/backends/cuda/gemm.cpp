@@ -9,6 +9,7 @@
 #include "backends/cuda/env.h"
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/skinny_gemm.h"
+#include "backends/cuda/small_gemm.h"
 #include "core/atomic_file.h"
 
 #include <algorithm>
@@ -664,6 +665,16 @@ Status GemmRunner::run(cudaStream_t stream, const GemmDesc& d, const void* x, co
 
 Status GemmRunner::run_scaled(cudaStream_t stream, const GemmDesc& d, const void* x, const float* x_scales,
                               const void* w, const float* w_scales, const void* bias, void* y, void* workspace) {
+  // fp32 with few rows and a small side (pi0.5's action projections): small_gemm.h's kernels.
+  if (d.in == DType::F32 && d.out == DType::F32 && !d.tf32 && !d.accumulate && d.k_parts <= 1 &&
+      (d.epilogue == Epilogue::None || d.epilogue == Epilogue::Bias) && (d.ldx == 0 || d.ldx == d.k) &&
+      (d.ldy == 0 || d.ldy == d.n) && small_f32_gemm_fits(d.m, d.n, d.k) && small_f32_gemm_enabled() &&
+      (has_bias(d.epilogue) == (bias != nullptr))) {
+    for (const void* ptr : {x, w, static_cast<const void*>(y), bias})
+      if ((reinterpret_cast<uintptr_t>(ptr) & 15u) != 0) return invalid_argument("gemm " + shape_name(d) + ": pointers must be 16-byte aligned");
+    return small_f32_gemm(stream, d.m, d.n, d.k, static_cast<const float*>(x), static_cast<const float*>(w),
+                          static_cast<const float*>(bias), static_cast<float*>(y));
+  }
   VLAC_RETURN_IF_ERROR(plan(d));
   const std::string name = "gemm " + shape_name(d);
   const bool fp8 = d.in == DType::F8_E4M3;
