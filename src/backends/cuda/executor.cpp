@@ -2050,6 +2050,12 @@ Status CudaExecutable::run_quant_linear(NodeId id, const void* xin, const void* 
 // 16, its epilogue) quantizes its x per row into the scratch and runs on the weight's codes, with
 // no widening; the rest widen as before, x in bf16 (a note names how many fell back). The widening
 // scratch then only needs the weights some widening GEMM still reads.
+// VLAC_FP8_BIAS_AFTER=0: an FP8 GEMM with an F32 output and a bias widens as before (A/B).
+static bool fp8_bias_after_enabled() {
+  static const bool on = !env_off("VLAC_FP8_BIAS_AFTER");
+  return on;
+}
+
 Status CudaExecutable::plan_quant_fp8() {
   qfp8_bytes_ = 0;
   if (env_off("VLAC_FP8_GEMM") || !(options_.fp8_activations || env_on("VLAC_FP8_GEMM"))) return Status::ok();
@@ -2077,6 +2083,18 @@ Status CudaExecutable::plan_quant_fp8() {
       fd = fp8_desc(p);
       st = ctx_->gemm().plan(fd);
       p.qfp8_gelu = st.is_ok();
+    }
+    if (!st.is_ok() && (p.gemm.epilogue == Epilogue::Bias || p.gemm.epilogue == Epilogue::BiasGelu) && fd.out == DType::F32 && !p.bias_bf16 && !fd.accumulate &&
+        (fd.ldy == 0 || fd.ldy == fd.n) && fp8_bias_after_enabled()) {
+      // No FP8 GEMM with an F32 output and a bias (cuBLASLt 13.1 on sm_90: SigLIP's out_proj and
+      // fc2): the GEMM writes x·Wᵀ, then one broadcast add puts the fp32 bias on (then the GELU,
+      // if any), the order and values of the epilogue's arithmetic.
+      p.qfp8_bias_after = true;
+      p.qfp8_gelu = gelu;
+      fd = fp8_desc(p);
+      st = ctx_->gemm().plan(fd);
+      p.qfp8_bias_after = st.is_ok();
+      p.qfp8_gelu = st.is_ok() && gelu;
     }
     if (!st.is_ok()) {
       ++fell_back;
@@ -2157,6 +2175,7 @@ GemmDesc CudaExecutable::fp8_desc(const NodePlan& p) {
   fd.in = DType::F8_E4M3;
   fd.ldx = 0;
   if (p.qfp8_gelu) fd.epilogue = fd.epilogue == Epilogue::BiasGelu ? Epilogue::Bias : Epilogue::None;
+  if (p.qfp8_bias_after) fd.epilogue = Epilogue::None;
   return fd;
 }
 
@@ -2182,7 +2201,11 @@ Status CudaExecutable::run_fp8_linear(NodeId id, const void* bias, void* out) {
     VLAC_RETURN_IF_ERROR(
         quantize_rows_e4m3(s, ptr(n.inputs[0]), xt, fd.m, fd.k, p.gemm.ldx ? p.gemm.ldx : fd.k, codes, scales));
   VLAC_RETURN_IF_ERROR(ctx_->gemm().run_scaled(s, fd, codes, scales, quant_src_[r],
-                                               quant_row_scales(quant_src_[r], fd.n, fd.k), bias, out, ctx_->workspace()));
+                                               quant_row_scales(quant_src_[r], fd.n, fd.k),
+                                               p.qfp8_bias_after ? nullptr : bias, out, ctx_->workspace()));
+  if (p.qfp8_bias_after)
+    VLAC_RETURN_IF_ERROR(binary_op(s, BinaryKind::Add, static_cast<const float*>(out), fd.m * fd.n,
+                                   static_cast<const float*>(bias), fd.n, static_cast<float*>(out), fd.m * fd.n));
   return p.qfp8_gelu ? gelu_tanh(s, out, fd.out, out, fd.out, fd.m * fd.n) : Status::ok();
 }
 

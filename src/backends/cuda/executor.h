@@ -180,6 +180,7 @@ class CudaExecutable final : public Executable {
     int64_t qexact = 0;          // > 0: an 8-bit weight's GEMM on unscaled codes, its sums scaled after, this many x rows at once (run_quant_linear)
     bool qfp8 = false;           // an e4m3 weight's GEMM in FP8: x quantized per row, cuBLASLt's FP8 GEMM (plan_quant_fp8)
     bool qfp8_gelu = false;      // ... whose planned GELU epilogue runs after it (no FP8 GEMM offers it)
+    bool qfp8_bias_after = false;  // ... whose fp32 bias is added after it (no F32-out FP8 GEMM with a bias)
     bool qfp8_x_ready = false;   // ... whose x's codes its producer wrote (plan_fp8_fused_codes)
     bool f_codes = false;        // a fused residual norm or a GeGLU writing its output as e4m3 codes for that GEMM
     void* bias_bf16 = nullptr;   // a Linear's bias rounded to bf16 for its bf16-output GEMM (own_blocks_)
