@@ -471,12 +471,16 @@ static Status fp8_precheck(const GemmDesc& d) {
 void GemmRunner::Impl::add_fp8_splitk(const GemmDesc& d, Plan& p, uint64_t ws) const {
   const size_t base = std::min<size_t>(p.candidates.size(), 4);
   for (size_t i = 0; i < base; ++i) {
-    int32_t can = 0;
+    int32_t can = 0, id = -1;
     size_t got = 0;
-    if (cublasLtMatmulAlgoCapGetAttribute(&p.candidates[i], CUBLASLT_ALGO_CAP_SPLITK_SUPPORT, &can, sizeof(can), &got) !=
-            CUBLAS_STATUS_SUCCESS ||
-        !can)
-      continue;
+    const bool cap_ok = cublasLtMatmulAlgoCapGetAttribute(&p.candidates[i], CUBLASLT_ALGO_CAP_SPLITK_SUPPORT, &can,
+                                                          sizeof(can), &got) == CUBLAS_STATUS_SUCCESS;
+    if (gemm_report()) {
+      (void)cublasLtMatmulAlgoConfigGetAttribute(&p.candidates[i], CUBLASLT_ALGO_CONFIG_ID, &id, sizeof(id), &got);
+      std::fprintf(stderr, "vlac gemm: %s FP8 answer %zu of %zu (algo id %d): split-K %s\n", shape_name(d).c_str(), i,
+                   p.candidates.size(), int(id), !cap_ok ? "capability unknown" : can ? "supported" : "not supported");
+    }
+    if (!cap_ok || !can) continue;
     for (int32_t splits : {2, 4, 8}) {
       if (d.k / splits < 128) break;
       cublasLtMatmulAlgo_t a = p.candidates[i];
@@ -487,8 +491,12 @@ void GemmRunner::Impl::add_fp8_splitk(const GemmDesc& d, Plan& p, uint64_t ws) c
           cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof(scheme)) !=
               CUBLAS_STATUS_SUCCESS ||
           cublasLtMatmulAlgoCheck(handle, p.op, p.a, p.b, p.c, p.c, &a, &r) != CUBLAS_STATUS_SUCCESS ||
-          r.state != CUBLAS_STATUS_SUCCESS || r.workspaceSize > ws)
+          r.state != CUBLAS_STATUS_SUCCESS || r.workspaceSize > ws) {
+        if (gemm_report())
+          std::fprintf(stderr, "vlac gemm: %s FP8 answer %zu with %d splits: refused by cublasLtMatmulAlgoCheck\n",
+                       shape_name(d).c_str(), i, int(splits));
         continue;
+      }
       const bool seen = std::any_of(p.candidates.begin(), p.candidates.end(),
                                     [&](const cublasLtMatmulAlgo_t& c) { return std::memcmp(&c, &a, sizeof(c)) == 0; });
       if (seen) continue;
