@@ -2050,9 +2050,13 @@ Status CudaExecutable::run_quant_linear(NodeId id, const void* xin, const void* 
 // 16, its epilogue) quantizes its x per row into the scratch and runs on the weight's codes, with
 // no widening; the rest widen as before, x in bf16 (a note names how many fell back). The widening
 // scratch then only needs the weights some widening GEMM still reads.
-// VLAC_FP8_BIAS_AFTER=0: an FP8 GEMM with an F32 output and a bias widens as before (A/B).
+// VLAC_FP8_BIAS_AFTER=1: an FP8 GEMM with an F32 output and a bias (none in cuBLASLt 13.1) runs
+// without it and adds the bias after, instead of widening the weight. Opt-in: on an H100 (session
+// 24) it made the W8A8 chunk slower, 21.63 against 21.33 ms widened (SigLIP's 55 such GEMMs:
+// eager vision 2.94 against 2.66 ms), each GEMM then being three launches (x's codes, the FP8 GEMM,
+// the add) against two.
 static bool fp8_bias_after_enabled() {
-  static const bool on = !env_off("VLAC_FP8_BIAS_AFTER");
+  static const bool on = env_on("VLAC_FP8_BIAS_AFTER");
   return on;
 }
 

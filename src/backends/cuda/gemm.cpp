@@ -481,27 +481,38 @@ void GemmRunner::Impl::add_fp8_splitk(const GemmDesc& d, Plan& p, uint64_t ws) c
                    p.candidates.size(), int(id), !cap_ok ? "capability unknown" : can ? "supported" : "not supported");
     }
     if (!cap_ok || !can) continue;
+    uint32_t schemes = 0;  // the reductions the answer offers (CUBLASLT_REDUCTION_SCHEME_*)
+    (void)cublasLtMatmulAlgoCapGetAttribute(&p.candidates[i], CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK, &schemes,
+                                            sizeof(schemes), &got);
     for (int32_t splits : {2, 4, 8}) {
       if (d.k / splits < 128) break;
-      cublasLtMatmulAlgo_t a = p.candidates[i];
-      const uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;  // fp32 partials, whatever y's dtype
-      cublasLtMatmulHeuristicResult_t r{};
-      if (cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof(splits)) !=
-              CUBLAS_STATUS_SUCCESS ||
-          cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof(scheme)) !=
-              CUBLAS_STATUS_SUCCESS ||
-          cublasLtMatmulAlgoCheck(handle, p.op, p.a, p.b, p.c, p.c, &a, &r) != CUBLAS_STATUS_SUCCESS ||
-          r.state != CUBLAS_STATUS_SUCCESS || r.workspaceSize > ws) {
-        if (gemm_report())
-          std::fprintf(stderr, "vlac gemm: %s FP8 answer %zu with %d splits: refused by cublasLtMatmulAlgoCheck\n",
-                       shape_name(d).c_str(), i, int(splits));
-        continue;
+      // fp32 partials first (whatever y's dtype); in place or in y's dtype where only those pass.
+      for (uint32_t scheme : {uint32_t(CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE), uint32_t(CUBLASLT_REDUCTION_SCHEME_INPLACE),
+                              uint32_t(CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE)}) {
+        if (scheme != CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE && d.out != DType::F32) continue;  // no bf16 sums
+        cublasLtMatmulAlgo_t a = p.candidates[i];
+        cublasLtMatmulHeuristicResult_t r{};
+        cublasStatus_t cs = cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof(splits));
+        if (cs == CUBLAS_STATUS_SUCCESS)
+          cs = cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof(scheme));
+        if (cs == CUBLAS_STATUS_SUCCESS) cs = cublasLtMatmulAlgoCheck(handle, p.op, p.a, p.b, p.c, p.c, &a, &r);
+        if (cs != CUBLAS_STATUS_SUCCESS || r.state != CUBLAS_STATUS_SUCCESS || r.workspaceSize > ws) {
+          if (gemm_report())
+            std::fprintf(stderr,
+                         "vlac gemm: %s FP8 answer %zu, %d splits, reduction %u (offered mask %u): refused (%s, state %d, "
+                         "workspace %zu of %llu)\n",
+                         shape_name(d).c_str(), i, int(splits), scheme, schemes, cublasLtGetStatusName(cs), int(r.state),
+                         r.workspaceSize, static_cast<unsigned long long>(ws));
+          continue;
+        }
+        const bool seen = std::any_of(p.candidates.begin(), p.candidates.end(), [&](const cublasLtMatmulAlgo_t& c) {
+          return std::memcmp(&c, &a, sizeof(c)) == 0;
+        });
+        if (seen) continue;
+        p.candidates.push_back(a), ++p.splitk_added;
+        if (splits == fp8_splitk_setting() && !p.forced) p.algo = a, p.chosen = p.candidates.size() - 1, p.forced = true;
+        break;  // one reduction per split count
       }
-      const bool seen = std::any_of(p.candidates.begin(), p.candidates.end(),
-                                    [&](const cublasLtMatmulAlgo_t& c) { return std::memcmp(&c, &a, sizeof(c)) == 0; });
-      if (seen) continue;
-      p.candidates.push_back(a), ++p.splitk_added;
-      if (splits == fp8_splitk_setting() && !p.forced) p.algo = a, p.chosen = p.candidates.size() - 1, p.forced = true;
     }
   }
 }
