@@ -2088,7 +2088,7 @@ Status CudaExecutable::plan_quant_fp8() {
       st = ctx_->gemm().plan(fd);
       p.qfp8_gelu = st.is_ok();
     }
-    if (!st.is_ok() && (p.gemm.epilogue == Epilogue::Bias || p.gemm.epilogue == Epilogue::BiasGelu) && fd.out == DType::F32 && !p.bias_bf16 && !fd.accumulate &&
+    if (!st.is_ok() && has_bias(p.gemm.epilogue) && fd.out == DType::F32 && !p.bias_bf16 && !fd.accumulate &&
         (fd.ldy == 0 || fd.ldy == fd.n) && fp8_bias_after_enabled()) {
       // No FP8 GEMM with an F32 output and a bias (cuBLASLt 13.1 on sm_90: SigLIP's out_proj and
       // fc2): the GEMM writes x·Wᵀ, then one broadcast add puts the fp32 bias on (then the GELU,

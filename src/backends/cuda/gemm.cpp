@@ -48,8 +48,6 @@ std::string shape_name(const GemmDesc& d) {
          (d.k_parts > 1 ? " in " + std::to_string(d.k_parts) + " K parts" : "");
 }
 
-bool has_bias(Epilogue e) { return e == Epilogue::Bias || e == Epilogue::BiasGelu; }
-
 struct Plan {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
@@ -59,7 +57,6 @@ struct Plan {
   int skinny = 0;                                 // > 0: run the skinny kernel with this many splits
   size_t chosen = 0;                              // index of algo in candidates
   int splitk_added = 0;                           // FP8 split-K variants among them (fp8_splitk)
-  bool forced = false;                            // algo fixed by a setting: not timed
   bool tuned = false;
   void destroy() {
     if (op) cublasLtMatmulDescDestroy(op);
@@ -148,21 +145,16 @@ static bool reduction_variants() {
   return on;
 }
 
-// FP8 split-K candidates, opt-in with VLAC_FP8_SPLITK=1 (for A/B): at the expert's M = 50 the
+// FP8 split-K candidates, opt-in with VLAC_FP8_SPLITK=1 (a probe): at the expert's M = 50 the
 // heuristic's FP8 answers run one block per output tile (N / tile blocks on 132 multiprocessors:
 // o 1.65x and down 1.32x bf16's time on the H100, session 23), while its bf16 answers split K. Each
-// of the first FP8 answers that can split K is offered again with 2, 4 and 8 splits (reduced in
-// fp32 in the workspace), checked by cublasLtMatmulAlgoCheck and timed with the others.
-// VLAC_FP8_SPLITK=2|4|8 forces that many splits wherever an answer takes them (no timing: the
-// tests' way to run them).
-static int fp8_splitk_setting() {
-  static const int v = [] {
-    const int64_t n = env_count("VLAC_FP8_SPLITK", 0);
-    return n == 1 || n == 2 || n == 4 || n == 8 ? int(n) : 0;
-  }();
-  return v;
+// of the first FP8 answers that can split K is offered again with 2, 4 and 8 splits, checked by
+// cublasLtMatmulAlgoCheck and timed with the others. cuBLASLt 13.1 refused every such variant on
+// the H100 (session 24: VLAC_GEMM_REPORT=1 names each refusal), so today it adds nothing.
+static bool fp8_splitk() {
+  static const bool on = env_on("VLAC_FP8_SPLITK");
+  return on;
 }
-static bool fp8_splitk() { return fp8_splitk_setting() > 0; }
 
 // VLAC_GEMM_REPORT=1: one stderr line per timed shape (candidates, the choice, its split-K, the
 // first and best times), to read what the timing chose inside a benchmark.
@@ -265,7 +257,7 @@ std::string tune_identity(uint64_t workspace, int sms) {
   return name + "_" + std::to_string(sms) + "sms_lt" + std::to_string(cublasLtGetVersion()) + "_ws" +
          std::to_string(workspace >> 20) + "m_c" + std::to_string(candidate_count()) + "_s" +
          std::to_string(int(skinny_mode())) + (cold_timing() ? "_cold" : "") + (reduction_variants() ? "_inplace" : "") +
-         (fp8_fast_accum() ? "_fp8fast" : "") + (fp8_splitk() ? "_fp8sk" + std::to_string(fp8_splitk_setting()) : "");
+         (fp8_fast_accum() ? "_fp8fast" : "") + (fp8_splitk() ? "_fp8sk" : "");
 }
 
 struct GemmRunner::Impl {
@@ -510,7 +502,6 @@ void GemmRunner::Impl::add_fp8_splitk(const GemmDesc& d, Plan& p, uint64_t ws) c
         });
         if (seen) continue;
         p.candidates.push_back(a), ++p.splitk_added;
-        if (splits == fp8_splitk_setting() && !p.forced) p.algo = a, p.chosen = p.candidates.size() - 1, p.forced = true;
         break;  // one reduction per split count
       }
     }
@@ -682,19 +673,16 @@ Status GemmRunner::run(cudaStream_t stream, const GemmDesc& d, const void* x, co
   return run_scaled(stream, d, x, nullptr, w, nullptr, bias, y, workspace);
 }
 
+// fp32 with few rows and a small side (pi0.5's action projections): small_gemm.h's kernels, with
+// no plan and no timing.
+static bool runs_small_f32(const GemmDesc& d) {
+  return d.in == DType::F32 && d.out == DType::F32 && !d.tf32 && !d.accumulate && d.k_parts <= 1 &&
+         (d.epilogue == Epilogue::None || d.epilogue == Epilogue::Bias) && (d.ldx == 0 || d.ldx == d.k) &&
+         (d.ldy == 0 || d.ldy == d.n) && small_f32_gemm_fits(d.m, d.n, d.k) && small_f32_gemm_enabled();
+}
+
 Status GemmRunner::run_scaled(cudaStream_t stream, const GemmDesc& d, const void* x, const float* x_scales,
                               const void* w, const float* w_scales, const void* bias, void* y, void* workspace) {
-  // fp32 with few rows and a small side (pi0.5's action projections): small_gemm.h's kernels.
-  if (d.in == DType::F32 && d.out == DType::F32 && !d.tf32 && !d.accumulate && d.k_parts <= 1 &&
-      (d.epilogue == Epilogue::None || d.epilogue == Epilogue::Bias) && (d.ldx == 0 || d.ldx == d.k) &&
-      (d.ldy == 0 || d.ldy == d.n) && small_f32_gemm_fits(d.m, d.n, d.k) && small_f32_gemm_enabled() &&
-      (has_bias(d.epilogue) == (bias != nullptr))) {
-    for (const void* ptr : {x, w, static_cast<const void*>(y), bias})
-      if ((reinterpret_cast<uintptr_t>(ptr) & 15u) != 0) return invalid_argument("gemm " + shape_name(d) + ": pointers must be 16-byte aligned");
-    return small_f32_gemm(stream, d.m, d.n, d.k, static_cast<const float*>(x), static_cast<const float*>(w),
-                          static_cast<const float*>(bias), static_cast<float*>(y));
-  }
-  VLAC_RETURN_IF_ERROR(plan(d));
   const std::string name = "gemm " + shape_name(d);
   const bool fp8 = d.in == DType::F8_E4M3;
   if (has_bias(d.epilogue) != (bias != nullptr))
@@ -704,6 +692,10 @@ Status GemmRunner::run_scaled(cudaStream_t stream, const GemmDesc& d, const void
   for (const void* ptr : {x, w, static_cast<const void*>(y), bias, static_cast<const void*>(x_scales),
                           static_cast<const void*>(w_scales)})
     if ((reinterpret_cast<uintptr_t>(ptr) & 15u) != 0) return invalid_argument(name + ": pointers must be 16-byte aligned");
+  if (runs_small_f32(d))
+    return small_f32_gemm(stream, d.m, d.n, d.k, static_cast<const float*>(x), static_cast<const float*>(w),
+                          static_cast<const float*>(bias), static_cast<float*>(y));
+  VLAC_RETURN_IF_ERROR(plan(d));
   if (impl_->workspace > 0 && workspace == nullptr) return invalid_argument(name + ": no workspace given");
   Plan& p = impl_->plans.at(d.key());
   if (bias) VLAC_LT(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)), name);
@@ -717,7 +709,7 @@ Status GemmRunner::run_scaled(cudaStream_t stream, const GemmDesc& d, const void
     if (cs == cudaStreamCaptureStatusNone) {
       p.tuned = true;  // also when not timed: the choice is fixed from here on
       if (tuning_enabled() && (p.candidates.size() > 1 || !p.skinny_splits.empty()) && !d.accumulate &&
-          p.skinny == 0 && !p.forced) {
+          p.skinny == 0) {
         const std::string key = cache_key(d);
         const std::string* c = impl_->cache.find(key);
         const int v = c ? std::atoi(c->c_str() + 1) : -1;

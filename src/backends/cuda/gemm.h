@@ -19,6 +19,7 @@
 namespace vlac::cuda {
 
 enum class Epilogue : uint8_t { None, Bias, Gelu, BiasGelu };
+inline bool has_bias(Epilogue e) { return e == Epilogue::Bias || e == Epilogue::BiasGelu; }
 
 struct GemmDesc {
   int64_t m = 0, n = 0, k = 0;
