@@ -10,7 +10,8 @@
 # that setting on the BENCH_EXTRA package of DTYPE (policy-DTYPE.vlac) instead. CUDA_BENCH=1 also
 # runs cuda_bench --gemms-only (each GEMM in bf16 and, on sm_89+, FP8) and STREAM_PROBE=1
 # expert_mlp_bench --stream-only, both before the A/B, their JSON under $OUT; FP8_MODES=1 runs
-# fp8_scale_modes_bench after test_cuda.
+# fp8_scale_modes_bench after test_cuda, EXPERT_STREAM=1 expert_stream_bench (the streamed expert
+# chain against cuBLASLt, STREAM_ARGS its arguments) after test_cuda.
 # lerobot's wheels come from .whl (docs/cuda.md). Session 12 used it as
 #   bash tools/device_cuda_ab.sh .devcarry base prefix_qkv_off:VLAC_PREFIX_QKV=0 sub1:VLAC_ATTN_SUB=1 base2
 set -uo pipefail
@@ -35,6 +36,13 @@ if [ "${FP8_MODES:-0}" = 1 ] && [ -x /tmp/vb/bin/fp8_scale_modes_bench ]; then
   el "fp8_scale_modes_bench"
   timeout 120 /tmp/vb/bin/fp8_scale_modes_bench --reps 10 --out "$out/fp8_modes.json" > "$out/fp8_modes.log" 2>&1
   el "fp8_scale_modes_bench rc=$?"; grep -E '^accuracy' "$out/fp8_modes.log" | cut -c1-160
+fi
+# EXPERT_STREAM=1: the expert's GEMM chain in one persistent launch a step against cuBLASLt's launches.
+if [ "${EXPERT_STREAM:-0}" = 1 ] && [ -x /tmp/vb/bin/expert_stream_bench ]; then
+  el "expert_stream_bench ${STREAM_ARGS:-}"
+  # shellcheck disable=SC2086
+  timeout "${STREAM_TIMEOUT:-200}" /tmp/vb/bin/expert_stream_bench --reps 10 ${STREAM_ARGS:-} --out "$out/expert_stream.json" > "$out/expert_stream.log" 2>&1
+  el "expert_stream_bench rc=$?"; tail -40 "$out/expert_stream.log"
 fi
 skip=(); [ "${SKIP_LEROBOT:-0}" = 1 ] && skip=(--skip-lerobot)
 # BENCH_CAMERAS: one benchmark per camera count (default 3: bench_cuda.json; others bench_cuda_cN.json);

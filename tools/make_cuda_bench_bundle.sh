@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Packs what one device call of tools/bench_cuda_vs_lerobot.py needs into DIR: bundle.tar.xz with
-# bin/{vlac, vlac_write_pi05, pi05_chunk_bench; test_cuda, cuda_bench, expert_mlp_bench where built} (stripped), lib/ (the shared libraries ldd resolves
+# bin/{vlac, vlac_write_pi05, pi05_chunk_bench; test_cuda, cuda_bench, expert_mlp_bench, expert_stream_bench where built} (stripped), lib/ (the shared libraries ldd resolves
 # here: oneDNN, libgomp, sentencepiece, xxhash, cudart, ...; not glibc/libstdc++/libgcc, which the
 # device has, nor the 540 MB cuBLASLt, which ships with its CUDA), tools/ (the benchmark and the
 # fixture module it imports), plus device_bench_cuda.sh next to it. Never builds anything; the
@@ -14,7 +14,7 @@ bins=("$build/vlac" "$build/vlac_write_pi05" "$build/bench/pi05_chunk_bench")
 for b in "${bins[@]}"; do [ -x "$b" ] || { echo "make_cuda_bench_bundle: $b missing (build vlac vlac_write_pi05 pi05_chunk_bench)" >&2; exit 2; }; done
 # The GPU test harness and the kernel bench travel too where they are built, so one call can test
 # and benchmark (.devcarry-s7-style drivers run bin/test_cuda before the benchmark).
-for b in "$build/tests/test_cuda" "$build/bench/cuda_bench" "$build/bench/expert_mlp_bench" "$build/bench/fp8_scale_modes_bench"; do [ -x "$b" ] && bins+=("$b"); done
+for b in "$build/tests/test_cuda" "$build/bench/cuda_bench" "$build/bench/expert_mlp_bench" "$build/bench/expert_stream_bench" "$build/bench/fp8_scale_modes_bench"; do [ -x "$b" ] && bins+=("$b"); done
 stage="$(mktemp -d "${TMPDIR:-/tmp}/vlac_cuda_bench.XXXXXX")"
 trap 'rm -rf "$stage"' EXIT
 chmod 755 "$stage"

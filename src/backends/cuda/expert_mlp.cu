@@ -11,6 +11,7 @@
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/env.h"
 #include "backends/cuda/mma.cuh"
+#include "backends/cuda/persistent.cuh"
 
 namespace vlac::cuda {
 
@@ -38,46 +39,7 @@ struct Args {
 __device__ __forceinline__ void stamp(const Args& a, int i) {
   if (a.stamps == nullptr) return;
   __syncthreads();
-  if (threadIdx.x == 0) {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    a.stamps[blockIdx.x * kExpertMlpStamps + i] = t;
-  }
-}
-
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const unsigned s = unsigned(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ uint4 lds16(const uint16_t* p) { return *reinterpret_cast<const uint4*>(p); }
-__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
-// Every block of the grid (all resident) arrives before any leaves. sync[0] counts arrivals and is
-// back at zero after each barrier; sync[1] is bumped by the last to arrive.
-__device__ void grid_barrier(unsigned* sync) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const unsigned gen = ld_acquire(sync + 1);  // read before arriving: the bump needs this block
-    __threadfence();
-    if (atomicAdd(sync, 1u) == gridDim.x - 1) {
-      atomicExch(sync, 0u);
-      __threadfence();
-      atomicAdd(sync + 1, 1u);
-    } else {
-      while (ld_acquire(sync + 1) == gen) __nanosleep(20);
-    }
-    __threadfence();
-  }
-  __syncthreads();
+  if (threadIdx.x == 0) a.stamps[blockIdx.x * kExpertMlpStamps + i] = globaltimer();
 }
 
 // Phase B item i: its 64 rows of W_down (`rg`) and its K part (`p`). Producers (p ≥ 1) come first
