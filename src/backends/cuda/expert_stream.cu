@@ -18,14 +18,18 @@ namespace {
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr int kPad = 32;  // bf16 after each shared row: rows 64 bytes off a 128-byte period, no bank conflicts
-constexpr int kStageRow = int(kStreamStageCols) + kPad;
-constexpr int kStageElems = 16 * kStageRow;
+constexpr int kChunk = int(kStreamStageCols);  // columns of a weight stage and of an input chunk
+constexpr int kRow = kChunk + kPad;
+constexpr int kStageElems = 16 * kRow;
 constexpr uint64_t kStageBytes = uint64_t(kStageElems) * 2;
-constexpr int kXRow = int(kStreamMaxPartCols) + kPad;
-constexpr uint64_t kXBytes = uint64_t(kStreamTokens) * kXRow * 2;
+constexpr uint64_t kXBytes = uint64_t(kStreamTokens) * kRow * 2;
 constexpr int kRS = kStreamTokens + 1;                    // red's row stride (floats)
 constexpr uint64_t kRedBytes = uint64_t(4) * 16 * kRS * 4;  // [K quarter][16 rows][tokens]
+constexpr uint64_t kSsBytes = 64 * 4;                     // Σx² per token (norm phases)
 constexpr int kMinStages = 2, kMaxStages = 8;
+constexpr uint64_t kBarBytes = 8 * kMaxStages;            // a ring slot's mbarrier (bulk copies)
+constexpr uint64_t kFixedBytes = kXBytes + kRedBytes + kSsBytes + kBarBytes;
+constexpr int kRound = 4;  // items a block holds at once (their sums in registers)
 constexpr uint64_t kSmemCap = 232448;  // sm_90's per-block opt-in maximum
 
 enum : int { kInF32 = 1, kNorm = 2, kGeglu = 4, kOutF32 = 8, kAccum = 16 };
@@ -43,51 +47,103 @@ struct Phase {
 struct Args {
   const Phase* ph;  // the launch's first phase
   int count, m, stages;
+  int bulk;    // weight stages by the bulk copy engine (sm_90+), else cp.async
+  int contig;  // a block's items are neighbours (Share)
   unsigned* sync;
   unsigned long long* stamps;  // ExpertStreamProbe (benches): null otherwise
   int skip;
 };
 
-__device__ __forceinline__ int items_of(const Phase& P) { return (P.rows / 16) * P.parts; }
-__device__ __forceinline__ int stages_per_item(const Phase& P) { return P.k / P.parts / int(kStreamStageCols); }
+// A block's share of a phase: its j-th item (j < n) and how many items from the j-th on form a
+// round (at most four, one K part: one input chunk serves them all), each walking `chunks`
+// chunks of its K part. Contiguous (the default): the block owns items [b·per, b·per + n), numbered
+// part-major, so a round is neighbouring tiles of W (few pages, and a gate|up round's rows are
+// two runs); strided (bench A/B): items b, b + G, b + 2G, … numbered tile-major.
+struct Share {
+  int n, chunks, tiles, parts, first, G, contig;
+  __device__ __forceinline__ int item(int j) const { return contig ? first + j : first + j * G; }
+  __device__ __forceinline__ int part(int i) const { return contig ? i / tiles : i % parts; }
+  __device__ __forceinline__ int tile(int i) const { return contig ? i % tiles : i / parts; }
+  __device__ __forceinline__ int round_len(int j) const {
+    if (contig) return min(min(kRound, n - j), tiles - tile(item(j)));
+    return G % parts == 0 ? min(kRound, n - j) : 1;
+  }
+};
+__device__ __forceinline__ Share share_of(const Phase& P, int contig) {
+  const int tiles = P.rows / 16, items = tiles * P.parts, b = int(blockIdx.x), G = int(gridDim.x);
+  const int chunks = P.k / P.parts / kChunk;
+  if (contig) {
+    const int per = (items + G - 1) / G, first = b * per;
+    return Share{max(0, min(per, items - first)), chunks, tiles, P.parts, first, G, 1};
+  }
+  return Share{b < items ? (items - b + G - 1) / G : 0, chunks, tiles, P.parts, b, G, 0};
+}
 
-// Where the weight stream is: phase p, item (absolute index), stage s of the item. The stream is
-// the same sequence the math consumes, computed from the shapes alone.
+// Where the weight stream is: phase p, round start j0 (the block's j0-th item), chunk c, item u
+// of the round. The stream is the order the math consumes the stages in, from the shapes alone.
 struct Cursor {
-  int p, item, s;
+  int p, j0, c, u;
 };
 
 __device__ __forceinline__ void settle(const Args& a, Cursor& c) {
-  while (c.p < a.count && c.item >= items_of(a.ph[c.p])) ++c.p, c.item = int(blockIdx.x);
+  while (c.p < a.count && share_of(a.ph[c.p], a.contig).n == 0) ++c.p;
 }
 __device__ __forceinline__ void advance(const Args& a, Cursor& c) {
   if (c.p >= a.count) return;
-  if (++c.s < stages_per_item(a.ph[c.p])) return;
-  c.s = 0;
-  c.item += int(gridDim.x);
+  const Share sh = share_of(a.ph[c.p], a.contig);
+  const int len = sh.round_len(c.j0);
+  if (++c.u < len) return;
+  c.u = 0;
+  if (++c.c < sh.chunks) return;
+  c.c = 0;
+  c.j0 += len;
+  if (c.j0 < sh.n) return;
+  c.j0 = 0;
+  ++c.p;
   settle(a, c);
 }
 
-// The 16 rows × 512 columns of W at cursor c into ring slot `slot` (4 copies of 16 bytes a thread).
-__device__ __forceinline__ void issue(const Args& a, const Cursor& c, uint16_t* ring, int slot) {
-  if (c.p >= a.count) return;
-  const Phase& P = a.ph[c.p];
-  const int tile = c.item / P.parts, part = c.item % P.parts;
-  const int64_t col0 = int64_t(part) * (P.k / P.parts) + int64_t(c.s) * kStreamStageCols;
+// W's rows of tile `tile` × the 512 columns from col0 into ring slot `slot` (4 copies of 16 bytes
+// a thread). geglu: rows 0..7 are gate rows 8·tile.., rows 8..15 the same up rows (F further).
+__device__ __forceinline__ void issue_stage(const Phase& P, int tile, int64_t col0, uint16_t* dst) {
   const bool geglu = (P.flags & kGeglu) != 0;
-  uint16_t* dst = ring + slot * kStageElems;
-  constexpr int kChunks = int(kStreamStageCols) / 8;  // 16-byte copies a row
+  constexpr int kChunks = kChunk / 8;  // 16-byte copies a row
 #pragma unroll
   for (int q = int(threadIdx.x); q < 16 * kChunks; q += kThreads) {
     const int r = q / kChunks, ch = q % kChunks;
-    // geglu: rows 0..7 are gate rows 8·tile.., rows 8..15 the same up rows (F = rows / 2 further).
     const int row = geglu ? (r < 8 ? 8 * tile + r : P.rows / 2 + 8 * tile + r - 8) : 16 * tile + r;
-    cp_async16(dst + r * kStageRow + ch * 8, P.w + int64_t(row) * P.k + col0 + ch * 8);
+    cp_async16(dst + r * kRow + ch * 8, P.w + int64_t(row) * P.k + col0 + ch * 8);
   }
 }
+// The same stage by the bulk copy engine: thread 0 issues one copy a row, counted on bar.
+__device__ __forceinline__ void issue_stage_bulk(const Phase& P, int tile, int64_t col0, uint16_t* dst,
+                                                 unsigned long long* bar) {
+  const bool geglu = (P.flags & kGeglu) != 0;
+  mbar_expect_tx(bar, 16 * kChunk * 2);
+  for (int r = 0; r < 16; ++r) {
+    const int row = geglu ? (r < 8 ? 8 * tile + r : P.rows / 2 + 8 * tile + r - 8) : 16 * tile + r;
+    bulk_copy(dst + r * kRow, P.w + int64_t(row) * P.k + col0, kChunk * 2, bar);
+  }
+}
+__device__ __forceinline__ void issue(const Args& a, const Cursor& c, uint16_t* ring, unsigned long long* bars,
+                                      int slot) {
+  if (c.p >= a.count || (a.bulk && threadIdx.x != 0)) return;
+  const Phase& P = a.ph[c.p];
+  const Share sh = share_of(P, a.contig);
+  const int item = sh.item(c.j0 + c.u), tile = sh.tile(item), part = sh.part(item);
+  const int64_t col0 = int64_t(part) * (P.k / P.parts) + int64_t(c.c) * kChunk;
+  if (a.bulk) issue_stage_bulk(P, tile, col0, ring + slot * kStageElems, bars + slot);
+  else issue_stage(P, tile, col0, ring + slot * kStageElems);
+}
 
-__device__ __forceinline__ void wait_ring(int stages) {  // the oldest committed stage has landed
-  switch (stages) {
+// Until stage `it` has landed: its mbarrier's phase (bulk), or all but the newest S − 2 of this
+// thread's cp.async groups (one committed a stage).
+__device__ __forceinline__ void wait_ring(const Args& a, unsigned long long* bars, int it) {
+  if (a.bulk) {
+    mbar_wait(bars + it % a.stages, unsigned(it / a.stages) & 1u);
+    return;
+  }
+  switch (a.stages) {
     case 2: cp_async_wait<0>(); break;
     case 3: cp_async_wait<1>(); break;
     case 4: cp_async_wait<2>(); break;
@@ -107,80 +163,78 @@ __device__ __forceinline__ void stamp(const Args& a, int p, int i) {
 // Activations are written inside the launch: read through L2 (never the non-coherent path).
 __device__ __forceinline__ uint4 ldcg16(const void* p) { return __ldcg(reinterpret_cast<const uint4*>(p)); }
 __device__ __forceinline__ float4 ldcg_f4(const float* p) { return __ldcg(reinterpret_cast<const float4*>(p)); }
-__device__ __forceinline__ void st_bf4(uint16_t* d, float a, float b, float c, float e) {
-  uint2 v;
-  v.x = uint32_t(f2bf(a)) | (uint32_t(f2bf(b)) << 16);
-  v.y = uint32_t(f2bf(c)) | (uint32_t(f2bf(e)) << 16);
-  *reinterpret_cast<uint2*>(d) = v;
+__device__ __forceinline__ void st_bf4(uint16_t* d, float4 v) {
+  uint2 u;
+  u.x = uint32_t(f2bf(v.x)) | (uint32_t(f2bf(v.y)) << 16);
+  u.y = uint32_t(f2bf(v.z)) | (uint32_t(f2bf(v.w)) << 16);
+  *reinterpret_cast<uint2*>(d) = u;
 }
 
-// The input columns of K part `part` into xs as bf16 (rows < m; rows m..55 stay zero).
-__device__ void load_input(const Phase& P, int m, int part, uint16_t* xs) {
-  const int kc = P.k / P.parts, col0 = part * kc;
+// Columns [col0, col0 + 512) of the input's m rows into xs as bf16, every load of a thread in
+// flight before its first store. fp32 with norm: each row's Σx² over the chunk is added to ss[row]
+// (a row's warp is the same for every chunk, so no two warps add to one row).
+__device__ void load_chunk(const Phase& P, int m, int64_t col0, uint16_t* xs, float* ss) {
   const int lane = int(threadIdx.x) & 31, warp = int(threadIdx.x) >> 5;
   if (P.flags & kInF32) {
-    // A warp a row at a time, two rows in flight: lane l holds columns 4l + 128j (j < kc / 128 ≤ 8).
+    // Warp w takes rows w, w + 8, … (≤ 7), kRows at a time; lane l columns 4l + 128j (j < 4).
+    constexpr int kRows = 2;
     const float* in = static_cast<const float*>(P.in);
-    const int nj = kc / 128;
     const bool norm = (P.flags & kNorm) != 0;
-    for (int r0 = warp; r0 < m; r0 += 2 * kWarps) {
-      float4 v[2][8];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = r0 + h * kWarps;
+    for (int h = 0; h < (kStreamTokens / kWarps + kRows - 1) / kRows; ++h) {
+      float4 v[kRows][4];
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
-          if (j < nj && r < m) v[h][j] = ldcg_f4(in + int64_t(r) * P.in_stride + col0 + 4 * lane + 128 * j);
+      for (int i = 0; i < kRows; ++i) {
+        const int r = warp + kWarps * (kRows * h + i);
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          if (r < m) v[i][j] = ldcg_f4(in + int64_t(r) * P.in_stride + col0 + 4 * lane + 128 * j);
       }
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = r0 + h * kWarps;
+      for (int i = 0; i < kRows; ++i) {
+        const int r = warp + kWarps * (kRows * h + i);
         if (r >= m) break;
-        float scale = 1.f;
-        if (norm) {
-          float ss = 0.f;
+        float q = 0.f;
 #pragma unroll
-          for (int j = 0; j < 8; ++j)
-            if (j < nj) ss += v[h][j].x * v[h][j].x + v[h][j].y * v[h][j].y + v[h][j].z * v[h][j].z + v[h][j].w * v[h][j].w;
-#pragma unroll
-          for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-          scale = rsqrtf(ss / float(P.k) + P.eps);
+        for (int j = 0; j < 4; ++j) {
+          st_bf4(xs + r * kRow + 4 * lane + 128 * j, v[i][j]);
+          q += v[i][j].x * v[i][j].x + v[i][j].y * v[i][j].y + v[i][j].z * v[i][j].z + v[i][j].w * v[i][j].w;
         }
+        if (norm) {
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
-          if (j < nj)
-            st_bf4(xs + r * kXRow + 4 * lane + 128 * j, v[h][j].x * scale, v[h][j].y * scale, v[h][j].z * scale,
-                   v[h][j].w * scale);
+          for (int o = 16; o > 0; o >>= 1) q += __shfl_xor_sync(0xffffffffu, q, o);
+          if (lane == 0) ss[r] += q;
+        }
       }
     }
     return;
   }
-  // bf16: 16-byte copies, four in flight a thread.
+  // bf16: m rows × 64 copies of 16 bytes, ≤ 14 a thread, in two batches of 7 in flight.
+  constexpr int kPer = 7;
   const uint16_t* in = static_cast<const uint16_t*>(P.in);
-  const int per_row = kc / 8, n = m * per_row;
-  for (int q0 = int(threadIdx.x); q0 < n; q0 += 4 * kThreads) {
-    uint4 v[4];
+  const int n = m * (kChunk / 8);
+  for (int q0 = int(threadIdx.x); q0 < n; q0 += kPer * kThreads) {
+    uint4 v[kPer];
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
+    for (int u = 0; u < kPer; ++u) {
       const int q = q0 + u * kThreads;
-      if (q < n) v[u] = ldcg16(in + int64_t(q / per_row) * P.in_stride + col0 + (q % per_row) * 8);
+      if (q < n) v[u] = ldcg16(in + int64_t(q / (kChunk / 8)) * P.in_stride + col0 + (q % (kChunk / 8)) * 8);
     }
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
+    for (int u = 0; u < kPer; ++u) {
       const int q = q0 + u * kThreads;
-      if (q < n) *reinterpret_cast<uint4*>(xs + (q / per_row) * kXRow + (q % per_row) * 8) = v[u];
+      if (q < n) *reinterpret_cast<uint4*>(xs + (q / (kChunk / 8)) * kRow + (q % (kChunk / 8)) * 8) = v[u];
     }
   }
 }
 
-// One stage: warp w takes the stage's K quarter w % 4 (two 64-column MMA steps) for token tiles
-// 0..3 (w < 4) or 4..6 (w ≥ 4). acc[j] is token tile 4·(w / 4) + j.
-__device__ __forceinline__ void stage_math(const uint16_t* st, const uint16_t* xs, int xoff, int ntiles,
-                                           float (&acc)[4][4]) {
+// One stage against the chunk in xs: warp w takes the stage's K quarter w % 4 (two 64-column MMA
+// steps) for token tiles 0..3 (w < 4) or 4..6 (w ≥ 4). acc[j] is token tile 4·(w / 4) + j.
+__device__ __forceinline__ void stage_math(const uint16_t* st, const uint16_t* xs, int ntiles, float (&acc)[4][4]) {
   const int lane = int(threadIdx.x) & 31, warp = int(threadIdx.x) >> 5, g = lane >> 2, t = lane & 3;
   const int kq = warp & 3, nh = warp >> 2;
-  const uint16_t* wa = st + g * kStageRow + 128 * kq + 8 * t;
-  const uint16_t* wb = wa + 8 * kStageRow;
+  const uint16_t* wa = st + g * kRow + 128 * kq + 8 * t;
+  const uint16_t* wb = wa + 8 * kRow;
 #pragma unroll
   for (int s = 0; s < 2; ++s) {
     const int col = kMmaStep * s;
@@ -190,16 +244,17 @@ __device__ __forceinline__ void stage_math(const uint16_t* st, const uint16_t* x
     for (int j = 0; j < 4; ++j) {
       const int nt = 4 * nh + j;
       if (nt >= ntiles) break;
-      const uint16_t* xp = xs + (8 * nt + g) * kXRow + xoff + 128 * kq + col + 8 * t;
+      const uint16_t* xp = xs + (8 * nt + g) * kRow + 128 * kq + col + 8 * t;
       const uint4 b[2] = {lds16(xp), lds16(xp + 32)};
       mma_step(acc[j], a0, a1, b);
     }
   }
 }
 
-// The item's sums over the four K quarters, in that order, and the phase's epilogue for its 16
-// rows of W (tile) and the m tokens.
-__device__ void epilogue(const Phase& P, int m, int ntiles, int tile, float* red, const float (&acc)[4][4]) {
+// An item's sums over the four K quarters, in that order, and the phase's epilogue for its 16
+// rows of W (tile) and the m tokens. Ends with every thread past its last read of red.
+__device__ void epilogue(const Phase& P, int m, int ntiles, int tile, float* red, const float* ss,
+                         const float (&acc)[4][4]) {
   const int lane = int(threadIdx.x) & 31, warp = int(threadIdx.x) >> 5, g = lane >> 2, t = lane & 3;
   const int kq = warp & 3, nh = warp >> 2;
 #pragma unroll
@@ -211,8 +266,11 @@ __device__ void epilogue(const Phase& P, int m, int ntiles, int tile, float* red
     r0[8 * kRS] = acc[j][2], r0[8 * kRS + 1] = acc[j][3];
   }
   __syncthreads();
+  const bool norm = (P.flags & kNorm) != 0;
   auto sum = [&](int r, int c) {
-    return ((red[r * kRS + c] + red[(16 + r) * kRS + c]) + red[(32 + r) * kRS + c]) + red[(48 + r) * kRS + c];
+    const float s =
+        ((red[r * kRS + c] + red[(16 + r) * kRS + c]) + red[(32 + r) * kRS + c]) + red[(48 + r) * kRS + c];
+    return norm ? s * rsqrtf(ss[c] / float(P.k) + P.eps) : s;
   };
   if (P.flags & kGeglu) {
     uint16_t* out = static_cast<uint16_t*>(P.out);
@@ -221,35 +279,43 @@ __device__ void epilogue(const Phase& P, int m, int ntiles, int tile, float* red
       const float gl = round_bf(gelu_tanh_1(round_bf(sum(r, c))));
       out[int64_t(c) * P.out_stride + 8 * tile + r] = f2bf(gl * round_bf(sum(r + 8, c)));
     }
-    return;
+  } else {
+    for (int e = int(threadIdx.x); e < 16 * m; e += kThreads) {
+      const int r = e % 16, c = e / 16;
+      const float s = sum(r, c);
+      const int64_t at = int64_t(c) * P.out_stride + 16 * tile + r;
+      if (P.flags & kAccum) atomicAdd(static_cast<float*>(P.out) + at, s);
+      else if (P.flags & kOutF32) static_cast<float*>(P.out)[at] = s;
+      else static_cast<uint16_t*>(P.out)[at] = f2bf(s);
+    }
   }
-  for (int e = int(threadIdx.x); e < 16 * m; e += kThreads) {
-    const int r = e % 16, c = e / 16;
-    const float s = sum(r, c);
-    const int64_t at = int64_t(c) * P.out_stride + 16 * tile + r;
-    if (P.flags & kAccum) atomicAdd(static_cast<float*>(P.out) + at, s);
-    else if (P.flags & kOutF32) static_cast<float*>(P.out)[at] = s;
-    else static_cast<uint16_t*>(P.out)[at] = f2bf(s);
-  }
+  __syncthreads();
 }
 
 __global__ void __launch_bounds__(kThreads, 1) expert_stream_kernel(Args a) {
   extern __shared__ __align__(16) uint8_t smem[];
   uint16_t* xs = reinterpret_cast<uint16_t*>(smem);
   float* red = reinterpret_cast<float*>(smem + kXBytes);
-  uint16_t* ring = reinterpret_cast<uint16_t*>(smem + kXBytes + kRedBytes);
-  const int S = a.stages, G = int(gridDim.x), m = a.m, ntiles = (m + 7) / 8;
+  float* ss = reinterpret_cast<float*>(smem + kXBytes + kRedBytes);
+  auto* bars = reinterpret_cast<unsigned long long*>(smem + kXBytes + kRedBytes + kSsBytes);
+  uint16_t* ring = reinterpret_cast<uint16_t*>(smem + kFixedBytes);
+  const int S = a.stages, m = a.m, ntiles = (m + 7) / 8;
+  if (a.bulk && threadIdx.x == 0) {
+    for (int s = 0; s < S; ++s) mbar_init(bars + s, 1);
+    mbar_init_fence();
+  }
+  __syncthreads();
 
   // Token rows past m are never loaded: zero them once (their sums are computed, never stored).
-  for (int q = int(threadIdx.x); q < (kStreamTokens - m) * kXRow / 8; q += kThreads)
-    reinterpret_cast<uint4*>(xs + m * kXRow)[q] = make_uint4(0, 0, 0, 0);
+  for (int q = int(threadIdx.x); q < (kStreamTokens - m) * kRow / 8; q += kThreads)
+    reinterpret_cast<uint4*>(xs + m * kRow)[q] = make_uint4(0, 0, 0, 0);
 
   // The weights depend on nothing: S − 1 stages are in flight before the wait for the kernel
   // before this one, and stay S − 1 ahead of the math from then on, across every barrier.
-  Cursor prod{0, int(blockIdx.x), 0};
+  Cursor prod{0, 0, 0, 0};
   settle(a, prod);
   for (int s = 0; s + 1 < S; ++s) {
-    issue(a, prod, ring, s);
+    issue(a, prod, ring, bars, s);
     cp_async_commit();
     advance(a, prod);
   }
@@ -260,34 +326,44 @@ __global__ void __launch_bounds__(kThreads, 1) expert_stream_kernel(Args a) {
     const Phase P = a.ph[pi];
     if (pi > 0 && !(a.skip & 2)) grid_barrier(a.sync);
     stamp(a, pi, 0);
-    const int items = items_of(P), spi = stages_per_item(P);
-    int loaded = -1;
+    const Share sh = share_of(P, a.contig);
+    const int kc = P.k / P.parts;
     bool stamped = false;
-    for (int item = int(blockIdx.x); item < items; item += G) {
-      const int tile = item / P.parts, part = item % P.parts;
-      if (part != loaded) {
-        __syncthreads();  // every warp is done with xs
-        if (!(a.skip & 4)) load_input(P, m, part, xs);
-        __syncthreads();
-        loaded = part;
-      }
-      if (!stamped) stamp(a, pi, 1), stamped = true;
-      float acc[4][4];
+    for (int j0 = 0, len = 0; j0 < sh.n; j0 += len) {
+      len = sh.round_len(j0);
+      const int part = sh.part(sh.item(j0));
+      float acc[kRound][4][4];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-      for (int s = 0; s < spi; ++s, ++it) {
-        wait_ring(S);
-        __syncthreads();  // the stage is visible to all; slot (it − 1) % S is free again
-        issue(a, prod, ring, (it + S - 1) % S);
-        cp_async_commit();
-        advance(a, prod);
-        if (!(a.skip & 1)) stage_math(ring + (it % S) * kStageElems, xs, s * int(kStreamStageCols), ntiles, acc);
+      for (int u = 0; u < kRound; ++u)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[u][j][0] = acc[u][j][1] = acc[u][j][2] = acc[u][j][3] = 0.f;
+      if (threadIdx.x < kStreamTokens) ss[threadIdx.x] = 0.f;
+      for (int c = 0; c < sh.chunks; ++c) {
+        __syncthreads();  // every warp is done with the last chunk (and ss is zeroed)
+        if (!(a.skip & 4)) load_chunk(P, m, int64_t(part) * kc + int64_t(c) * kChunk, xs, ss);
+        __syncthreads();
+        if (!stamped) stamp(a, pi, 1), stamped = true;
+#pragma unroll
+        for (int u = 0; u < kRound; ++u) {
+          if (u >= len) break;
+          wait_ring(a, bars, it);
+          __syncthreads();  // the stage is visible to all; slot (it − 1) % S is free again
+          issue(a, prod, ring, bars, (it + S - 1) % S);
+          cp_async_commit();
+          advance(a, prod);
+          if (!(a.skip & 1)) stage_math(ring + (it % S) * kStageElems, xs, ntiles, acc[u]);
+          ++it;
+        }
       }
-      if (!(a.skip & 1)) epilogue(P, m, ntiles, tile, red, acc);
-      // red is written again only after the next item's first stage barrier.
+      if (!(a.skip & 1)) {
+#pragma unroll
+        for (int u = 0; u < kRound; ++u) {
+          if (u >= len) break;
+          epilogue(P, m, ntiles, sh.tile(sh.item(j0 + u)), red, ss, acc[u]);
+        }
+      }
     }
     if (!stamped) stamp(a, pi, 1);
-    __threadfence();
     stamp(a, pi, 2);
   }
   cp_async_wait<0>();  // (empty groups only: the stream ends with the last phase)
@@ -295,7 +371,7 @@ __global__ void __launch_bounds__(kThreads, 1) expert_stream_kernel(Args a) {
 
 bool plan_ok(const ExpertStreamPlan& p) {
   return p.m >= 1 && p.m <= kStreamTokens && p.blocks >= 1 && p.stages >= kMinStages && p.stages <= kMaxStages &&
-         p.smem >= kXBytes + kRedBytes + uint64_t(p.stages) * kStageBytes;
+         p.smem >= kFixedBytes + uint64_t(p.stages) * kStageBytes;
 }
 
 cudaError_t allow_smem(uint64_t smem) {
@@ -321,7 +397,7 @@ bool expert_stream_plan(int64_t m, int sms, int64_t smem_optin, ExpertStreamPlan
   if (stages != 0 && (stages < kMinStages || stages > kMaxStages)) return false;
   const uint64_t cap = std::min<uint64_t>(uint64_t(std::max<int64_t>(smem_optin, 0)), kSmemCap);
   for (int s = stages ? stages : kMaxStages; s >= (stages ? stages : kMinStages); --s) {
-    const uint64_t smem = kXBytes + kRedBytes + uint64_t(s) * kStageBytes;
+    const uint64_t smem = kFixedBytes + uint64_t(s) * kStageBytes;
     if (smem > cap) continue;
     *out = ExpertStreamPlan{m, sms, s, smem};
     return true;
@@ -357,9 +433,8 @@ Status expert_stream_upload(const std::vector<StreamPhase>& phases, int64_t m, v
       return bad("rows (" + std::to_string(s.rows) + ") must be a positive multiple of 16");
     if (s.parts != 1 && s.parts != 2 && s.parts != 4)
       return bad("parts (" + std::to_string(s.parts) + ") must be 1, 2 or 4");
-    if (s.k < kStreamStageCols || s.k % (kStreamStageCols * s.parts) != 0 || s.k / s.parts > kStreamMaxPartCols)
-      return bad("k (" + std::to_string(s.k) + ") must be a multiple of 512 x parts (" + std::to_string(s.parts) +
-                 ") with at most 1024 columns a part");
+    if (s.k < kStreamStageCols || s.k % (kStreamStageCols * s.parts) != 0 || s.k > kIntMax)
+      return bad("k (" + std::to_string(s.k) + ") must be a multiple of 512 x parts (" + std::to_string(s.parts) + ")");
     if (s.parts > 1 && !s.accumulate) return bad("K parts add their sums: parts > 1 needs accumulate");
     if (s.accumulate && (!s.out_f32 || s.geglu)) return bad("accumulate needs an fp32 out and no geglu");
     if (s.norm && (!s.in_f32 || s.parts != 1)) return bad("norm needs an fp32 input and one K part");
@@ -393,8 +468,19 @@ Status expert_stream(cudaStream_t stream, const ExpertStreamPlan& p, const void*
   if (const cudaError_t e = allow_smem(p.smem); e != cudaSuccess)
     return Status(StatusCode::Backend,
                   "expert_stream: " + std::to_string(p.smem) + " bytes of shared memory: " + cudaGetErrorString(e));
-  const Args a{static_cast<const Phase*>(phases) + first, int(count), int(p.m), p.stages, sync,
-               probe ? probe->stamps : nullptr, probe ? probe->skip : 0};
+  // cp.async; bulk copies (sm_90+, one GPU per process) where a bench asks for them (skip bit 8:
+  // measured slower on an H100, session 25).
+  static const int cc = [] {
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    return major;
+  }();
+  const int skip = probe ? probe->skip : 0;
+  const Args a{static_cast<const Phase*>(phases) + first, int(count), int(p.m), p.stages,
+               cc >= 9 && (skip & 8) ? 1 : 0, (skip & 16) ? 0 : 1, sync, probe ? probe->stamps : nullptr, skip};
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(unsigned(p.blocks));
   cfg.blockDim = dim3(kThreads);

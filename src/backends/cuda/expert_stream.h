@@ -6,17 +6,22 @@
 // delivers in ~7–10 µs (docs/cuda.md, session 16). Here one block per multiprocessor (all
 // resident: a cooperative launch) walks a fixed schedule of weight stages (16 rows × 512 columns
 // of W, bf16) that depends on no data, so it keeps `stages - 1` of them in flight through a ring
-// in shared memory (cp.async) at all times: through the grid barriers between phases and into the
-// next phase's weights. Only the activations wait for a barrier.
+// in shared memory at all times (cp.async; on sm_90 optionally by the bulk copy engine, one copy a
+// row counted on the slot's mbarrier): through the grid barriers between phases and into the next
+// phase's weights. Only the activations wait for a barrier.
 //
 // A phase: out = f(in · Wᵀ) for m ≤ 56 tokens. Its items are (16-row tile of W, K part); block b
-// takes items b, b + G, b + 2G, … (G blocks). An item's sums are added across warps in a fixed
-// order. Per phase, in order:
+// of G takes a run of ceil(items / G) neighbouring items (part-major), up to four at once (a
+// round: one K part, their sums in registers), and walks the round's K part in chunks of 512
+// columns: the chunk of the input goes into shared memory once, and each item's 16 × 512 weight
+// stage meets it there. An item's sums are added across warps in a fixed order. Per phase, in
+// order:
 //   1. after the grid barrier (none before the first phase: a programmatic-dependent-launch wait
-//      instead), the block copies the input columns of its K part into shared memory as bf16:
-//      bf16 input as it is; fp32 input rounded to bf16, or with `norm` first scaled per row by
-//      1 / sqrt(mean over the k columns of x² + eps) (fp32 arithmetic, summation order unspecified);
-//   2. the sums s (fp32, over the item's K part) of each output element;
+//      instead), each chunk of the input as bf16: bf16 input as it is, fp32 input rounded to bf16;
+//   2. the sums s (fp32, over the item's K part) of each output element; with `norm` (one K part,
+//      fp32 input) s is then scaled by the token's 1 / sqrt(mean over the k columns of x² + eps),
+//      x² summed in fp32 as the chunks pass (the GEMM is linear, so the scale moves after it: the
+//      input is rounded to bf16 before the scale, not after);
 //   3. the epilogue: `geglu` writes out[t][j] = bf16(bf16(gelu_tanh(bf16(s_j))) · bf16(s_{F+j}))
 //      for W's rows j < F (gate) and F + j (up), F = rows / 2 (the unfused path's three roundings);
 //      otherwise out[t][r] = s as fp32 or bf16(s), or with `accumulate` fp32 out[t][r] += s by an
@@ -35,17 +40,16 @@
 namespace vlac::cuda {
 
 constexpr int kStreamTokens = 56;         // m ≤ 56: seven MMA column tiles of 8
-constexpr int64_t kStreamStageCols = 512;  // columns of W per stage (and per K step of an item)
-constexpr int64_t kStreamMaxPartCols = 1024;
+constexpr int64_t kStreamStageCols = 512;  // columns of W per stage, and of the input per chunk
 
 struct StreamPhase {
   const void* w = nullptr;   // W [rows, k] bf16, row-major, 16-byte aligned
-  int64_t rows = 0, k = 0;   // rows % 16 == 0; k % (512 · parts) == 0 and k / parts ≤ 1024
+  int64_t rows = 0, k = 0;   // rows % 16 == 0; k % (512 · parts) == 0
   int parts = 1;             // 1, 2 or 4 K parts; more than 1 needs `accumulate`
   const void* in = nullptr;  // [m, k] (row stride in_stride elements), 16-byte aligned rows
   int64_t in_stride = 0;
   bool in_f32 = false;       // fp32 input, else bf16
-  bool norm = false;         // RMS-normalise each fp32 input row over its k columns (parts == 1)
+  bool norm = false;         // scale the sums by each fp32 input row's 1 / rms over k (parts == 1)
   float eps = 1e-6f;
   bool geglu = false;        // rows = 2F, gate rows then up rows; out [m, F] bf16; parts == 1
   void* out = nullptr;       // [m, rows] (or [m, F] with geglu), row stride out_stride elements
@@ -74,13 +78,17 @@ uint64_t expert_stream_phase_bytes(int64_t n);
 /// them, in the kernel's form, to `dev` (expert_stream_phase_bytes(size) bytes; synchronous).
 Status expert_stream_upload(const std::vector<StreamPhase>& phases, int64_t m, void* dev);
 
-/// Unsigned words of synchronisation state (the grid barrier): zeroed once, left as found.
+/// Unsigned words of synchronisation state (the grid barrier's arrivals and generation): zeroed
+/// once before the first launch, then left to the kernel (arrivals back at zero after each launch).
 constexpr int64_t kExpertStreamSyncWords = 2;
 
 /// For benches: `stamps` [blocks][count][kExpertStreamStamps] gets each block's %globaltimer (ns)
 /// at the start of each phase (after its barrier), once its input is in shared memory, and at the
-/// phase's end (before the next barrier). `skip` leaves parts out (results wrong; timing only):
-/// 1 the math and the epilogue, 2 the grid barriers, 4 the input copies.
+/// phase's end (before the next barrier); the second is taken after the first chunk of its first
+/// round. `skip` leaves parts out (results wrong; timing only):
+/// 1 the math and the epilogue, 2 the grid barriers, 4 the input copies. Two bits change how, not
+/// what (results right): 8 streams the weights by the bulk copy engine (sm_90+) instead of
+/// cp.async, 16 deals items to blocks strided (b, b + G, …) instead of in neighbouring runs.
 struct ExpertStreamProbe {
   unsigned long long* stamps = nullptr;
   int skip = 0;
