@@ -17,7 +17,10 @@
 // same step's phases launched one at a time. Prints one line per setting and JSON (--out FILE).
 //
 // Usage: expert_stream_bench [--reps N] [--out FILE] [--layers L] [--o-parts P] [--down-parts P]
-// (K parts of o and down: 1, 2 or 4; default 2 and 4)
+//                            [--narrow]
+// (K parts of o and down: 1, 2 or 4; default 2 and 4). --narrow: every W has 512 columns and the
+// same bytes as pi0.5's (5120, 4096, 16384 and 8192 rows), so each weight stage is one contiguous
+// 16 KB run: the stream's rate without rows spread over the matrix (no cuBLASLt baseline, no check).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -99,6 +102,7 @@ double graph_ms(cudaStream_t st, int reps, int calls, F&& fn) {
 
 int main(int argc, char** argv) {
   int reps = 20, layers = 18, o_parts = 2, down_parts = 4;
+  bool narrow = false;
   std::string out_path;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -107,8 +111,9 @@ int main(int argc, char** argv) {
     else if (a == "--layers" && i + 1 < argc) layers = std::max(1, std::atoi(argv[++i]));
     else if (a == "--o-parts" && i + 1 < argc) o_parts = std::atoi(argv[++i]);
     else if (a == "--down-parts" && i + 1 < argc) down_parts = std::atoi(argv[++i]);
+    else if (a == "--narrow") narrow = true;
     else {
-      std::fprintf(stderr, "usage: expert_stream_bench [--reps N] [--out FILE] [--layers L] [--o-parts P] [--down-parts P]\n");
+      std::fprintf(stderr, "usage: expert_stream_bench [--reps N] [--out FILE] [--layers L] [--o-parts P] [--down-parts P] [--narrow]\n");
       return 2;
     }
   }
@@ -126,7 +131,10 @@ int main(int argc, char** argv) {
   // Weights: uniform in ±sqrt(3/k)/2, so each GEMM's output has a standard deviation ~0.5 per unit
   // of its input's.
   struct Shape { int64_t rows, k; };
-  const Shape shapes[4] = {{Q, D}, {D, 2 * D}, {2 * F, D}, {D, F}};  // qkv, o, gate|up, down
+  constexpr int64_t kN = 512;  // --narrow's columns
+  const Shape wide[4] = {{Q, D}, {D, 2 * D}, {2 * F, D}, {D, F}};  // qkv, o, gate|up, down
+  const Shape thin[4] = {{Q * D / kN, kN}, {2 * D * D / kN, kN}, {2 * F * D / kN, kN}, {D * F / kN, kN}};
+  const Shape* shapes = narrow ? thin : wide;
   const char* kinds[4] = {"qkv", "o", "gate|up", "down"};
   std::vector<void*> w(static_cast<size_t>(nph));
   double step_bytes = 0;
@@ -142,11 +150,28 @@ int main(int argc, char** argv) {
   const std::vector<float> x0 = uniform_f32(size_t(M * D), 7);
   auto* x = static_cast<float*>(dalloc(size_t(M * D) * 4));
   void* qkv = dalloc(size_t(M * Q) * 2);
-  void* h = dalloc(size_t(M * F) * 2);
+  void* h = dalloc(size_t(M * F) * 2 * (narrow ? 2 : 1));
+  // --narrow: the wide outputs (o's and down's) go to their own fp32 buffer; QKV and H grow.
+  const int64_t qn = narrow ? thin[0].rows : Q, hn = narrow ? thin[2].rows / 2 : F, yn = thin[3].rows;
+  void* qkv_n = narrow ? dalloc(size_t(M * qn) * 2) : nullptr;
+  auto* y_n = narrow ? static_cast<float*>(dalloc(size_t(M * yn) * 4)) : nullptr;
   auto reset_x = [&] { CK(cudaMemcpy(x, x0.data(), x0.size() * 4, cudaMemcpyHostToDevice)); };
 
   std::vector<StreamPhase> phases;
-  for (int l = 0; l < layers; ++l) {
+  for (int l = 0; l < layers && narrow; ++l) {
+    // qkv, o, gate|up (GeGLU), down with 512 columns each: the inputs' first 512 columns.
+    for (int k = 0; k < 4; ++k) {
+      StreamPhase p;
+      p.w = w[size_t(4 * l + k)], p.rows = thin[k].rows, p.k = kN;
+      if (k == 0 || k == 2) p.in = x, p.in_stride = D, p.in_f32 = true, p.norm = true;
+      else p.in = k == 1 ? qkv_n : h, p.in_stride = k == 1 ? qn : hn;
+      if (k == 0) p.out = qkv_n, p.out_stride = qn;
+      else if (k == 2) p.out = h, p.out_stride = hn, p.geglu = true;
+      else p.out = y_n, p.out_stride = yn, p.out_f32 = true;
+      phases.push_back(p);
+    }
+  }
+  for (int l = 0; l < layers && !narrow; ++l) {
     StreamPhase p;
     p.w = w[size_t(4 * l)], p.rows = Q, p.k = D;  // qkv
     p.in = x, p.in_stride = D, p.in_f32 = true, p.norm = true;
@@ -190,6 +215,7 @@ int main(int argc, char** argv) {
   j["smem_optin"] = optin;
   j["shape"] = {{"m", M}, {"d", D}, {"qkv", Q}, {"f", F}};
   j["layers"] = layers;
+  j["narrow"] = narrow;
   j["o_parts"] = o_parts;
   j["down_parts"] = down_parts;
   j["steps_per_graph"] = kStepsPerGraph;
@@ -246,7 +272,7 @@ int main(int argc, char** argv) {
   report("stream, one launch a phase", ms, {{"stages", plan.stages}, {"skip", 0}}, true);
 
   // 4. cuBLASLt: the layer's four GEMMs and GeGLU on bf16 inputs (h in place over gate|up's output).
-  {
+  if (!narrow) {
     auto runner = GemmRunner::create();
     SK(runner.status());
     void* ws = dalloc(runner->workspace_bytes());
@@ -331,7 +357,7 @@ int main(int argc, char** argv) {
   }
 
   // 6. One launch a step against the same phases one launch each, from the same X.
-  {
+  if (!narrow) {
     reset_x();
     SK(expert_stream(st, plan, dphases, nph, 0, nph, sync));
     CK(cudaStreamSynchronize(st));
