@@ -247,7 +247,7 @@ int main(int argc, char** argv) {
                   static_cast<unsigned long long>(p.smem));
       continue;
     }
-    for (int skip : {0, 8, 16, 1, 4, 1 | 4, 2, 1 | 2 | 4, 1 | 2 | 4 | 8, 1 | 2 | 4 | 16}) {
+    for (int skip : {0, 8, 16, 1, 4, 1 | 4, 2, 1 | 2 | 4, 1 | 2 | 4 | 8, 1 | 2 | 4 | 16, 1 | 2 | 4 | 8 | 32}) {
       if (stages != 0 && skip != 0) continue;
       ExpertStreamProbe pr;
       pr.skip = skip;

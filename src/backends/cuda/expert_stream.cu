@@ -116,10 +116,16 @@ __device__ __forceinline__ void issue_stage(const Phase& P, int tile, int64_t co
   }
 }
 // The same stage by the bulk copy engine: thread 0 issues one copy a row, counted on bar.
+// `whole` (bench probe, skip bit 32): where the stage's rows are one run (k = 512, no geglu), one
+// copy of the whole run, unpadded (the math then reads the wrong layout: timing only).
 __device__ __forceinline__ void issue_stage_bulk(const Phase& P, int tile, int64_t col0, uint16_t* dst,
-                                                 unsigned long long* bar) {
+                                                 unsigned long long* bar, bool whole) {
   const bool geglu = (P.flags & kGeglu) != 0;
   mbar_expect_tx(bar, 16 * kChunk * 2);
+  if (whole && P.k == kChunk && !geglu) {
+    bulk_copy(dst, P.w + int64_t(16 * tile) * P.k, 16 * kChunk * 2, bar);
+    return;
+  }
   for (int r = 0; r < 16; ++r) {
     const int row = geglu ? (r < 8 ? 8 * tile + r : P.rows / 2 + 8 * tile + r - 8) : 16 * tile + r;
     bulk_copy(dst + r * kRow, P.w + int64_t(row) * P.k + col0, kChunk * 2, bar);
@@ -132,7 +138,7 @@ __device__ __forceinline__ void issue(const Args& a, const Cursor& c, uint16_t* 
   const Share sh = share_of(P, a.contig);
   const int item = sh.item(c.j0 + c.u), tile = sh.tile(item), part = sh.part(item);
   const int64_t col0 = int64_t(part) * (P.k / P.parts) + int64_t(c.c) * kChunk;
-  if (a.bulk) issue_stage_bulk(P, tile, col0, ring + slot * kStageElems, bars + slot);
+  if (a.bulk) issue_stage_bulk(P, tile, col0, ring + slot * kStageElems, bars + slot, (a.skip & 32) != 0);
   else issue_stage(P, tile, col0, ring + slot * kStageElems);
 }
 
