@@ -8,7 +8,7 @@
 //   - one launch a step, per ring depth (stages), and for the planned depth with parts left out
 //     (ExpertStreamProbe::skip: 1 the math, 2 the grid barriers, 4 the input copies; 1|2|4 leaves
 //     the weight stream alone, whose rate is the GB/s printed; 8 streams by the bulk copy engine
-//     instead of cp.async, 16 deals items to blocks strided instead of in neighbouring runs);
+//     instead of cp.async, 32 with it one copy a stage where a stage is one run: --narrow);
 //   - one launch a layer and one launch a phase (what the launch boundaries cost);
 //   - cuBLASLt, 5 launches a layer (qkv, o, gate|up, GeGLU, down on bf16 inputs, no norms): the
 //     least the executor launches for these GEMMs today;
@@ -247,7 +247,7 @@ int main(int argc, char** argv) {
                   static_cast<unsigned long long>(p.smem));
       continue;
     }
-    for (int skip : {0, 8, 16, 1, 4, 1 | 4, 2, 1 | 2 | 4, 1 | 2 | 4 | 8, 1 | 2 | 4 | 16, 1 | 2 | 4 | 8 | 32}) {
+    for (int skip : {0, 8, 1, 4, 1 | 4, 2, 1 | 2 | 4, 1 | 2 | 4 | 8, 1 | 2 | 4 | 8 | 32}) {
       if (stages != 0 && skip != 0) continue;
       ExpertStreamProbe pr;
       pr.skip = skip;

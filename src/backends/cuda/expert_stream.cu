@@ -17,7 +17,7 @@ namespace {
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
-constexpr int kPad = 32;  // bf16 after each shared row: rows 64 bytes off a 128-byte period, no bank conflicts
+constexpr int kPad = 8;  // bf16 after each shared row: rows 16 bytes apart mod 128, so ldmatrix's 8 rows hit 8 bank groups
 constexpr int kChunk = int(kStreamStageCols);  // columns of a weight stage and of an input chunk
 constexpr int kRow = kChunk + kPad;
 constexpr int kStageElems = 16 * kRow;
@@ -47,106 +47,106 @@ struct Phase {
 struct Args {
   const Phase* ph;  // the launch's first phase
   int count, m, stages;
-  int bulk;    // weight stages by the bulk copy engine (sm_90+), else cp.async
-  int contig;  // a block's items are neighbours (Share)
+  int bulk;  // weight stages by the bulk copy engine (sm_90+), else cp.async
   unsigned* sync;
   unsigned long long* stamps;  // ExpertStreamProbe (benches): null otherwise
   int skip;
 };
 
-// A block's share of a phase: its j-th item (j < n) and how many items from the j-th on form a
-// round (at most four, one K part: one input chunk serves them all), each walking `chunks`
-// chunks of its K part. Contiguous (the default): the block owns items [b·per, b·per + n), numbered
-// part-major, so a round is neighbouring tiles of W (few pages, and a gate|up round's rows are
-// two runs); strided (bench A/B): items b, b + G, b + 2G, … numbered tile-major.
+// A block's share of a phase: the run of items [first, first + n) (ceil(items / G) a block),
+// numbered part-major, so neighbouring items are neighbouring 16-row tiles of W; each walks
+// `chunks` chunks of 512 columns of its K part. A round is up to four items of one K part (one
+// input chunk serves them all): round(j) gives the round from the block's j-th item on.
 struct Share {
-  int n, chunks, tiles, parts, first, G, contig;
-  __device__ __forceinline__ int item(int j) const { return contig ? first + j : first + j * G; }
-  __device__ __forceinline__ int part(int i) const { return contig ? i / tiles : i % parts; }
-  __device__ __forceinline__ int tile(int i) const { return contig ? i % tiles : i / parts; }
-  __device__ __forceinline__ int round_len(int j) const {
-    if (contig) return min(min(kRound, n - j), tiles - tile(item(j)));
-    return G % parts == 0 ? min(kRound, n - j) : 1;
+  int n, first, chunks, tiles, kc;
+  __device__ __forceinline__ int round(int j, int* part, int* tile0) const {
+    const int item = first + j;
+    *part = item / tiles, *tile0 = item % tiles;
+    return min(min(kRound, n - j), tiles - *tile0);
   }
 };
-__device__ __forceinline__ Share share_of(const Phase& P, int contig) {
-  const int tiles = P.rows / 16, items = tiles * P.parts, b = int(blockIdx.x), G = int(gridDim.x);
-  const int chunks = P.k / P.parts / kChunk;
-  if (contig) {
-    const int per = (items + G - 1) / G, first = b * per;
-    return Share{max(0, min(per, items - first)), chunks, tiles, P.parts, first, G, 1};
-  }
-  return Share{b < items ? (items - b + G - 1) / G : 0, chunks, tiles, P.parts, b, G, 0};
+__device__ __forceinline__ Share share_of(const Phase& P) {
+  const int tiles = P.rows / 16, items = tiles * P.parts, G = int(gridDim.x);
+  const int per = (items + G - 1) / G, first = int(blockIdx.x) * per;
+  return Share{max(0, min(per, items - first)), first, P.k / P.parts / kChunk, tiles, P.k / P.parts};
 }
 
-// Where the weight stream is: phase p, round start j0 (the block's j0-th item), chunk c, item u
-// of the round. The stream is the order the math consumes the stages in, from the shapes alone.
+// Where the weight stream is, with what it needs to issue a stage kept in registers (divisions
+// once a round, the phase's fields once a phase): phase p (count = done), round start j (the
+// block's j-th item) of length len, chunk c, item u of the round. The stream is the order the
+// math consumes the stages in, from the shapes alone.
 struct Cursor {
-  int p, j0, c, u;
+  int p, j, len, c, u;
+  Share sh;
+  int part, tile0;
+  const uint16_t* w;
+  int k, half, geglu;  // half: F = rows / 2 (gate|up's up rows), geglu: rows 0..7 gate, 8..15 up
 };
 
-__device__ __forceinline__ void settle(const Args& a, Cursor& c) {
-  while (c.p < a.count && share_of(a.ph[c.p], a.contig).n == 0) ++c.p;
+__device__ __forceinline__ void enter(const Args& a, Cursor& c) {  // phase c.p or the next with items
+  for (; c.p < a.count; ++c.p) {
+    const Phase& P = a.ph[c.p];
+    c.sh = share_of(P);
+    if (c.sh.n == 0) continue;
+    c.w = P.w, c.k = P.k, c.half = P.rows / 2, c.geglu = (P.flags & kGeglu) != 0;
+    c.j = c.c = c.u = 0;
+    c.len = c.sh.round(0, &c.part, &c.tile0);
+    return;
+  }
 }
 __device__ __forceinline__ void advance(const Args& a, Cursor& c) {
   if (c.p >= a.count) return;
-  const Share sh = share_of(a.ph[c.p], a.contig);
-  const int len = sh.round_len(c.j0);
-  if (++c.u < len) return;
+  if (++c.u < c.len) return;
   c.u = 0;
-  if (++c.c < sh.chunks) return;
+  if (++c.c < c.sh.chunks) return;
   c.c = 0;
-  c.j0 += len;
-  if (c.j0 < sh.n) return;
-  c.j0 = 0;
-  ++c.p;
-  settle(a, c);
-}
-
-// W's rows of tile `tile` × the 512 columns from col0 into ring slot `slot` (4 copies of 16 bytes
-// a thread). geglu: rows 0..7 are gate rows 8·tile.., rows 8..15 the same up rows (F further).
-__device__ __forceinline__ void issue_stage(const Phase& P, int tile, int64_t col0, uint16_t* dst) {
-  const bool geglu = (P.flags & kGeglu) != 0;
-  constexpr int kChunks = kChunk / 8;  // 16-byte copies a row
-#pragma unroll
-  for (int q = int(threadIdx.x); q < 16 * kChunks; q += kThreads) {
-    const int r = q / kChunks, ch = q % kChunks;
-    const int row = geglu ? (r < 8 ? 8 * tile + r : P.rows / 2 + 8 * tile + r - 8) : 16 * tile + r;
-    cp_async16(dst + r * kRow + ch * 8, P.w + int64_t(row) * P.k + col0 + ch * 8);
-  }
-}
-// The same stage by the bulk copy engine: thread 0 issues one copy a row, counted on bar.
-// `whole` (bench probe, skip bit 32): where the stage's rows are one run (k = 512, no geglu), one
-// copy of the whole run, unpadded (the math then reads the wrong layout: timing only).
-__device__ __forceinline__ void issue_stage_bulk(const Phase& P, int tile, int64_t col0, uint16_t* dst,
-                                                 unsigned long long* bar, bool whole) {
-  const bool geglu = (P.flags & kGeglu) != 0;
-  mbar_expect_tx(bar, 16 * kChunk * 2);
-  if (whole && P.k == kChunk && !geglu) {
-    bulk_copy(dst, P.w + int64_t(16 * tile) * P.k, 16 * kChunk * 2, bar);
+  c.j += c.len;
+  if (c.j < c.sh.n) {
+    c.len = c.sh.round(c.j, &c.part, &c.tile0);
     return;
   }
-  for (int r = 0; r < 16; ++r) {
-    const int row = geglu ? (r < 8 ? 8 * tile + r : P.rows / 2 + 8 * tile + r - 8) : 16 * tile + r;
-    bulk_copy(dst + r * kRow, P.w + int64_t(row) * P.k + col0, kChunk * 2, bar);
-  }
+  ++c.p;
+  enter(a, c);
 }
+
+// W's row for row r (0..15) of tile `tile`.
+__device__ __forceinline__ int w_row(const Cursor& c, int tile, int r) {
+  return c.geglu ? (r < 8 ? 8 * tile + r : c.half + 8 * tile + r - 8) : 16 * tile + r;
+}
+// The stage at the cursor into ring slot `slot`: cp.async, 4 copies of 16 bytes a thread; or the
+// bulk copy engine, thread 0 one copy a row counted on the slot's mbarrier. `whole` (bench probe,
+// skip bit 32): where the rows are one run (k = 512, no geglu), one bulk copy, unpadded (the math
+// then reads the wrong layout: timing only).
 __device__ __forceinline__ void issue(const Args& a, const Cursor& c, uint16_t* ring, unsigned long long* bars,
                                       int slot) {
   if (c.p >= a.count || (a.bulk && threadIdx.x != 0)) return;
-  const Phase& P = a.ph[c.p];
-  const Share sh = share_of(P, a.contig);
-  const int item = sh.item(c.j0 + c.u), tile = sh.tile(item), part = sh.part(item);
-  const int64_t col0 = int64_t(part) * (P.k / P.parts) + int64_t(c.c) * kChunk;
-  if (a.bulk) issue_stage_bulk(P, tile, col0, ring + slot * kStageElems, bars + slot, (a.skip & 32) != 0);
-  else issue_stage(P, tile, col0, ring + slot * kStageElems);
+  const int tile = c.tile0 + c.u;
+  const uint16_t* src = c.w + int64_t(c.part) * c.sh.kc + c.c * kChunk;
+  uint16_t* dst = ring + slot * kStageElems;
+  if (a.bulk) {
+    unsigned long long* bar = bars + slot;
+    mbar_expect_tx(bar, 16 * kChunk * 2);
+    if ((a.skip & 32) && c.k == kChunk && !c.geglu) {
+      bulk_copy(dst, src + int64_t(16 * tile) * c.k, 16 * kChunk * 2, bar);
+      return;
+    }
+    for (int r = 0; r < 16; ++r) bulk_copy(dst + r * kRow, src + int64_t(w_row(c, tile, r)) * c.k, kChunk * 2, bar);
+    return;
+  }
+  constexpr int kPerRow = kChunk / 8;  // 16-byte copies a row
+  const int ch = int(threadIdx.x) % kPerRow, r0 = int(threadIdx.x) / kPerRow;
+#pragma unroll
+  for (int i = 0; i < 16 * kPerRow / kThreads; ++i) {
+    const int r = r0 + i * (kThreads / kPerRow);
+    cp_async16(dst + r * kRow + ch * 8, src + int64_t(w_row(c, tile, r)) * c.k + ch * 8);
+  }
 }
 
-// Until stage `it` has landed: its mbarrier's phase (bulk), or all but the newest S − 2 of this
+// Until the next stage (in `slot`) has landed: its mbarrier's phase (bulk), or all but the newest S − 2 of this
 // thread's cp.async groups (one committed a stage).
-__device__ __forceinline__ void wait_ring(const Args& a, unsigned long long* bars, int it) {
+__device__ __forceinline__ void wait_ring(const Args& a, unsigned long long* bars, int slot, unsigned parity) {
   if (a.bulk) {
-    mbar_wait(bars + it % a.stages, unsigned(it / a.stages) & 1u);
+    mbar_wait(bars + slot, parity);
     return;
   }
   switch (a.stages) {
@@ -234,37 +234,33 @@ __device__ void load_chunk(const Phase& P, int m, int64_t col0, uint16_t* xs, fl
   }
 }
 
-// One stage against the chunk in xs: warp w takes the stage's K quarter w % 4 (two 64-column MMA
-// steps) for token tiles 0..3 (w < 4) or 4..6 (w ≥ 4; NT = 3). acc[j] is token tile 4·(w / 4) + j.
-// Every fragment of a step is loaded before its first MMA, and the MMAs go round the token tiles
-// (independent sums) rather than down one tile's K: ptxas keeps that order, and one tile's four
-// MMAs in a row each wait for the last (session 25: ~1.5 µs a stage that way).
+// One stage against the chunk in xs: warp w takes the stage's K quarter w % 4 (eight 16-column
+// MMA steps) for token tiles 0..3 (w < 4) or 4..6 (w ≥ 4; NT = 3); acc[j] is token tile
+// 4·(w / 4) + j. Fragments come by ldmatrix in the MMA's register order (A: W's 16 rows × 16
+// columns; B: 8 tokens × 16 columns, two tiles an x4), all of a step's before its MMAs, which go
+// round the tiles (independent sums). Session 25 first had 16-byte loads rearranged by register
+// moves and one tile's MMAs in a row: ~900 instructions a warp and stage, latency-bound.
 template <int NT>
-__device__ __forceinline__ void stage_math_nt(const uint16_t* wa, const uint16_t* xp, float (&acc)[4][4]) {
-  const uint16_t* wb = wa + 8 * kRow;
+__device__ __forceinline__ void stage_math_nt(const uint16_t* st, const uint16_t* xs, int kq, int nh,
+                                              float (&acc)[4][4]) {
+  const int lane = int(threadIdx.x) & 31;
+  const uint16_t* pa = st + (lane & 15) * kRow + 128 * kq + (lane >> 4) * 8;
+  const uint16_t* pb = xs + (32 * nh + 8 * (lane >> 4) + (lane & 7)) * kRow + 128 * kq + ((lane >> 3) & 1) * 8;
 #pragma unroll
-  for (int s = 0; s < 2; ++s) {
-    const int col = kMmaStep * s;
-    const uint4 a0[2] = {lds16(wa + col), lds16(wa + col + 32)};
-    const uint4 a1[2] = {lds16(wb + col), lds16(wb + col + 32)};
-    uint4 b[NT][2];
+  for (int ks = 0; ks < 8; ++ks) {
+    uint32_t a[4], b[4][2];
+    ldsm_x4(pa + 16 * ks, a[0], a[1], a[2], a[3]);
+    ldsm_x4(pb + 16 * ks, b[0][0], b[0][1], b[1][0], b[1][1]);
+    if constexpr (NT == 4) ldsm_x4(pb + 16 * kRow + 16 * ks, b[2][0], b[2][1], b[3][0], b[3][1]);
+    else ldsm_x2(pb + 16 * kRow + 16 * ks, b[2][0], b[2][1]);  // lanes 0..15: tile 2's rows
 #pragma unroll
-    for (int j = 0; j < NT; ++j) b[j][0] = lds16(xp + 8 * j * kRow + col), b[j][1] = lds16(xp + 8 * j * kRow + col + 32);
-#pragma unroll
-    for (int q = 0; q < 4; ++q)
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-        mma(acc[j], word(a0, 2 * q), word(a1, 2 * q), word(a0, 2 * q + 1), word(a1, 2 * q + 1), word(b[j], 2 * q),
-            word(b[j], 2 * q + 1));
+    for (int j = 0; j < NT; ++j) mma(acc[j], a[0], a[1], a[2], a[3], b[j][0], b[j][1]);
   }
 }
 __device__ __forceinline__ void stage_math(const uint16_t* st, const uint16_t* xs, float (&acc)[4][4]) {
-  const int lane = int(threadIdx.x) & 31, warp = int(threadIdx.x) >> 5, g = lane >> 2, t = lane & 3;
-  const int kq = warp & 3, nh = warp >> 2;
-  const uint16_t* wa = st + g * kRow + 128 * kq + 8 * t;
-  const uint16_t* xp = xs + (32 * nh + g) * kRow + 128 * kq + 8 * t;
-  if (nh == 0) stage_math_nt<4>(wa, xp, acc);
-  else stage_math_nt<3>(wa, xp, acc);
+  const int warp = int(threadIdx.x) >> 5, kq = warp & 3, nh = warp >> 2;
+  if (nh == 0) stage_math_nt<4>(st, xs, kq, nh, acc);
+  else stage_math_nt<3>(st, xs, kq, nh, acc);
 }
 
 // An item's sums over the four K quarters, in that order, and the phase's epilogue for its 16
@@ -328,8 +324,8 @@ __global__ void __launch_bounds__(kThreads, 1) expert_stream_kernel(Args a) {
 
   // The weights depend on nothing: S − 1 stages are in flight before the wait for the kernel
   // before this one, and stay S − 1 ahead of the math from then on, across every barrier.
-  Cursor prod{0, 0, 0, 0};
-  settle(a, prod);
+  Cursor prod{};
+  enter(a, prod);
   for (int s = 0; s + 1 < S; ++s) {
     issue(a, prod, ring, bars, s);
     cp_async_commit();
@@ -337,17 +333,20 @@ __global__ void __launch_bounds__(kThreads, 1) expert_stream_kernel(Args a) {
   }
   pdl_wait();
 
-  int it = 0;  // stages consumed
+  // The ring: the stage consumed next is in slot cs (its mbarrier's phase parity `par`), the next
+  // issued goes to slot ps = cs − 1 mod S (the one consumed last).
+  int cs = 0, ps = S - 1;
+  unsigned par = 0;
   for (int pi = 0; pi < a.count; ++pi) {
     const Phase P = a.ph[pi];
     if (pi > 0 && !(a.skip & 2)) grid_barrier(a.sync);
     stamp(a, pi, 0);
-    const Share sh = share_of(P, a.contig);
+    const Share sh = share_of(P);
     const int kc = P.k / P.parts;
     bool stamped = false;
     for (int j0 = 0, len = 0; j0 < sh.n; j0 += len) {
-      len = sh.round_len(j0);
-      const int part = sh.part(sh.item(j0));
+      int part, tile0;
+      len = sh.round(j0, &part, &tile0);
       float acc[kRound][4][4];
 #pragma unroll
       for (int u = 0; u < kRound; ++u)
@@ -362,20 +361,21 @@ __global__ void __launch_bounds__(kThreads, 1) expert_stream_kernel(Args a) {
 #pragma unroll
         for (int u = 0; u < kRound; ++u) {
           if (u >= len) break;
-          wait_ring(a, bars, it);
-          __syncthreads();  // the stage is visible to all; slot (it − 1) % S is free again
-          issue(a, prod, ring, bars, (it + S - 1) % S);
+          wait_ring(a, bars, cs, par);
+          __syncthreads();  // the stage is visible to all; slot ps (consumed last) is free again
+          issue(a, prod, ring, bars, ps);
           cp_async_commit();
           advance(a, prod);
-          if (!(a.skip & 1)) stage_math(ring + (it % S) * kStageElems, xs, acc[u]);
-          ++it;
+          if (!(a.skip & 1)) stage_math(ring + cs * kStageElems, xs, acc[u]);
+          if (++cs == S) cs = 0, par ^= 1u;
+          if (++ps == S) ps = 0;
         }
       }
       if (!(a.skip & 1)) {
 #pragma unroll
         for (int u = 0; u < kRound; ++u) {
           if (u >= len) break;
-          epilogue(P, m, sh.tile(sh.item(j0 + u)), red, ss, acc[u]);
+          epilogue(P, m, tile0 + u, red, ss, acc[u]);
         }
       }
     }
@@ -496,7 +496,7 @@ Status expert_stream(cudaStream_t stream, const ExpertStreamPlan& p, const void*
   }();
   const int skip = probe ? probe->skip : 0;
   const Args a{static_cast<const Phase*>(phases) + first, int(count), int(p.m), p.stages,
-               cc >= 9 && (skip & 8) ? 1 : 0, (skip & 16) ? 0 : 1, sync, probe ? probe->stamps : nullptr, skip};
+               cc >= 9 && (skip & 8) ? 1 : 0, sync, probe ? probe->stamps : nullptr, skip};
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(unsigned(p.blocks));
   cfg.blockDim = dim3(kThreads);

@@ -88,9 +88,8 @@ constexpr int64_t kExpertStreamSyncWords = 2;
 /// round. `skip` leaves parts out (results wrong; timing only):
 /// 1 the math and the epilogue, 2 the grid barriers, 4 the input copies. Two bits change how, not
 /// what (results right): 8 streams the weights by the bulk copy engine (sm_90+) instead of
-/// cp.async, 16 deals items to blocks strided (b, b + G, …) instead of in neighbouring runs. 32
-/// (with 8) copies a stage whose rows are one run (k = 512, no geglu) in one bulk copy, unpadded
-/// (timing only).
+/// cp.async; 32 (with 8) copies a stage whose rows are one run (k = 512, no geglu) in one bulk
+/// copy, unpadded (timing only).
 struct ExpertStreamProbe {
   unsigned long long* stamps = nullptr;
   int skip = 0;

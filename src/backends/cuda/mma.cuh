@@ -49,6 +49,21 @@ __device__ __forceinline__ void mma(float (&c)[4], uint32_t a0, uint32_t a1, uin
 #endif
 }
 
+/// ldmatrix (no transpose) from shared memory: lanes 8i..8i+7 give the row addresses (16 bytes
+/// each) of matrix i; register i gets matrix i's fragment (lane l: row l / 4, columns 2(l % 4)..+1),
+/// the MMA's register order for A (rows 0-7 / 8-15 × columns 0-7 / 8-15) and B (stored [n][k]).
+__device__ __forceinline__ void ldsm_x4(const uint16_t* p, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  const unsigned s = unsigned(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(s));
+}
+/// Two matrices: lanes 0..15 give the addresses.
+__device__ __forceinline__ void ldsm_x2(const uint16_t* p, uint32_t& r0, uint32_t& r1) {
+  const unsigned s = unsigned(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r0), "=r"(r1) : "r"(s));
+}
+
 /// The four MMAs of one step: A rows g (a[0]) and g+8 (a[1]), B column g (b).
 __device__ __forceinline__ void mma_step(float (&c)[4], const uint4 (&a0)[2], const uint4 (&a1)[2], const uint4 (&b)[2]) {
 #pragma unroll
