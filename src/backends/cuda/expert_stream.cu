@@ -48,7 +48,7 @@ struct Args {
   const Phase* ph;  // the launch's first phase
   int count, m, stages;
   int bulk;  // weight stages by the bulk copy engine (sm_90+), else cp.async
-  unsigned* sync;
+  unsigned long long* sync;    // the grid barrier's arrival counter (grid_barrier_counted)
   unsigned long long* stamps;  // ExpertStreamProbe (benches): null otherwise
   int skip;
 };
@@ -332,6 +332,8 @@ __global__ void __launch_bounds__(kThreads, 1) expert_stream_kernel(Args a) {
     advance(a, prod);
   }
   pdl_wait();
+  // The counter may only be read once the launch before (in stream order) is complete.
+  const unsigned long long base = grid_counter_base(a.sync);
 
   // The ring: the stage consumed next is in slot cs (its mbarrier's phase parity `par`), the next
   // issued goes to slot ps = cs − 1 mod S (the one consumed last).
@@ -339,7 +341,7 @@ __global__ void __launch_bounds__(kThreads, 1) expert_stream_kernel(Args a) {
   unsigned par = 0;
   for (int pi = 0; pi < a.count; ++pi) {
     const Phase P = a.ph[pi];
-    if (pi > 0 && !(a.skip & 2)) grid_barrier(a.sync);
+    if (pi > 0 && !(a.skip & 2)) grid_barrier_counted(a.sync, base + (unsigned long long)pi * gridDim.x);
     stamp(a, pi, 0);
     const Share sh = share_of(P);
     const int kc = P.k / P.parts;
@@ -477,7 +479,8 @@ Status expert_stream_upload(const std::vector<StreamPhase>& phases, int64_t m, v
 Status expert_stream(cudaStream_t stream, const ExpertStreamPlan& p, const void* phases, int64_t total, int64_t first,
                      int64_t count, unsigned* sync, const ExpertStreamProbe* probe) {
   if (!plan_ok(p)) return invalid_argument("expert_stream: a plan from expert_stream_plan is needed");
-  if (phases == nullptr || sync == nullptr) return invalid_argument("expert_stream: needs its phases and sync words");
+  if (phases == nullptr || sync == nullptr || (reinterpret_cast<uintptr_t>(sync) & 7u) != 0)
+    return invalid_argument("expert_stream: needs its phases and its sync words (8-byte aligned)");
   if (first < 0 || count < 1 || first + count > total || count > 0x7fffffff)
     return invalid_argument("expert_stream: phases [" + std::to_string(first) + ", " + std::to_string(first + count) +
                             ") are not within the " + std::to_string(total) + " uploaded");
@@ -496,7 +499,8 @@ Status expert_stream(cudaStream_t stream, const ExpertStreamPlan& p, const void*
   }();
   const int skip = probe ? probe->skip : 0;
   const Args a{static_cast<const Phase*>(phases) + first, int(count), int(p.m), p.stages,
-               cc >= 9 && (skip & 8) ? 1 : 0, sync, probe ? probe->stamps : nullptr, skip};
+               cc >= 9 && (skip & 8) ? 1 : 0, reinterpret_cast<unsigned long long*>(sync),
+               probe ? probe->stamps : nullptr, skip};
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(unsigned(p.blocks));
   cfg.blockDim = dim3(kThreads);

@@ -78,8 +78,9 @@ uint64_t expert_stream_phase_bytes(int64_t n);
 /// them, in the kernel's form, to `dev` (expert_stream_phase_bytes(size) bytes; synchronous).
 Status expert_stream_upload(const std::vector<StreamPhase>& phases, int64_t m, void* dev);
 
-/// Unsigned words of synchronisation state (the grid barrier's arrivals and generation): zeroed
-/// once before the first launch, then left to the kernel (arrivals back at zero after each launch).
+/// Unsigned words of synchronisation state, 8-byte aligned: the grid barrier's 64-bit arrival
+/// counter, zeroed once before the first launch, then left to the kernel (a multiple of the
+/// plan's blocks after every launch; launches that share it run in stream order).
 constexpr int64_t kExpertStreamSyncWords = 2;
 
 /// For benches: `stamps` [blocks][count][kExpertStreamStamps] gets each block's %globaltimer (ns)

@@ -96,4 +96,27 @@ __device__ __forceinline__ void grid_barrier(unsigned* sync) {
   __syncthreads();
 }
 
+// A grid barrier on one 64-bit arrival counter that only grows: it is a multiple of G between
+// launches, so a block reads the launch's base at its start (at most G − 1 others can have
+// arrived at the first barrier by then) and barrier k of the launch waits until the counter
+// reaches base + k·G. One fire-and-forget release add and acquire polls a barrier: no reset and
+// no generation bump, each of which cost a round trip in grid_barrier (session 25: 3.3 µs a
+// barrier there).
+__device__ __forceinline__ unsigned long long grid_counter_base(const unsigned long long* counter) {
+  unsigned long long v;
+  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];\n" : "=l"(v) : "l"(counter) : "memory");
+  return v / gridDim.x * gridDim.x;
+}
+__device__ __forceinline__ void grid_barrier_counted(unsigned long long* counter, unsigned long long target) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    asm volatile("red.release.gpu.global.add.u64 [%0], 1;\n" ::"l"(counter) : "memory");
+    unsigned long long v;
+    do {
+      asm volatile("ld.acquire.gpu.global.u64 %0, [%1];\n" : "=l"(v) : "l"(counter) : "memory");
+    } while (v < target);
+  }
+  __syncthreads();
+}
+
 }  // namespace vlac::cuda
