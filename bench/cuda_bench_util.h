@@ -4,6 +4,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdint>
@@ -62,4 +63,47 @@ inline void emit_json(const std::string& text, const std::string& path) {
   }
   std::ofstream f(path);
   f << text << "\n";
+}
+
+// Uniform bf16 in [-a, a), filled on the host once per buffer.
+inline void fill_bf16_uniform(void* d, size_t n, uint32_t seed, float a) {
+  fill_bf16_with(d, n, seed, [a](auto& uniform) { return (uniform() * 2.f - 1.f) * a; });
+}
+
+inline double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Median over reps of one graph replay of `calls` enqueued by fn(i), per call (ms); two eager
+// calls first (module load, cuBLASLt plans).
+template <typename F>
+double graph_ms(cudaStream_t st, int reps, int calls, F&& fn) {
+  for (int i = 0; i < 2; ++i) fn(i);
+  CK(cudaStreamSynchronize(st));
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < calls; ++i) fn(i);
+  CK(cudaStreamEndCapture(st, &g));
+  CK(cudaGraphInstantiate(&ge, g, 0));
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  std::vector<double> ms;
+  for (int r = 0; r < reps + 2; ++r) {
+    CK(cudaEventRecord(a, st));
+    CK(cudaGraphLaunch(ge, st));
+    CK(cudaEventRecord(b, st));
+    CK(cudaEventSynchronize(b));
+    float t = 0;
+    CK(cudaEventElapsedTime(&t, a, b));
+    if (r >= 2) ms.push_back(double(t) / calls);
+  }
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+  CK(cudaGraphExecDestroy(ge));
+  CK(cudaGraphDestroy(g));
+  return median(ms);
 }

@@ -27,52 +27,6 @@
 using namespace vlac;
 using namespace vlac::cuda;
 
-namespace {
-
-// Uniform bf16 in [-a, a), filled on the host once per buffer.
-void fill_bf16(void* d, size_t n, uint32_t seed, float a) {
-  fill_bf16_with(d, n, seed, [a](auto& uniform) { return (uniform() * 2.f - 1.f) * a; });
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-// Median over reps of one graph replay of `calls` enqueued by fn(i), per call (ms).
-template <typename F>
-double graph_ms(cudaStream_t st, int reps, int calls, F&& fn) {
-  for (int i = 0; i < 2; ++i) fn(i);  // module load, cuBLASLt plans
-  CK(cudaStreamSynchronize(st));
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < calls; ++i) fn(i);
-  CK(cudaStreamEndCapture(st, &g));
-  CK(cudaGraphInstantiate(&ge, g, 0));
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  std::vector<double> ms;
-  for (int r = 0; r < reps + 2; ++r) {
-    CK(cudaEventRecord(a, st));
-    CK(cudaGraphLaunch(ge, st));
-    CK(cudaEventRecord(b, st));
-    CK(cudaEventSynchronize(b));
-    float t = 0;
-    CK(cudaEventElapsedTime(&t, a, b));
-    if (r >= 2) ms.push_back(double(t) / calls);
-  }
-  CK(cudaEventDestroy(a));
-  CK(cudaEventDestroy(b));
-  CK(cudaGraphExecDestroy(ge));
-  CK(cudaGraphDestroy(g));
-  return median(ms);
-}
-
-}  // namespace
-
 int main(int argc, char** argv) {
   int reps = 20;
   bool stream_only = false;  // --stream-only: the weight-streaming probes alone
@@ -102,11 +56,11 @@ int main(int argc, char** argv) {
   for (int l = 0; l < kLayers; ++l) {
     wgu[size_t(l)] = dalloc(size_t(2 * F * D) * 2);
     wd[size_t(l)] = dalloc(size_t(D * F) * 2);
-    fill_bf16(wgu[size_t(l)], size_t(2 * F * D), 10 + l, 0.03f);
-    fill_bf16(wd[size_t(l)], size_t(D * F), 40 + l, 0.015f);
+    fill_bf16_uniform(wgu[size_t(l)], size_t(2 * F * D), 10 + l, 0.03f);
+    fill_bf16_uniform(wd[size_t(l)], size_t(D * F), 40 + l, 0.015f);
   }
   void* x = dalloc(size_t(M * D) * 2);
-  fill_bf16(x, size_t(M * D), 7, 1.f);
+  fill_bf16_uniform(x, size_t(M * D), 7, 1.f);
   void* gu = dalloc(size_t(M * 2 * F) * 2);  // gate|up out, h in place (row stride 2F)
   auto* y = static_cast<float*>(dalloc(size_t(M * D) * 4));
 
@@ -235,7 +189,7 @@ int main(int argc, char** argv) {
     std::vector<void*> buf(kLayers);
     for (int l = 0; l < kLayers; ++l) {
       buf[size_t(l)] = dalloc(size_t(total));
-      fill_bf16(buf[size_t(l)], size_t(total / 2), 70 + l, 1.f);
+      fill_bf16_uniform(buf[size_t(l)], size_t(total / 2), 70 + l, 1.f);
     }
     unsigned* sink = static_cast<unsigned*>(dalloc(64));
     auto gbps = [&](double ms) { return double(total) / (ms * 1e-3) / 1e9; };

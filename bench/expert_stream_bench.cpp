@@ -45,11 +45,6 @@ namespace {
 
 constexpr int kStepsPerGraph = 10;  // a chunk's denoise steps
 
-// Uniform bf16 in [-a, a), filled on the host once per buffer.
-void fill_bf16(void* d, size_t n, uint32_t seed, float a) {
-  fill_bf16_with(d, n, seed, [a](auto& uniform) { return (uniform() * 2.f - 1.f) * a; });
-}
-
 // Uniform fp32 in [-1, 1) from the same LCG as fill_bf16_with.
 std::vector<float> uniform_f32(size_t n, uint32_t seed) {
   std::vector<float> h(n);
@@ -59,43 +54,6 @@ std::vector<float> uniform_f32(size_t n, uint32_t seed) {
     v = float(s >> 8) / float(1 << 24) * 2.f - 1.f;
   }
   return h;
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-// Median over reps of one graph replay of `calls` enqueued by fn(i), per call (ms).
-template <typename F>
-double graph_ms(cudaStream_t st, int reps, int calls, F&& fn) {
-  for (int i = 0; i < 2; ++i) fn(i);  // module load, cuBLASLt plans
-  CK(cudaStreamSynchronize(st));
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < calls; ++i) fn(i);
-  CK(cudaStreamEndCapture(st, &g));
-  CK(cudaGraphInstantiate(&ge, g, 0));
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  std::vector<double> ms;
-  for (int r = 0; r < reps + 2; ++r) {
-    CK(cudaEventRecord(a, st));
-    CK(cudaGraphLaunch(ge, st));
-    CK(cudaEventRecord(b, st));
-    CK(cudaEventSynchronize(b));
-    float t = 0;
-    CK(cudaEventElapsedTime(&t, a, b));
-    if (r >= 2) ms.push_back(double(t) / calls);
-  }
-  CK(cudaEventDestroy(a));
-  CK(cudaEventDestroy(b));
-  CK(cudaGraphExecDestroy(ge));
-  CK(cudaGraphDestroy(g));
-  return median(ms);
 }
 
 }  // namespace
@@ -143,7 +101,7 @@ int main(int argc, char** argv) {
       const Shape s = shapes[k];
       const size_t n = size_t(s.rows * s.k);
       w[size_t(4 * l + k)] = dalloc(n * 2);
-      fill_bf16(w[size_t(4 * l + k)], n, uint32_t(100 + 4 * l + k), std::sqrt(3.f / float(s.k)) * 0.5f);
+      fill_bf16_uniform(w[size_t(4 * l + k)], n, uint32_t(100 + 4 * l + k), std::sqrt(3.f / float(s.k)) * 0.5f);
       step_bytes += double(n) * 2;
     }
   // Activations: X fp32 [M, D] (the residual), QKV bf16 [M, 2560], H bf16 [M, 4096].
@@ -277,7 +235,7 @@ int main(int argc, char** argv) {
     SK(runner.status());
     void* ws = dalloc(runner->workspace_bytes());
     void* xb = dalloc(size_t(M * D) * 2);
-    fill_bf16(xb, size_t(M * D), 8, 1.f);
+    fill_bf16_uniform(xb, size_t(M * D), 8, 1.f);
     void* gu = dalloc(size_t(M * 2 * F) * 2);
     auto* y = static_cast<float*>(dalloc(size_t(M * D) * 4));
     const GemmDesc dq{M, Q, D, DType::BF16, DType::BF16, Epilogue::None, false};

@@ -345,36 +345,11 @@ Status expert_mlp(cudaStream_t stream, const ExpertMlp& p, const void* x, const 
   if (const cudaError_t e = allow_smem(k, p.smem); e != cudaSuccess)
     return Status(StatusCode::Backend,
                   "expert_mlp: " + std::to_string(p.smem) + " bytes of shared memory: " + cudaGetErrorString(e));
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned(p.blocks));
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = p.smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attrs[2];
-  int n = 0;
   // Co-residency of every block, which the grid barrier needs (VLAC_MLP_COOP=0: a plain launch,
   // resident in practice at one block per multiprocessor: expert_mlp_resident).
   static const bool coop = !env_off("VLAC_MLP_COOP");
-  if (coop) {
-    attrs[n].id = cudaLaunchAttributeCooperative;
-    attrs[n++].val.cooperative = 1;
-  }
-  // Should a driver refuse the cooperative launch together with PDL, the first (eager) launch
-  // finds out and every later one goes without PDL (griddepcontrol.wait is then a no-op).
   static std::atomic<bool> no_pdl{false};
-  const bool pdl = pdl_enabled() && !no_pdl.load();
-  if (pdl) {
-    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attrs[n++].val.programmaticStreamSerializationAllowed = 1;
-  }
-  cfg.attrs = attrs;
-  cfg.numAttrs = unsigned(n);
-  if (cudaLaunchKernelEx(&cfg, k, a) != cudaSuccess && pdl) {
-    (void)cudaGetLastError();
-    no_pdl = true;
-    cfg.numAttrs = unsigned(n - 1);  // PDL is the last attribute
-    (void)cudaLaunchKernelEx(&cfg, k, a);
-  }
+  launch_persistent(k, dim3(unsigned(p.blocks)), dim3(kThreads), size_t(p.smem), stream, a, coop, no_pdl);
   return launch_status("expert_mlp");
 }
 

@@ -501,30 +501,9 @@ Status expert_stream(cudaStream_t stream, const ExpertStreamPlan& p, const void*
   const Args a{static_cast<const Phase*>(phases) + first, int(count), int(p.m), p.stages,
                cc >= 9 && (skip & 8) ? 1 : 0, reinterpret_cast<unsigned long long*>(sync),
                probe ? probe->stamps : nullptr, skip};
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned(p.blocks));
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = p.smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attrs[2];
-  int n = 0;
-  attrs[n].id = cudaLaunchAttributeCooperative;  // every block resident: the grid barrier needs it
-  attrs[n++].val.cooperative = 1;
-  // As expert_mlp: should a driver refuse cooperative + PDL, later launches go without PDL.
   static std::atomic<bool> no_pdl{false};
-  const bool pdl = pdl_enabled() && !no_pdl.load();
-  if (pdl) {
-    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attrs[n++].val.programmaticStreamSerializationAllowed = 1;
-  }
-  cfg.attrs = attrs;
-  cfg.numAttrs = unsigned(n);
-  if (cudaLaunchKernelEx(&cfg, expert_stream_kernel, a) != cudaSuccess && pdl) {
-    (void)cudaGetLastError();
-    no_pdl = true;
-    cfg.numAttrs = unsigned(n - 1);
-    (void)cudaLaunchKernelEx(&cfg, expert_stream_kernel, a);
-  }
+  launch_persistent(expert_stream_kernel, dim3(unsigned(p.blocks)), dim3(kThreads), size_t(p.smem), stream, a, true,
+                    no_pdl);
   return launch_status("expert_stream");
 }
 

@@ -4,9 +4,12 @@
 // stamps.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 
 #include <cuda_runtime.h>
+
+#include "backends/cuda/common.cuh"
 
 namespace vlac::cuda {
 
@@ -117,6 +120,40 @@ __device__ __forceinline__ void grid_barrier_counted(unsigned long long* counter
     } while (v < target);
   }
   __syncthreads();
+}
+
+// Launches a persistent kernel: cooperative (every block resident, which the grid barriers need)
+// unless `cooperative` is false, and with programmatic dependent launch where enabled. Should a
+// driver refuse the two together, this launch and every later one of the call site (its
+// `no_pdl` flag) go without PDL (griddepcontrol.wait is then a no-op). Errors stay for
+// launch_status.
+template <typename Args>
+inline void launch_persistent(void (*kernel)(Args), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                              const Args& a, bool cooperative, std::atomic<bool>& no_pdl) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attrs[2];
+  int n = 0;
+  if (cooperative) {
+    attrs[n].id = cudaLaunchAttributeCooperative;
+    attrs[n++].val.cooperative = 1;
+  }
+  const bool pdl = pdl_enabled() && !no_pdl.load();
+  if (pdl) {
+    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  cfg.attrs = attrs;
+  cfg.numAttrs = unsigned(n);
+  if (cudaLaunchKernelEx(&cfg, kernel, a) != cudaSuccess && pdl) {
+    (void)cudaGetLastError();
+    no_pdl = true;
+    cfg.numAttrs = unsigned(n - 1);  // PDL is the last attribute
+    (void)cudaLaunchKernelEx(&cfg, kernel, a);
+  }
 }
 
 }  // namespace vlac::cuda
