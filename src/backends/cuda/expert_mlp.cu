@@ -4,8 +4,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
-#include <map>
-#include <mutex>
 #include <string>
 
 #include "backends/cuda/common.cuh"
@@ -289,16 +287,7 @@ KernelFn pick_kernel(int64_t m, int64_t d) {
 }
 
 // Opts the kernel into `smem` bytes of dynamic shared memory (once per kernel and size).
-cudaError_t allow_smem(KernelFn k, uint64_t smem) {
-  static std::mutex mu;
-  static std::map<KernelFn, uint64_t> allowed;
-  std::lock_guard<std::mutex> lock(mu);
-  uint64_t& have = allowed[k];
-  if (smem <= have) return cudaSuccess;
-  const cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-  if (e == cudaSuccess) have = smem;
-  return e;
-}
+cudaError_t allow_smem(KernelFn k, uint64_t smem) { return allow_dynamic_smem(reinterpret_cast<const void*>(k), smem); }
 
 }  // namespace
 

@@ -4,10 +4,10 @@
 
 #include <algorithm>
 #include <atomic>
-#include <mutex>
 #include <string>
 
 #include "backends/cuda/common.cuh"
+#include "backends/cuda/kernels.h"
 #include "backends/cuda/mma.cuh"
 #include "backends/cuda/persistent.cuh"
 
@@ -344,7 +344,6 @@ __global__ void __launch_bounds__(kThreads, 1) expert_stream_kernel(Args a) {
     if (pi > 0 && !(a.skip & 2)) grid_barrier_counted(a.sync, base + (unsigned long long)pi * gridDim.x);
     stamp(a, pi, 0);
     const Share sh = share_of(P);
-    const int kc = P.k / P.parts;
     bool stamped = false;
     for (int j0 = 0, len = 0; j0 < sh.n; j0 += len) {
       int part, tile0;
@@ -357,7 +356,7 @@ __global__ void __launch_bounds__(kThreads, 1) expert_stream_kernel(Args a) {
       if (threadIdx.x < kStreamTokens) ss[threadIdx.x] = 0.f;
       for (int c = 0; c < sh.chunks; ++c) {
         __syncthreads();  // every warp is done with the last chunk (and ss is zeroed)
-        if (!(a.skip & 4)) load_chunk(P, m, int64_t(part) * kc + int64_t(c) * kChunk, xs, ss);
+        if (!(a.skip & 4)) load_chunk(P, m, int64_t(part) * sh.kc + int64_t(c) * kChunk, xs, ss);
         __syncthreads();
         if (!stamped) stamp(a, pi, 1), stamped = true;
 #pragma unroll
@@ -393,13 +392,7 @@ bool plan_ok(const ExpertStreamPlan& p) {
 }
 
 cudaError_t allow_smem(uint64_t smem) {
-  static std::mutex mu;
-  static uint64_t have = 0;
-  std::lock_guard<std::mutex> lock(mu);
-  if (smem <= have) return cudaSuccess;
-  const cudaError_t e = cudaFuncSetAttribute(expert_stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-  if (e == cudaSuccess) have = smem;
-  return e;
+  return allow_dynamic_smem(reinterpret_cast<const void*>(expert_stream_kernel), smem);
 }
 
 std::string phase_error(size_t i, const std::string& what) {
@@ -489,17 +482,10 @@ Status expert_stream(cudaStream_t stream, const ExpertStreamPlan& p, const void*
                   "expert_stream: " + std::to_string(p.smem) + " bytes of shared memory: " + cudaGetErrorString(e));
   // cp.async; bulk copies (sm_90+, one GPU per process) where a bench asks for them (skip bit 8:
   // measured slower on an H100, session 25).
-  static const int cc = [] {
-    int dev = 0, major = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return 0;
-    }
-    return major;
-  }();
+  static const bool has_bulk = device_compute_capability() >= 90;
   const int skip = probe ? probe->skip : 0;
   const Args a{static_cast<const Phase*>(phases) + first, int(count), int(p.m), p.stages,
-               cc >= 9 && (skip & 8) ? 1 : 0, reinterpret_cast<unsigned long long*>(sync),
+               has_bulk && (skip & 8) ? 1 : 0, reinterpret_cast<unsigned long long*>(sync),
                probe ? probe->stamps : nullptr, skip};
   static std::atomic<bool> no_pdl{false};
   launch_persistent(expert_stream_kernel, dim3(unsigned(p.blocks)), dim3(kThreads), size_t(p.smem), stream, a, true,

@@ -6,6 +6,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
+#include <mutex>
 
 #include <cuda_runtime.h>
 
@@ -120,6 +122,19 @@ __device__ __forceinline__ void grid_barrier_counted(unsigned long long* counter
     } while (v < target);
   }
   __syncthreads();
+}
+
+// Opts `kernel` into `smem` bytes of dynamic shared memory (once per kernel and size; one GPU per
+// process).
+inline cudaError_t allow_dynamic_smem(const void* kernel, uint64_t smem) {
+  static std::mutex mu;
+  static std::map<const void*, uint64_t> allowed;
+  std::lock_guard<std::mutex> lock(mu);
+  uint64_t& have = allowed[kernel];
+  if (smem <= have) return cudaSuccess;
+  const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  if (e == cudaSuccess) have = smem;
+  return e;
 }
 
 // Launches a persistent kernel: cooperative (every block resident, which the grid barriers need)
