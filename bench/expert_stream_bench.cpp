@@ -17,10 +17,12 @@
 // same step's phases launched one at a time. Prints one line per setting and JSON (--out FILE).
 //
 // Usage: expert_stream_bench [--reps N] [--out FILE] [--layers L] [--o-parts P] [--down-parts P]
-//                            [--narrow]
+//                            [--narrow] [--wgmma]
 // (K parts of o and down: 1, 2 or 4; default 2 and 4). --narrow: every W has 512 columns and the
 // same bytes as pi0.5's (5120, 4096, 16384 and 8192 rows), so each weight stage is one contiguous
 // 16 KB run: the stream's rate without rows spread over the matrix (no cuBLASLt baseline, no check).
+// --wgmma: every expert_stream setting with Hopper's warpgroup MMA (an sm_90 GPU and a build with
+// 90a-real) instead of mma.sync.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -60,7 +62,7 @@ std::vector<float> uniform_f32(size_t n, uint32_t seed) {
 
 int main(int argc, char** argv) {
   int reps = 20, layers = 18, o_parts = 2, down_parts = 4;
-  bool narrow = false;
+  bool narrow = false, wgmma = false;
   std::string out_path;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -70,8 +72,9 @@ int main(int argc, char** argv) {
     else if (a == "--o-parts" && i + 1 < argc) o_parts = std::atoi(argv[++i]);
     else if (a == "--down-parts" && i + 1 < argc) down_parts = std::atoi(argv[++i]);
     else if (a == "--narrow") narrow = true;
+    else if (a == "--wgmma") wgmma = true;
     else {
-      std::fprintf(stderr, "usage: expert_stream_bench [--reps N] [--out FILE] [--layers L] [--o-parts P] [--down-parts P] [--narrow]\n");
+      std::fprintf(stderr, "usage: expert_stream_bench [--reps N] [--out FILE] [--layers L] [--o-parts P] [--down-parts P] [--narrow] [--wgmma]\n");
       return 2;
     }
   }
@@ -156,7 +159,11 @@ int main(int argc, char** argv) {
   auto* sync = static_cast<unsigned*>(dalloc(size_t(kExpertStreamSyncWords) * sizeof(unsigned)));
 
   ExpertStreamPlan plan;
-  if (!expert_stream_plan(M, sms, optin, &plan)) {
+  if (wgmma && !expert_stream_wgmma_available()) {
+    std::fprintf(stderr, "expert_stream_bench: --wgmma needs an sm_90 GPU and a build with 90a-real code\n");
+    return 1;
+  }
+  if (!expert_stream_plan(M, sms, optin, &plan, 0, wgmma)) {
     std::fprintf(stderr, "expert_stream_bench: no plan for M = %lld (%d SMs, %d bytes of shared memory)\n",
                  static_cast<long long>(M), sms, optin);
     return 1;
@@ -174,12 +181,13 @@ int main(int argc, char** argv) {
   j["shape"] = {{"m", M}, {"d", D}, {"qkv", Q}, {"f", F}};
   j["layers"] = layers;
   j["narrow"] = narrow;
+  j["wgmma"] = wgmma;
   j["o_parts"] = o_parts;
   j["down_parts"] = down_parts;
   j["steps_per_graph"] = kStepsPerGraph;
   j["reps"] = reps;
   j["weight_bytes_per_step"] = step_bytes;
-  j["plan"] = {{"blocks", plan.blocks}, {"stages", plan.stages}, {"smem", plan.smem}};
+  j["plan"] = {{"blocks", plan.blocks}, {"stages", plan.stages}, {"smem", plan.smem}, {"wgmma", plan.wgmma}};
   nlohmann::json rows = nlohmann::json::array();
   auto gbps = [&](double ms) { return step_bytes / (ms * 1e-3) / 1e9; };
   auto report = [&](const std::string& name, double ms, nlohmann::json extra, bool rate) {
@@ -196,7 +204,7 @@ int main(int argc, char** argv) {
   // 1. One launch a step, per ring depth; the planned one also with parts left out.
   for (int stages : {0, 3, 5, 7}) {
     ExpertStreamPlan p;
-    if (!expert_stream_plan(M, sms, optin, &p, stages)) {
+    if (!expert_stream_plan(M, sms, optin, &p, stages, wgmma)) {
       std::printf("stages %d: no plan\n", stages);
       continue;
     }

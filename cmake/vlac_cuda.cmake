@@ -3,8 +3,9 @@
 # Sets VLAC_HAVE_CUDA for src/, tests/ and bench/.
 set(VLAC_CUDA AUTO CACHE STRING "Build the CUDA backend: AUTO (where nvcc exists), ON or OFF")
 set_property(CACHE VLAC_CUDA PROPERTY STRINGS AUTO ON OFF)
-# sm_80 (A100-class), sm_87 (Jetson Orin), sm_90 (H100/H200) machine code + sm_90 PTX for newer GPUs.
-set(VLAC_CUDA_ARCHITECTURES "80-real;87-real;90-real;90-virtual" CACHE STRING "CUDA_ARCHITECTURES of the CUDA backend")
+# sm_80 (A100-class), sm_87 (Jetson Orin), sm_90a (H100/H200: sm_90 with wgmma) machine code + sm_90 PTX
+# for newer GPUs. Without a 90a entry the wgmma kernels are left out (VLAC_CUDA_SM90A).
+set(VLAC_CUDA_ARCHITECTURES "80-real;87-real;90a-real;90-virtual" CACHE STRING "CUDA_ARCHITECTURES of the CUDA backend")
 option(VLAC_CUDA_PTXAS_VERBOSE "Print ptxas register/shared-memory/spill reports (-Xptxas -v)" OFF)
 set(VLAC_HAVE_CUDA OFF)
 if(VLAC_FUZZ AND VLAC_CUDA STREQUAL "AUTO")

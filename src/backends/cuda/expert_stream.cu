@@ -10,6 +10,7 @@
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/mma.cuh"
 #include "backends/cuda/persistent.cuh"
+#include "backends/cuda/wgmma.cuh"
 
 namespace vlac::cuda {
 
@@ -20,16 +21,51 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kPad = 8;  // bf16 after each shared row: rows 16 bytes apart mod 128, so ldmatrix's 8 rows hit 8 bank groups
 constexpr int kChunk = int(kStreamStageCols);  // columns of a weight stage and of an input chunk
 constexpr int kRow = kChunk + kPad;
-constexpr int kStageElems = 16 * kRow;
-constexpr uint64_t kStageBytes = uint64_t(kStageElems) * 2;
-constexpr uint64_t kXBytes = uint64_t(kStreamTokens) * kRow * 2;
-constexpr int kRS = kStreamTokens + 1;                    // red's row stride (floats)
-constexpr uint64_t kRedBytes = uint64_t(4) * 16 * kRS * 4;  // [K quarter][16 rows][tokens]
 constexpr uint64_t kSsBytes = 64 * 4;                     // Σx² per token (norm phases)
 constexpr int kMinStages = 2, kMaxStages = 8;
 constexpr uint64_t kBarBytes = 8 * kMaxStages;            // a ring slot's mbarrier (bulk copies)
-constexpr uint64_t kFixedBytes = kXBytes + kRedBytes + kSsBytes + kBarBytes;
 constexpr int kRound = 4;  // items a block holds at once (their sums in registers)
+
+// The two maths' shared-memory layouts: of the input chunk (two buffers: the next bf16 chunk lands
+// during this one's math), of a weight stage, and of `red`, the sums of an item's K slices
+// [slice][16 rows][tokens] (row stride kRS floats).
+//  - mma.sync (kWg false): row-major, rows padded by 16 bytes, 56 token rows; each warp sums one
+//    K quarter of a stage.
+//  - wgmma (kWg true, sm_90a): wgmma.cuh's 128-byte swizzle, 64 token rows (wgmma's M: rows 56..63
+//    stay zero), 1024-byte aligned; each warpgroup sums one K half of a stage.
+template <bool kWg>
+struct Lay {
+  static constexpr int kXRows = kStreamTokens, kXElems = kXRows * kRow, kStageElems = 16 * kRow;
+  static constexpr int kSlices = 4, kRS = kStreamTokens + 1, kAlign = 16;
+  __device__ static int x(int r, int c) { return r * kRow + c; }
+  __device__ static int w(int r, int c) { return r * kRow + c; }
+};
+template <>
+struct Lay<true> {
+  static constexpr int kXRows = 64, kXElems = kXRows * kChunk, kStageElems = 16 * kChunk;
+  static constexpr int kSlices = 2, kRS = 65, kAlign = 1024;
+  __device__ static int x(int r, int c) { return sw128_at(kXRows, r, c); }
+  __device__ static int w(int r, int c) { return sw128_at(16, r, c); }
+};
+template <bool kWg>
+constexpr uint64_t stage_bytes() {
+  return uint64_t(Lay<kWg>::kStageElems) * 2;
+}
+template <bool kWg>
+constexpr uint64_t fixed_bytes() {  // everything but the ring, with room to align the start
+  using L = Lay<kWg>;
+  return uint64_t(2) * L::kXElems * 2 + uint64_t(L::kSlices) * 16 * L::kRS * 4 + kSsBytes + kBarBytes +
+         (L::kAlign > 16 ? L::kAlign : 0);
+}
+// A round's sums in registers: mma.sync, four token tiles × four; wgmma, its 64 × 16 fragment.
+template <bool kWg>
+struct AccOf {
+  using T = float[4][4];
+};
+template <>
+struct AccOf<true> {
+  using T = float[8];
+};
 constexpr uint64_t kSmemCap = 232448;  // sm_90's per-block opt-in maximum
 
 enum : int { kInF32 = 1, kNorm = 2, kGeglu = 4, kOutF32 = 8, kAccum = 16 };
@@ -47,7 +83,7 @@ struct Phase {
 struct Args {
   const Phase* ph;  // the launch's first phase
   int count, m, stages;
-  int bulk;  // weight stages by the bulk copy engine (sm_90+), else cp.async
+  int bulk;  // weight stages by the bulk copy engine (sm_90+; mma.sync layout only), else cp.async
   unsigned long long* sync;    // the grid barrier's arrival counter (grid_barrier_counted)
   unsigned long long* stamps;  // ExpertStreamProbe (benches): null otherwise
   int skip;
@@ -117,12 +153,13 @@ __device__ __forceinline__ int w_row(const Cursor& c, int tile, int r) {
 // bulk copy engine, thread 0 one copy a row counted on the slot's mbarrier. `whole` (bench probe,
 // skip bit 32): where the rows are one run (k = 512, no geglu), one bulk copy, unpadded (the math
 // then reads the wrong layout: timing only).
+template <bool kWg>
 __device__ __forceinline__ void issue(const Args& a, const Cursor& c, uint16_t* ring, unsigned long long* bars,
                                       int slot) {
   if (c.p >= a.count || (a.bulk && threadIdx.x != 0)) return;
   const int tile = c.tile0 + c.u;
   const uint16_t* src = c.w + int64_t(c.part) * c.sh.kc + c.c * kChunk;
-  uint16_t* dst = ring + slot * kStageElems;
+  uint16_t* dst = ring + slot * Lay<kWg>::kStageElems;
   if (a.bulk) {
     unsigned long long* bar = bars + slot;
     mbar_expect_tx(bar, 16 * kChunk * 2);
@@ -138,7 +175,7 @@ __device__ __forceinline__ void issue(const Args& a, const Cursor& c, uint16_t* 
 #pragma unroll
   for (int i = 0; i < 16 * kPerRow / kThreads; ++i) {
     const int r = r0 + i * (kThreads / kPerRow);
-    cp_async16(dst + r * kRow + ch * 8, src + int64_t(w_row(c, tile, r)) * c.k + ch * 8);
+    cp_async16(dst + Lay<kWg>::w(r, ch * 8), src + int64_t(w_row(c, tile, r)) * c.k + ch * 8);
   }
 }
 
@@ -179,11 +216,13 @@ __device__ __forceinline__ void st_bf4(uint16_t* d, float4 v) {
 // Columns [col0, col0 + 512) of the input's m rows into xs as bf16, every load of a thread in
 // flight before its first store. fp32 with norm: each row's Σx² over the chunk is added to ss[row]
 // (a row's warp is the same for every chunk, so no two warps add to one row).
+template <bool kWg>
 __device__ void load_chunk(const Phase& P, int m, int64_t col0, uint16_t* xs, float* ss) {
+  using L = Lay<kWg>;
   const int lane = int(threadIdx.x) & 31, warp = int(threadIdx.x) >> 5;
   if (P.flags & kInF32) {
     // Warp w takes rows w, w + 8, … (≤ 7), kRows at a time; lane l columns 4l + 128j (j < 4).
-    constexpr int kRows = 2;
+    constexpr int kRows = 4;  // 16 float4 in flight a thread: two L2 round trips a chunk
     const float* in = static_cast<const float*>(P.in);
     const bool norm = (P.flags & kNorm) != 0;
 #pragma unroll
@@ -203,7 +242,7 @@ __device__ void load_chunk(const Phase& P, int m, int64_t col0, uint16_t* xs, fl
         float q = 0.f;
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          st_bf4(xs + r * kRow + 4 * lane + 128 * j, v[i][j]);
+          st_bf4(xs + L::x(r, 4 * lane + 128 * j), v[i][j]);
           q += v[i][j].x * v[i][j].x + v[i][j].y * v[i][j].y + v[i][j].z * v[i][j].z + v[i][j].w * v[i][j].w;
         }
         if (norm) {
@@ -229,8 +268,30 @@ __device__ void load_chunk(const Phase& P, int m, int64_t col0, uint16_t* xs, fl
 #pragma unroll
     for (int u = 0; u < kPer; ++u) {
       const int q = q0 + u * kThreads;
-      if (q < n) *reinterpret_cast<uint4*>(xs + (q / (kChunk / 8)) * kRow + (q % (kChunk / 8)) * 8) = v[u];
+      if (q < n) *reinterpret_cast<uint4*>(xs + L::x(q / (kChunk / 8), (q % (kChunk / 8)) * 8)) = v[u];
     }
+  }
+}
+
+// Columns [col0, col0 + 512) of a bf16 input's m rows into xs by cp.async (the caller commits them
+// with a ring stage and waits for that group before the chunk's math).
+template <bool kWg>
+__device__ __forceinline__ void copy_chunk_async(const Phase& P, int m, int64_t col0, uint16_t* xs) {
+  const uint16_t* in = static_cast<const uint16_t*>(P.in);
+  const int n = m * (kChunk / 8);
+  for (int q = int(threadIdx.x); q < n; q += kThreads) {
+    const int r = q / (kChunk / 8), c8 = q % (kChunk / 8);
+    cp_async16(xs + Lay<kWg>::x(r, c8 * 8), in + int64_t(r) * P.in_stride + col0 + c8 * 8);
+  }
+}
+
+// Until all but the newest n cp.async groups of this thread have landed (n < 4: a round's stages).
+__device__ __forceinline__ void cp_async_wait_n(int n) {
+  switch (n) {
+    case 0: cp_async_wait<0>(); break;
+    case 1: cp_async_wait<1>(); break;
+    case 2: cp_async_wait<2>(); break;
+    default: cp_async_wait<3>(); break;
   }
 }
 
@@ -262,11 +323,31 @@ __device__ __forceinline__ void stage_math(const uint16_t* st, const uint16_t* x
   if (nh == 0) stage_math_nt<4>(st, xs, kq, nh, acc);
   else stage_math_nt<3>(st, xs, kq, nh, acc);
 }
+// wgmma: warpgroup g takes the stage's K half g, sixteen m64n16k16 steps (tokens as M, the
+// stage's 16 rows of W as N), one instruction each; waited for before the next barrier, so the
+// ring slot and the input buffer can be overwritten after it.
+__device__ __forceinline__ void stage_math(const uint16_t* st, const uint16_t* xs, float (&acc)[8]) {
+  // The half's first slab (4 of 64 columns); then 16-column steps s: slab s / 4, 32 bytes a step
+  // inside it (descriptor addresses count 16 bytes: constants added to two bases).
+  const int g = int(threadIdx.x) >> 7;
+  const uint64_t da = sw128_desc(xs + g * 4 * 64 * 64), db = sw128_desc(st + g * 4 * 16 * 64);
+  wgmma_fence();
+#pragma unroll 1
+  for (int sl = 0; sl < 4; ++sl) {
+    const uint64_t ds = da + uint64_t(sl * (64 * 64 * 2 >> 4)), dt = db + uint64_t(sl * (16 * 64 * 2 >> 4));
+#pragma unroll
+    for (int j = 0; j < 4; ++j) wgmma_m64n16k16(acc, ds + uint64_t(2 * j), dt + uint64_t(2 * j));
+  }
+  wgmma_commit();
+  wgmma_wait<0>();
+  wgmma_reg_fence(acc);
+}
 
 // An item's sums over the four K quarters, in that order, and the phase's epilogue for its 16
 // rows of W (tile) and the m tokens. Ends with every thread past its last read of red.
-__device__ void epilogue(const Phase& P, int m, int tile, float* red, const float* ss,
-                         const float (&acc)[4][4]) {
+// The sums of each warp's K quarter (mma.sync) into red [quarter][16 rows][tokens].
+__device__ __forceinline__ void to_red(float* red, const float (&acc)[4][4]) {
+  constexpr int kRS = Lay<false>::kRS;
   const int lane = int(threadIdx.x) & 31, warp = int(threadIdx.x) >> 5, g = lane >> 2, t = lane & 3;
   const int kq = warp & 3, nh = warp >> 2;
 #pragma unroll
@@ -277,11 +358,30 @@ __device__ void epilogue(const Phase& P, int m, int tile, float* red, const floa
     r0[0] = acc[j][0], r0[1] = acc[j][1];
     r0[8 * kRS] = acc[j][2], r0[8 * kRS + 1] = acc[j][3];
   }
+}
+// The sums of each warpgroup's K half (wgmma's fragment: tokens as rows, W's rows as columns)
+// into red [half][16 rows][tokens].
+__device__ __forceinline__ void to_red(float* red, const float (&acc)[8]) {
+  constexpr int kRS = Lay<true>::kRS;
+  const int lane = int(threadIdx.x) & 31, warp = int(threadIdx.x) >> 5;
+  const int half = warp >> 2, t0 = 16 * (warp & 3) + (lane >> 2), r0 = 2 * (lane & 3);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int t = t0 + 8 * ((i >> 1) & 1), r = 8 * (i >> 2) + r0 + (i & 1);
+    red[(half * 16 + r) * kRS + t] = acc[i];
+  }
+}
+
+template <bool kWg>
+__device__ void epilogue(const Phase& P, int m, int tile, float* red, const float* ss,
+                         const typename AccOf<kWg>::T& acc) {
+  constexpr int kRS = Lay<kWg>::kRS;
+  to_red(red, acc);
   __syncthreads();
   const bool norm = (P.flags & kNorm) != 0;
   auto sum = [&](int r, int c) {
-    const float s =
-        ((red[r * kRS + c] + red[(16 + r) * kRS + c]) + red[(32 + r) * kRS + c]) + red[(48 + r) * kRS + c];
+    float s = red[r * kRS + c] + red[(16 + r) * kRS + c];
+    if constexpr (Lay<kWg>::kSlices == 4) s = (s + red[(32 + r) * kRS + c]) + red[(48 + r) * kRS + c];
     return norm ? s * rsqrtf(ss[c] / float(P.k) + P.eps) : s;
   };
   if (P.flags & kGeglu) {
@@ -304,30 +404,54 @@ __device__ void epilogue(const Phase& P, int m, int tile, float* red, const floa
   __syncthreads();
 }
 
+__device__ __forceinline__ void zero(float (&a)[8]) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) a[i] = 0.f;
+}
+__device__ __forceinline__ void zero(float (&a)[4][4]) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) a[j][0] = a[j][1] = a[j][2] = a[j][3] = 0.f;
+}
+
+template <bool kWg>
 __global__ void __launch_bounds__(kThreads, 1) expert_stream_kernel(Args a) {
-  extern __shared__ __align__(16) uint8_t smem[];
-  uint16_t* xs = reinterpret_cast<uint16_t*>(smem);
-  float* red = reinterpret_cast<float*>(smem + kXBytes);
-  float* ss = reinterpret_cast<float*>(smem + kXBytes + kRedBytes);
-  auto* bars = reinterpret_cast<unsigned long long*>(smem + kXBytes + kRedBytes + kSsBytes);
-  uint16_t* ring = reinterpret_cast<uint16_t*>(smem + kFixedBytes);
+  using L = Lay<kWg>;
+#if !defined(VLAC_WGMMA)
+  if constexpr (kWg) {  // built for a GPU without wgmma: expert_stream never launches this
+    __trap();
+    return;
+  }
+#endif
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  // [x buffers][ring][red][ss][bars], from an L::kAlign boundary (wgmma's swizzle needs 1024).
+  uint8_t* smem = smem_raw + ((L::kAlign - (uint32_t(__cvta_generic_to_shared(smem_raw)) & (L::kAlign - 1))) &
+                              (L::kAlign - 1));
   const int S = a.stages, m = a.m;
+  uint16_t* xs = reinterpret_cast<uint16_t*>(smem);
+  uint16_t* ring = xs + 2 * L::kXElems;
+  float* red = reinterpret_cast<float*>(ring + S * L::kStageElems);
+  float* ss = red + L::kSlices * 16 * L::kRS;
+  auto* bars = reinterpret_cast<unsigned long long*>(ss + 64);
   if (a.bulk && threadIdx.x == 0) {
     for (int s = 0; s < S; ++s) mbar_init(bars + s, 1);
     mbar_init_fence();
   }
   __syncthreads();
 
-  // Token rows past m are never loaded: zero them once (their sums are computed, never stored).
-  for (int q = int(threadIdx.x); q < (kStreamTokens - m) * kRow / 8; q += kThreads)
-    reinterpret_cast<uint4*>(xs + m * kRow)[q] = make_uint4(0, 0, 0, 0);
+  // Token rows past m are never loaded: zero them once in both buffers (their sums are computed,
+  // never stored).
+  for (int q = int(threadIdx.x); q < 2 * (L::kXRows - m) * (kChunk / 8); q += kThreads) {
+    const int b = q / ((L::kXRows - m) * (kChunk / 8)), e = q % ((L::kXRows - m) * (kChunk / 8));
+    *reinterpret_cast<uint4*>(xs + b * L::kXElems + L::x(m + e / (kChunk / 8), 8 * (e % (kChunk / 8)))) =
+        make_uint4(0, 0, 0, 0);
+  }
 
   // The weights depend on nothing: S − 1 stages are in flight before the wait for the kernel
   // before this one, and stay S − 1 ahead of the math from then on, across every barrier.
   Cursor prod{};
   enter(a, prod);
   for (int s = 0; s + 1 < S; ++s) {
-    issue(a, prod, ring, bars, s);
+    issue<kWg>(a, prod, ring, bars, s);
     cp_async_commit();
     advance(a, prod);
   }
@@ -348,26 +472,38 @@ __global__ void __launch_bounds__(kThreads, 1) expert_stream_kernel(Args a) {
     for (int j0 = 0, len = 0; j0 < sh.n; j0 += len) {
       int part, tile0;
       len = sh.round(j0, &part, &tile0);
-      float acc[kRound][4][4];
+      typename AccOf<kWg>::T acc[kRound];
 #pragma unroll
-      for (int u = 0; u < kRound; ++u)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) acc[u][j][0] = acc[u][j][1] = acc[u][j][2] = acc[u][j][3] = 0.f;
+      for (int u = 0; u < kRound; ++u) zero(acc[u]);
       if (threadIdx.x < kStreamTokens) ss[threadIdx.x] = 0.f;
+      // bf16 inputs: chunk c + 1 of the round is copied by cp.async into the other buffer while
+      // chunk c's stages run (in the group of chunk c's first stage, so it has landed once the
+      // len − 1 groups after it may still be pending). The first chunk of a round, and fp32
+      // inputs (converted, and summed for the norm, on the way), load through registers.
+      const bool ahead = !(P.flags & kInF32) && !(a.skip & 4);
       for (int c = 0; c < sh.chunks; ++c) {
+        uint16_t* xc = xs + (c & 1) * L::kXElems;
         __syncthreads();  // every warp is done with the last chunk (and ss is zeroed)
-        if (!(a.skip & 4)) load_chunk(P, m, int64_t(part) * sh.kc + int64_t(c) * kChunk, xs, ss);
+        if (!(a.skip & 4)) {
+          if (c > 0 && ahead) cp_async_wait_n(len - 1);
+          else load_chunk<kWg>(P, m, int64_t(part) * sh.kc + int64_t(c) * kChunk, xc, ss);
+        }
+        if constexpr (kWg) fence_async_shared();  // the chunk's stores and copies, for wgmma's reads
         __syncthreads();
         if (!stamped) stamp(a, pi, 1), stamped = true;
 #pragma unroll
         for (int u = 0; u < kRound; ++u) {
           if (u >= len) break;
           wait_ring(a, bars, cs, par);
+          if constexpr (kWg) fence_async_shared();
           __syncthreads();  // the stage is visible to all; slot ps (consumed last) is free again
-          issue(a, prod, ring, bars, ps);
+          issue<kWg>(a, prod, ring, bars, ps);
+          if (u == 0 && ahead && c + 1 < sh.chunks)  // the other buffer's last reader was chunk c − 1
+            copy_chunk_async<kWg>(P, m, int64_t(part) * sh.kc + int64_t(c + 1) * kChunk,
+                                  xs + ((c + 1) & 1) * L::kXElems);
           cp_async_commit();
           advance(a, prod);
-          if (!(a.skip & 1)) stage_math(ring + cs * kStageElems, xs, acc[u]);
+          if (!(a.skip & 1)) stage_math(ring + cs * L::kStageElems, xc, acc[u]);
           if (++cs == S) cs = 0, par ^= 1u;
           if (++ps == S) ps = 0;
         }
@@ -376,7 +512,7 @@ __global__ void __launch_bounds__(kThreads, 1) expert_stream_kernel(Args a) {
 #pragma unroll
         for (int u = 0; u < kRound; ++u) {
           if (u >= len) break;
-          epilogue(P, m, tile0 + u, red, ss, acc[u]);
+          epilogue<kWg>(P, m, tile0 + u, red, ss, acc[u]);
         }
       }
     }
@@ -386,14 +522,22 @@ __global__ void __launch_bounds__(kThreads, 1) expert_stream_kernel(Args a) {
   cp_async_wait<0>();  // (empty groups only: the stream ends with the last phase)
 }
 
-bool plan_ok(const ExpertStreamPlan& p) {
-  return p.m >= 1 && p.m <= kStreamTokens && p.blocks >= 1 && p.stages >= kMinStages && p.stages <= kMaxStages &&
-         p.smem >= kFixedBytes + uint64_t(p.stages) * kStageBytes;
+uint64_t smem_of(bool wgmma, int stages) {
+  return wgmma ? fixed_bytes<true>() + uint64_t(stages) * stage_bytes<true>()
+               : fixed_bytes<false>() + uint64_t(stages) * stage_bytes<false>();
 }
 
-cudaError_t allow_smem(uint64_t smem) {
-  return allow_dynamic_smem(reinterpret_cast<const void*>(expert_stream_kernel), smem);
+bool plan_ok(const ExpertStreamPlan& p) {
+  return p.m >= 1 && p.m <= kStreamTokens && p.blocks >= 1 && p.stages >= kMinStages && p.stages <= kMaxStages &&
+         p.smem >= smem_of(p.wgmma, p.stages);
 }
+
+const void* kernel_of(bool wgmma) {
+  return wgmma ? reinterpret_cast<const void*>(expert_stream_kernel<true>)
+               : reinterpret_cast<const void*>(expert_stream_kernel<false>);
+}
+
+cudaError_t allow_smem(const ExpertStreamPlan& p) { return allow_dynamic_smem(kernel_of(p.wgmma), p.smem); }
 
 std::string phase_error(size_t i, const std::string& what) {
   return "expert_stream: phase " + std::to_string(i) + ": " + what;
@@ -403,14 +547,22 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 
 }  // namespace
 
-bool expert_stream_plan(int64_t m, int sms, int64_t smem_optin, ExpertStreamPlan* out, int stages) {
+bool expert_stream_wgmma_available() {
+#ifdef VLAC_CUDA_SM90A
+  return device_compute_capability() == 90;
+#else
+  return false;
+#endif
+}
+
+bool expert_stream_plan(int64_t m, int sms, int64_t smem_optin, ExpertStreamPlan* out, int stages, bool wgmma) {
   if (m < 1 || m > kStreamTokens || sms < 1) return false;
   if (stages != 0 && (stages < kMinStages || stages > kMaxStages)) return false;
   const uint64_t cap = std::min<uint64_t>(uint64_t(std::max<int64_t>(smem_optin, 0)), kSmemCap);
   for (int s = stages ? stages : kMaxStages; s >= (stages ? stages : kMinStages); --s) {
-    const uint64_t smem = kFixedBytes + uint64_t(s) * kStageBytes;
+    const uint64_t smem = smem_of(wgmma, s);
     if (smem > cap) continue;
-    *out = ExpertStreamPlan{m, sms, s, smem};
+    *out = ExpertStreamPlan{m, sms, s, smem, wgmma};
     return true;
   }
   return false;
@@ -418,8 +570,8 @@ bool expert_stream_plan(int64_t m, int sms, int64_t smem_optin, ExpertStreamPlan
 
 bool expert_stream_resident(const ExpertStreamPlan& p) {
   int per_sm = 0, dev = 0, sms = 0;
-  const bool ok = plan_ok(p) && allow_smem(p.smem) == cudaSuccess &&
-                  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, expert_stream_kernel, kThreads,
+  const bool ok = plan_ok(p) && (!p.wgmma || expert_stream_wgmma_available()) && allow_smem(p) == cudaSuccess &&
+                  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel_of(p.wgmma), kThreads,
                                                                 size_t(p.smem)) == cudaSuccess &&
                   cudaGetDevice(&dev) == cudaSuccess &&
                   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess;
@@ -477,19 +629,25 @@ Status expert_stream(cudaStream_t stream, const ExpertStreamPlan& p, const void*
   if (first < 0 || count < 1 || first + count > total || count > 0x7fffffff)
     return invalid_argument("expert_stream: phases [" + std::to_string(first) + ", " + std::to_string(first + count) +
                             ") are not within the " + std::to_string(total) + " uploaded");
-  if (const cudaError_t e = allow_smem(p.smem); e != cudaSuccess)
+  if (p.wgmma && !expert_stream_wgmma_available())
+    return Status(StatusCode::Backend, "expert_stream: a wgmma plan needs an sm_90 GPU and a build with sm_90a code");
+  if (const cudaError_t e = allow_smem(p); e != cudaSuccess)
     return Status(StatusCode::Backend,
                   "expert_stream: " + std::to_string(p.smem) + " bytes of shared memory: " + cudaGetErrorString(e));
-  // cp.async; bulk copies (sm_90+, one GPU per process) where a bench asks for them (skip bit 8:
-  // measured slower on an H100, session 25).
+  // cp.async; bulk copies (sm_90+, one GPU per process, the mma.sync layout) where a bench asks
+  // for them (skip bit 8: measured slower on an H100, session 25).
   static const bool has_bulk = device_compute_capability() >= 90;
   const int skip = probe ? probe->skip : 0;
   const Args a{static_cast<const Phase*>(phases) + first, int(count), int(p.m), p.stages,
-               has_bulk && (skip & 8) ? 1 : 0, reinterpret_cast<unsigned long long*>(sync),
+               has_bulk && !p.wgmma && (skip & 8) ? 1 : 0, reinterpret_cast<unsigned long long*>(sync),
                probe ? probe->stamps : nullptr, skip};
-  static std::atomic<bool> no_pdl{false};
-  launch_persistent(expert_stream_kernel, dim3(unsigned(p.blocks)), dim3(kThreads), size_t(p.smem), stream, a, true,
-                    no_pdl);
+  static std::atomic<bool> no_pdl[2] = {false, false};
+  if (p.wgmma)
+    launch_persistent(expert_stream_kernel<true>, dim3(unsigned(p.blocks)), dim3(kThreads), size_t(p.smem), stream, a,
+                      true, no_pdl[1]);
+  else
+    launch_persistent(expert_stream_kernel<false>, dim3(unsigned(p.blocks)), dim3(kThreads), size_t(p.smem), stream,
+                      a, true, no_pdl[0]);
   return launch_status("expert_stream");
 }
 

@@ -63,12 +63,17 @@ struct ExpertStreamPlan {
   int blocks = 0;    // one per multiprocessor
   int stages = 0;    // weight stages in the ring (stages - 1 in flight ahead of the math)
   uint64_t smem = 0;  // dynamic shared memory per block
+  bool wgmma = false;  // Hopper's warpgroup MMA (sm_90a) instead of mma.sync (expert_stream_wgmma_available)
 };
 
 /// The launch plan for m tokens on a GPU with `sms` multiprocessors and `smem_optin` bytes of
 /// shared memory a block may opt into. `stages` > 0 asks for that ring depth (2..8; benches), 0 the
 /// deepest that fits. False where it does not apply (m outside 1..56, too little shared memory).
-bool expert_stream_plan(int64_t m, int sms, int64_t smem_optin, ExpertStreamPlan* out, int stages = 0);
+bool expert_stream_plan(int64_t m, int sms, int64_t smem_optin, ExpertStreamPlan* out, int stages = 0,
+                        bool wgmma = false);
+/// Whether wgmma plans run here: the GPU is sm_90 and the build holds sm_90a code
+/// (VLAC_CUDA_ARCHITECTURES with 90a-real). Needs the device.
+bool expert_stream_wgmma_available();
 /// Whether every block of `p` fits on the GPU at once (the grid barrier needs it). Needs the device.
 bool expert_stream_resident(const ExpertStreamPlan& p);
 
