@@ -202,7 +202,7 @@ int main(int argc, char** argv) {
   };
 
   // 1. One launch a step, per ring depth; the planned one also with parts left out.
-  for (int stages : {0, 3, 5, 7}) {
+  for (int stages : {0, 2, 3, 4, 5, 7}) {
     ExpertStreamPlan p;
     if (!expert_stream_plan(M, sms, optin, &p, stages, wgmma)) {
       std::printf("stages %d: no plan\n", stages);
@@ -214,7 +214,8 @@ int main(int argc, char** argv) {
       continue;
     }
     for (int skip : {0, 8, 1, 4, 1 | 4, 2, 1 | 2 | 4, 1 | 2 | 4 | 8, 1 | 2 | 4 | 8 | 32}) {
-      if (stages != 0 && skip != 0) continue;
+      // Other depths: whole, and the weight stream alone (with and without the barriers).
+      if (stages != 0 && skip != 0 && skip != 7 && skip != 5) continue;
       ExpertStreamProbe pr;
       pr.skip = skip;
       reset_x();

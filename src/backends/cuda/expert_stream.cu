@@ -32,7 +32,11 @@ constexpr int kRound = 4;  // items a block holds at once (their sums in registe
 //  - mma.sync (kWg false): row-major, rows padded by 16 bytes, 56 token rows; each warp sums one
 //    K quarter of a stage.
 //  - wgmma (kWg true, sm_90a): wgmma.cuh's 128-byte swizzle, 64 token rows (wgmma's M: rows 56..63
-//    stay zero), 1024-byte aligned; each warpgroup sums one K half of a stage.
+//    stay zero), 1024-byte aligned. A stage is the round's items together, 64 rows of W (item u's
+//    16 at rows 16u..; rows past the round's items are left as they were) × 128 columns, four
+//    stages a chunk, so one m64n64k16 covers the round; each warpgroup sums one 64-column K half
+//    of a stage. (Session 26 first had a stage an item, 16 rows × 512 columns, as m64n16k16: slower
+//    than mma.sync.)
 template <bool kWg>
 struct Lay {
   static constexpr int kXRows = kStreamTokens, kXElems = kXRows * kRow, kStageElems = 16 * kRow;
@@ -42,10 +46,10 @@ struct Lay {
 };
 template <>
 struct Lay<true> {
-  static constexpr int kXRows = 64, kXElems = kXRows * kChunk, kStageElems = 16 * kChunk;
+  static constexpr int kXRows = 64, kXElems = kXRows * kChunk, kStageElems = 64 * 128;
   static constexpr int kSlices = 2, kRS = 65, kAlign = 1024;
   __device__ static int x(int r, int c) { return sw128_at(kXRows, r, c); }
-  __device__ static int w(int r, int c) { return sw128_at(16, r, c); }
+  __device__ static int w(int r, int c) { return sw128_at(64, r, c); }
 };
 template <bool kWg>
 constexpr uint64_t stage_bytes() {
@@ -130,9 +134,15 @@ __device__ __forceinline__ void enter(const Args& a, Cursor& c) {  // phase c.p 
     return;
   }
 }
+// Stages a chunk: one an item (mma.sync), four of 128 columns (wgmma).
+template <bool kWg>
+__device__ __forceinline__ int chunk_stages(int len) {
+  return kWg ? 4 : len;
+}
+template <bool kWg>
 __device__ __forceinline__ void advance(const Args& a, Cursor& c) {
   if (c.p >= a.count) return;
-  if (++c.u < c.len) return;
+  if (++c.u < chunk_stages<kWg>(c.len)) return;
   c.u = 0;
   if (++c.c < c.sh.chunks) return;
   c.c = 0;
@@ -157,6 +167,15 @@ template <bool kWg>
 __device__ __forceinline__ void issue(const Args& a, const Cursor& c, uint16_t* ring, unsigned long long* bars,
                                       int slot) {
   if (c.p >= a.count || (a.bulk && threadIdx.x != 0)) return;
+  if constexpr (kWg) {  // the round's items, 16 rows a pass; 128 columns from c.u · 128
+    const int ch = int(threadIdx.x) % 16, r0 = int(threadIdx.x) / 16;
+    const uint16_t* src = c.w + int64_t(c.part) * c.sh.kc + c.c * kChunk + c.u * 128 + ch * 8;
+    uint16_t* dst = ring + slot * Lay<true>::kStageElems;
+#pragma unroll
+    for (int i = 0; i < kRound; ++i)
+      if (i < c.len) cp_async16(dst + Lay<true>::w(16 * i + r0, ch * 8), src + int64_t(w_row(c, c.tile0 + i, r0)) * c.k);
+    return;
+  }
   const int tile = c.tile0 + c.u;
   const uint16_t* src = c.w + int64_t(c.part) * c.sh.kc + c.c * kChunk;
   uint16_t* dst = ring + slot * Lay<kWg>::kStageElems;
@@ -323,21 +342,15 @@ __device__ __forceinline__ void stage_math(const uint16_t* st, const uint16_t* x
   if (nh == 0) stage_math_nt<4>(st, xs, kq, nh, acc);
   else stage_math_nt<3>(st, xs, kq, nh, acc);
 }
-// wgmma: warpgroup g takes the stage's K half g, sixteen m64n16k16 steps (tokens as M, the
-// stage's 16 rows of W as N), one instruction each; waited for before the next barrier, so the
-// ring slot and the input buffer can be overwritten after it.
-__device__ __forceinline__ void stage_math(const uint16_t* st, const uint16_t* xs, float (&acc)[8]) {
-  // The half's first slab (4 of 64 columns); then 16-column steps s: slab s / 4, 32 bytes a step
-  // inside it (descriptor addresses count 16 bytes: constants added to two bases).
+// wgmma: warpgroup g takes the stage's 64-column K half g (the chunk's slab 2·sub + g), four
+// m64n64k16 steps (tokens as M, the round's 64 rows of W as N), one instruction each; waited for
+// before the next barrier, so the ring slot and the input buffer can be overwritten after it.
+__device__ __forceinline__ void stage_math(const uint16_t* st, const uint16_t* xs, float (&acc)[32], int sub) {
   const int g = int(threadIdx.x) >> 7;
-  const uint64_t da = sw128_desc(xs + g * 4 * 64 * 64), db = sw128_desc(st + g * 4 * 16 * 64);
+  const uint64_t da = sw128_desc(xs + (2 * sub + g) * 64 * 64), db = sw128_desc(st + g * 64 * 64);
   wgmma_fence();
-#pragma unroll 1
-  for (int sl = 0; sl < 4; ++sl) {
-    const uint64_t ds = da + uint64_t(sl * (64 * 64 * 2 >> 4)), dt = db + uint64_t(sl * (16 * 64 * 2 >> 4));
 #pragma unroll
-    for (int j = 0; j < 4; ++j) wgmma_m64n16k16(acc, ds + uint64_t(2 * j), dt + uint64_t(2 * j));
-  }
+  for (int j = 0; j < 4; ++j) wgmma_m64n64k16(acc, da + uint64_t(2 * j), db + uint64_t(2 * j));  // 32 bytes a step
   wgmma_commit();
   wgmma_wait<0>();
   wgmma_reg_fence(acc);
@@ -404,9 +417,9 @@ __device__ void epilogue(const Phase& P, int m, int tile, float* red, const floa
   __syncthreads();
 }
 
-__device__ __forceinline__ void zero(float (&a)[8]) {
+__device__ __forceinline__ void zero(float (&a)[32]) {
 #pragma unroll
-  for (int i = 0; i < 8; ++i) a[i] = 0.f;
+  for (int i = 0; i < 32; ++i) a[i] = 0.f;
 }
 __device__ __forceinline__ void zero(float (&a)[4][4]) {
 #pragma unroll
@@ -438,6 +451,11 @@ __global__ void __launch_bounds__(kThreads, 1) expert_stream_kernel(Args a) {
   }
   __syncthreads();
 
+  // wgmma: the ring's rows past a round's items are read, their sums never stored; zeroed once so
+  // that they hold numbers.
+  if constexpr (kWg)
+    for (int q = int(threadIdx.x); q < S * L::kStageElems / 8; q += kThreads)
+      reinterpret_cast<uint4*>(ring)[q] = make_uint4(0, 0, 0, 0);
   // Token rows past m are never loaded: zero them once in both buffers (their sums are computed,
   // never stored).
   for (int q = int(threadIdx.x); q < 2 * (L::kXRows - m) * (kChunk / 8); q += kThreads) {
@@ -450,10 +468,11 @@ __global__ void __launch_bounds__(kThreads, 1) expert_stream_kernel(Args a) {
   // before this one, and stay S − 1 ahead of the math from then on, across every barrier.
   Cursor prod{};
   enter(a, prod);
+  __syncthreads();  // (the zeroed ring before the copies into it)
   for (int s = 0; s + 1 < S; ++s) {
     issue<kWg>(a, prod, ring, bars, s);
     cp_async_commit();
-    advance(a, prod);
+    advance<kWg>(a, prod);
   }
   pdl_wait();
   // The counter may only be read once the launch before (in stream order) is complete.
@@ -472,20 +491,26 @@ __global__ void __launch_bounds__(kThreads, 1) expert_stream_kernel(Args a) {
     for (int j0 = 0, len = 0; j0 < sh.n; j0 += len) {
       int part, tile0;
       len = sh.round(j0, &part, &tile0);
-      typename AccOf<kWg>::T acc[kRound];
+      // mma.sync: an item's sums each (acc); wgmma: the round's in one 64 × 64 fragment (accw).
+      float acc[kWg ? 1 : kRound][4][4], accw[kWg ? 32 : 1];
+      if constexpr (kWg) {
+        zero(accw);
+      } else {
 #pragma unroll
-      for (int u = 0; u < kRound; ++u) zero(acc[u]);
+        for (int u = 0; u < kRound; ++u) zero(acc[u]);
+      }
+      const int steps = chunk_stages<kWg>(len);
       if (threadIdx.x < kStreamTokens) ss[threadIdx.x] = 0.f;
       // bf16 inputs: chunk c + 1 of the round is copied by cp.async into the other buffer while
       // chunk c's stages run (in the group of chunk c's first stage, so it has landed once the
-      // len − 1 groups after it may still be pending). The first chunk of a round, and fp32
+      // steps − 1 groups after it may still be pending). The first chunk of a round, and fp32
       // inputs (converted, and summed for the norm, on the way), load through registers.
       const bool ahead = !(P.flags & kInF32) && !(a.skip & 4);
       for (int c = 0; c < sh.chunks; ++c) {
         uint16_t* xc = xs + (c & 1) * L::kXElems;
         __syncthreads();  // every warp is done with the last chunk (and ss is zeroed)
         if (!(a.skip & 4)) {
-          if (c > 0 && ahead) cp_async_wait_n(len - 1);
+          if (c > 0 && ahead) cp_async_wait_n(steps - 1);
           else load_chunk<kWg>(P, m, int64_t(part) * sh.kc + int64_t(c) * kChunk, xc, ss);
         }
         if constexpr (kWg) fence_async_shared();  // the chunk's stores and copies, for wgmma's reads
@@ -493,7 +518,7 @@ __global__ void __launch_bounds__(kThreads, 1) expert_stream_kernel(Args a) {
         if (!stamped) stamp(a, pi, 1), stamped = true;
 #pragma unroll
         for (int u = 0; u < kRound; ++u) {
-          if (u >= len) break;
+          if (u >= steps) break;
           wait_ring(a, bars, cs, par);
           if constexpr (kWg) fence_async_shared();
           __syncthreads();  // the stage is visible to all; slot ps (consumed last) is free again
@@ -502,8 +527,11 @@ __global__ void __launch_bounds__(kThreads, 1) expert_stream_kernel(Args a) {
             copy_chunk_async<kWg>(P, m, int64_t(part) * sh.kc + int64_t(c + 1) * kChunk,
                                   xs + ((c + 1) & 1) * L::kXElems);
           cp_async_commit();
-          advance(a, prod);
-          if (!(a.skip & 1)) stage_math(ring + cs * L::kStageElems, xc, acc[u]);
+          advance<kWg>(a, prod);
+          if (!(a.skip & 1)) {
+            if constexpr (kWg) stage_math(ring + cs * L::kStageElems, xc, accw, u);
+            else stage_math(ring + cs * L::kStageElems, xc, acc[u]);
+          }
           if (++cs == S) cs = 0, par ^= 1u;
           if (++ps == S) ps = 0;
         }
@@ -512,7 +540,14 @@ __global__ void __launch_bounds__(kThreads, 1) expert_stream_kernel(Args a) {
 #pragma unroll
         for (int u = 0; u < kRound; ++u) {
           if (u >= len) break;
-          epilogue<kWg>(P, m, tile0 + u, red, ss, acc[u]);
+          if constexpr (kWg) {
+            float a8[8];  // item u's columns of the fragment: the m64n16 order
+#pragma unroll
+            for (int i = 0; i < 8; ++i) a8[i] = accw[8 * u + i];
+            epilogue<true>(P, m, tile0 + u, red, ss, a8);
+          } else {
+            epilogue<false>(P, m, tile0 + u, red, ss, acc[u]);
+          }
         }
       }
     }
