@@ -8,7 +8,8 @@
 //   - one launch a step, per ring depth (stages), and for the planned depth with parts left out
 //     (ExpertStreamProbe::skip: 1 the math, 2 the grid barriers, 4 the input copies; 1|2|4 leaves
 //     the weight stream alone, whose rate is the GB/s printed; 8 streams by the bulk copy engine
-//     instead of cp.async, 32 with it one copy a stage where a stage is one run: --narrow);
+//     instead of cp.async, 32 with it one copy a stage where a stage is one run: --narrow; 64 loads
+//     half the input rows, what sharing each chunk between two blocks would save);
 //   - one launch a layer and one launch a phase (what the launch boundaries cost);
 //   - cuBLASLt, 5 launches a layer (qkv, o, gate|up, GeGLU, down on bf16 inputs, no norms): the
 //     least the executor launches for these GEMMs today;
@@ -213,7 +214,7 @@ int main(int argc, char** argv) {
                   static_cast<unsigned long long>(p.smem));
       continue;
     }
-    for (int skip : {0, 8, 1, 4, 1 | 4, 2, 1 | 2 | 4, 1 | 2 | 4 | 8, 1 | 2 | 4 | 8 | 32}) {
+    for (int skip : {0, 8, 1, 4, 64, 1 | 4, 2, 1 | 2 | 4, 1 | 2 | 4 | 8, 1 | 2 | 4 | 8 | 32}) {
       // Other depths: whole, and the weight stream alone (with and without the barriers).
       if (stages != 0 && skip != 0 && skip != 7 && skip != 5) continue;
       ExpertStreamProbe pr;

@@ -440,6 +440,7 @@ __global__ void __launch_bounds__(kThreads, 1) expert_stream_kernel(Args a) {
   uint8_t* smem = smem_raw + ((L::kAlign - (uint32_t(__cvta_generic_to_shared(smem_raw)) & (L::kAlign - 1))) &
                               (L::kAlign - 1));
   const int S = a.stages, m = a.m;
+  const int ml = (a.skip & 64) ? (m + 1) / 2 : m;  // the input rows loaded (probe: half, as a cluster of 2 would)
   uint16_t* xs = reinterpret_cast<uint16_t*>(smem);
   uint16_t* ring = xs + 2 * L::kXElems;
   float* red = reinterpret_cast<float*>(ring + S * L::kStageElems);
@@ -511,7 +512,7 @@ __global__ void __launch_bounds__(kThreads, 1) expert_stream_kernel(Args a) {
         __syncthreads();  // every warp is done with the last chunk (and ss is zeroed)
         if (!(a.skip & 4)) {
           if (c > 0 && ahead) cp_async_wait_n(steps - 1);
-          else load_chunk<kWg>(P, m, int64_t(part) * sh.kc + int64_t(c) * kChunk, xc, ss);
+          else load_chunk<kWg>(P, ml, int64_t(part) * sh.kc + int64_t(c) * kChunk, xc, ss);
         }
         if constexpr (kWg) fence_async_shared();  // the chunk's stores and copies, for wgmma's reads
         __syncthreads();
@@ -524,7 +525,7 @@ __global__ void __launch_bounds__(kThreads, 1) expert_stream_kernel(Args a) {
           __syncthreads();  // the stage is visible to all; slot ps (consumed last) is free again
           issue<kWg>(a, prod, ring, bars, ps);
           if (u == 0 && ahead && c + 1 < sh.chunks)  // the other buffer's last reader was chunk c − 1
-            copy_chunk_async<kWg>(P, m, int64_t(part) * sh.kc + int64_t(c + 1) * kChunk,
+            copy_chunk_async<kWg>(P, ml, int64_t(part) * sh.kc + int64_t(c + 1) * kChunk,
                                   xs + ((c + 1) & 1) * L::kXElems);
           cp_async_commit();
           advance<kWg>(a, prod);

@@ -95,7 +95,8 @@ constexpr int64_t kExpertStreamSyncWords = 2;
 /// 1 the math and the epilogue, 2 the grid barriers, 4 the input copies. Two bits change how, not
 /// what (results right): 8 streams the weights by the bulk copy engine (sm_90+) instead of
 /// cp.async; 32 (with 8) copies a stage whose rows are one run (k = 512, no geglu) in one bulk
-/// copy, unpadded (timing only).
+/// copy, unpadded (timing only); 64 loads only the first half of the input rows (timing only: what
+/// two blocks sharing each input chunk, a cluster of 2, would save).
 struct ExpertStreamProbe {
   unsigned long long* stamps = nullptr;
   int skip = 0;
