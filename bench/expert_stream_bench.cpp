@@ -176,6 +176,22 @@ int main(int argc, char** argv) {
   }
 
   nlohmann::json j;
+  // Could two or four blocks share each input chunk (a cluster)? How many such clusters of this
+  // kernel are resident at once, and whether a cooperative launch with clusters is accepted.
+  {
+    nlohmann::json jc = nlohmann::json::object();
+    for (int cl : {2, 4}) {
+      const int n = expert_stream_max_clusters(plan, cl);
+      const cudaError_t coop = expert_stream_cluster_launch_probe(plan.blocks / cl * cl, cl, true);
+      const cudaError_t plain = expert_stream_cluster_launch_probe(plan.blocks / cl * cl, cl, false);
+      std::printf("clusters of %d: %d resident (%d blocks); cooperative launch with clusters: %s; without: %s\n", cl, n,
+                  n * cl, cudaGetErrorString(coop), cudaGetErrorString(plain));
+      jc[std::to_string(cl)] = {{"max_active_clusters", n},
+                                {"cooperative_launch", cudaGetErrorString(coop)},
+                                {"plain_launch", cudaGetErrorString(plain)}};
+    }
+    j["clusters"] = jc;
+  }
   j["device"] = prop.name;
   j["sms"] = sms;
   j["smem_optin"] = optin;

@@ -615,6 +615,53 @@ bool expert_stream_resident(const ExpertStreamPlan& p) {
   return ok && int64_t(per_sm) * sms >= p.blocks;
 }
 
+namespace {
+__global__ void cluster_probe_kernel(int* count) {
+  if (threadIdx.x == 0) atomicAdd(count, 1);
+}
+}  // namespace
+
+int expert_stream_max_clusters(const ExpertStreamPlan& p, int cluster) {
+  if (!plan_ok(p) || cluster < 1 || allow_smem(p) != cudaSuccess) return -1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned(p.blocks / cluster * cluster));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = size_t(p.smem);
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeClusterDimension;
+  at[0].val.clusterDim.x = unsigned(cluster), at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
+  cfg.attrs = at, cfg.numAttrs = 1;
+  int n = 0;
+  if (cudaOccupancyMaxActiveClusters(&n, kernel_of(p.wgmma), &cfg) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return -1;
+  }
+  return n;
+}
+
+cudaError_t expert_stream_cluster_launch_probe(int blocks, int cluster, bool cooperative) {
+  int* count = nullptr;
+  if (cudaError_t e = cudaMalloc(&count, sizeof(int)); e != cudaSuccess) return e;
+  (void)cudaMemset(count, 0, sizeof(int));
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned(blocks));
+  cfg.blockDim = dim3(32);
+  cudaLaunchAttribute at[2];
+  at[0].id = cudaLaunchAttributeClusterDimension;
+  at[0].val.clusterDim.x = unsigned(cluster), at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
+  at[1].id = cudaLaunchAttributeCooperative;
+  at[1].val.cooperative = cooperative ? 1 : 0;
+  cfg.attrs = at, cfg.numAttrs = 2;
+  cudaError_t e = cudaLaunchKernelEx(&cfg, cluster_probe_kernel, count);
+  if (e == cudaSuccess) e = cudaDeviceSynchronize();
+  int got = 0;
+  if (e == cudaSuccess) e = cudaMemcpy(&got, count, sizeof(int), cudaMemcpyDeviceToHost);
+  if (e == cudaSuccess && got != blocks) e = cudaErrorUnknown;
+  (void)cudaGetLastError();
+  cudaFree(count);
+  return e;
+}
+
 uint64_t expert_stream_phase_bytes(int64_t n) { return uint64_t(std::max<int64_t>(n, 0)) * sizeof(Phase); }
 
 Status expert_stream_upload(const std::vector<StreamPhase>& phases, int64_t m, void* dev) {

@@ -77,6 +77,12 @@ bool expert_stream_wgmma_available();
 /// Whether every block of `p` fits on the GPU at once (the grid barrier needs it). Needs the device.
 bool expert_stream_resident(const ExpertStreamPlan& p);
 
+/// For benches (input chunks shared by a cluster, not built yet): how many clusters of `cluster`
+/// blocks of `p`'s kernel can be resident at once (cudaOccupancyMaxActiveClusters; -1 on an
+/// error), and what a launch of `blocks` tiny blocks in such clusters, cooperative or not, returns.
+int expert_stream_max_clusters(const ExpertStreamPlan& p, int cluster);
+cudaError_t expert_stream_cluster_launch_probe(int blocks, int cluster, bool cooperative);
+
 /// Device bytes that `n` phases take once uploaded.
 uint64_t expert_stream_phase_bytes(int64_t n);
 /// Checks every phase against the rules above (an error names the phase and the rule) and copies
