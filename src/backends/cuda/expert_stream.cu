@@ -61,7 +61,8 @@ constexpr uint64_t fixed_bytes() {  // everything but the ring, with room to ali
   return uint64_t(2) * L::kXElems * 2 + uint64_t(L::kSlices) * 16 * L::kRS * 4 + kSsBytes + kBarBytes +
          (L::kAlign > 16 ? L::kAlign : 0);
 }
-// A round's sums in registers: mma.sync, four token tiles × four; wgmma, its 64 × 16 fragment.
+// An item's sums as the epilogue takes them: mma.sync, four token tiles × four; wgmma, the item's
+// 16 columns of the round's 64 × 64 fragment (in m64n16's register order).
 template <bool kWg>
 struct AccOf {
   using T = float[4][4];
