@@ -190,13 +190,20 @@ __device__ __forceinline__ void issue(const Args& a, const Cursor& c, uint16_t* 
     for (int r = 0; r < 16; ++r) bulk_copy(dst + r * kRow, src + int64_t(w_row(c, tile, r)) * c.k, kChunk * 2, bar);
     return;
   }
-  constexpr int kPerRow = kChunk / 8;  // 16-byte copies a row
-  const int ch = int(threadIdx.x) % kPerRow, r0 = int(threadIdx.x) / kPerRow;
+  // Warps w and w + 4 copy K quarter w % 4 (16 rows × 16 copies of 16 bytes, four each a thread):
+  // the quarter they alone read (stage_math), so a barrier of the pair publishes it.
+  const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31;
 #pragma unroll
-  for (int i = 0; i < 16 * kPerRow / kThreads; ++i) {
-    const int r = r0 + i * (kThreads / kPerRow);
+  for (int i = 0; i < 4; ++i) {
+    const int idx = lane + 32 * (warp >> 2) + 64 * i, r = idx >> 4, ch = 16 * (warp & 3) + (idx & 15);
     cp_async16(dst + Lay<kWg>::w(r, ch * 8), src + int64_t(w_row(c, tile, r)) * c.k + ch * 8);
   }
+}
+
+// mma.sync: warps w and w + 4, which copy and read K quarter w % 4 of every stage (named barrier
+// 1 + w % 4 of 64 threads).
+__device__ __forceinline__ void quarter_barrier() {
+  asm volatile("bar.sync %0, 64;\n" ::"r"(1 + ((int(threadIdx.x) >> 5) & 3)) : "memory");
 }
 
 // Until the next stage (in `slot`) has landed: its mbarrier's phase (bulk), or all but the newest S − 2 of this
@@ -522,8 +529,15 @@ __global__ void __launch_bounds__(kThreads, 1) expert_stream_kernel(Args a) {
         for (int u = 0; u < kRound; ++u) {
           if (u >= steps) break;
           wait_ring(a, bars, cs, par);
-          if constexpr (kWg) fence_async_shared();
-          __syncthreads();  // the stage is visible to all; slot ps (consumed last) is free again
+          // The stage is visible to its readers; slot ps (consumed last) is free again. mma.sync
+          // by cp.async: only the two warps of each K quarter meet (they copied it, they read it).
+          if constexpr (kWg) {
+            fence_async_shared();
+            __syncthreads();
+          } else {
+            if (a.bulk) __syncthreads();
+            else quarter_barrier();
+          }
           issue<kWg>(a, prod, ring, bars, ps);
           if (u == 0 && ahead && c + 1 < sh.chunks)  // the other buffer's last reader was chunk c − 1
             copy_chunk_async<kWg>(P, ml, int64_t(part) * sh.kc + int64_t(c + 1) * kChunk,
