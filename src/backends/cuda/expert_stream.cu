@@ -530,13 +530,14 @@ __global__ void __launch_bounds__(kThreads, 1) expert_stream_kernel(Args a) {
           if (u >= steps) break;
           wait_ring(a, bars, cs, par);
           // The stage is visible to its readers; slot ps (consumed last) is free again. mma.sync
-          // by cp.async: only the two warps of each K quarter meet (they copied it, they read it).
+          // by cp.async with probe bit 128: only the two warps of each K quarter meet (they copied
+          // it, they read it); measured against the block barrier before it becomes the default.
           if constexpr (kWg) {
             fence_async_shared();
             __syncthreads();
           } else {
-            if (a.bulk) __syncthreads();
-            else quarter_barrier();
+            if (!a.bulk && (a.skip & 128)) quarter_barrier();
+            else __syncthreads();
           }
           issue<kWg>(a, prod, ring, bars, ps);
           if (u == 0 && ahead && c + 1 < sh.chunks)  // the other buffer's last reader was chunk c − 1

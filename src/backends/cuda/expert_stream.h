@@ -102,7 +102,9 @@ constexpr int64_t kExpertStreamSyncWords = 2;
 /// what (results right): 8 streams the weights by the bulk copy engine (sm_90+) instead of
 /// cp.async; 32 (with 8) copies a stage whose rows are one run (k = 512, no geglu) in one bulk
 /// copy, unpadded (timing only); 64 loads only the first half of the input rows (timing only: what
-/// two blocks sharing each input chunk, a cluster of 2, would save).
+/// two blocks sharing each input chunk, a cluster of 2, would save); 128 (mma.sync, cp.async; results
+/// right) publishes each K quarter of a stage by a named barrier of the two warps that copy and read
+/// it instead of a block barrier.
 struct ExpertStreamProbe {
   unsigned long long* stamps = nullptr;
   int skip = 0;
