@@ -190,12 +190,22 @@ __device__ __forceinline__ void issue(const Args& a, const Cursor& c, uint16_t* 
     for (int r = 0; r < 16; ++r) bulk_copy(dst + r * kRow, src + int64_t(w_row(c, tile, r)) * c.k, kChunk * 2, bar);
     return;
   }
-  // Warps w and w + 4 copy K quarter w % 4 (16 rows × 16 copies of 16 bytes, four each a thread):
-  // the quarter they alone read (stage_math), so a barrier of the pair publishes it.
-  const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31;
+  if (a.skip & 128) {
+    // Warps w and w + 4 copy K quarter w % 4 (16 rows × 16 copies of 16 bytes, four each a
+    // thread): the quarter they alone read (stage_math), so a barrier of the pair publishes it.
+    const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int idx = lane + 32 * (warp >> 2) + 64 * i, r = idx >> 4, ch = 16 * (warp & 3) + (idx & 15);
+    for (int i = 0; i < 4; ++i) {
+      const int idx = lane + 32 * (warp >> 2) + 64 * i, r = idx >> 4, ch = 16 * (warp & 3) + (idx & 15);
+      cp_async16(dst + Lay<kWg>::w(r, ch * 8), src + int64_t(w_row(c, tile, r)) * c.k + ch * 8);
+    }
+    return;
+  }
+  constexpr int kPerRow = kChunk / 8;  // 16-byte copies a row
+  const int ch = int(threadIdx.x) % kPerRow, r0 = int(threadIdx.x) / kPerRow;
+#pragma unroll
+  for (int i = 0; i < 16 * kPerRow / kThreads; ++i) {
+    const int r = r0 + i * (kThreads / kPerRow);
     cp_async16(dst + Lay<kWg>::w(r, ch * 8), src + int64_t(w_row(c, tile, r)) * c.k + ch * 8);
   }
 }
