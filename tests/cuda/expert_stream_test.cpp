@@ -228,6 +228,22 @@ class ExpertStream : public CudaTest {
     }
   }
 
+  // With each math: a Chain of `layers` layers at width d for m tokens (its weights from `seed`, X
+  // from `x_seed`), launched phase by phase with every output checked (run_phase_by_phase).
+  void check_each_phase(int64_t m, int64_t d, int layers, uint32_t seed, uint32_t x_seed) {
+    for (bool wg : maths()) {
+      SCOPED_TRACE(wg ? "wgmma" : "mma.sync");
+      ExpertStreamPlan p;
+      ASSERT_NO_FATAL_FAILURE(plan(m, &p, wg));
+      if (IsSkipped()) return;
+      Chain c(m, d, layers, seed);
+      upload(*c.acts[Chain::kX].buf, randn(size_t(m * d), x_seed));
+      std::unique_ptr<DevBuf> dev;
+      ASSERT_NO_FATAL_FAILURE(upload_phases(c, &dev));
+      ASSERT_NO_FATAL_FAILURE(run_phase_by_phase(c, p, dev->get(), true));
+    }
+  }
+
   // The maths to test: mma.sync everywhere, and wgmma where this GPU and build run it (an H100 or
   // H200 with sm_90a code); a note says when wgmma is left out.
   static std::vector<bool> maths() {
@@ -246,18 +262,7 @@ class ExpertStream : public CudaTest {
 TEST_F(ExpertStream, EachPhaseMatchesCpu) {
   ASSERT_NO_FATAL_FAILURE(start());
   if (IsSkipped()) return;
-  constexpr int64_t m = 50, d = 512;
-  for (bool wg : maths()) {
-    SCOPED_TRACE(wg ? "wgmma" : "mma.sync");
-    ExpertStreamPlan p;
-    ASSERT_NO_FATAL_FAILURE(plan(m, &p, wg));
-    if (IsSkipped()) return;
-    Chain c(m, d, 2, 100);
-    upload(*c.acts[Chain::kX].buf, randn(size_t(m * d), 1));
-    std::unique_ptr<DevBuf> dev;
-    ASSERT_NO_FATAL_FAILURE(upload_phases(c, &dev));
-    ASSERT_NO_FATAL_FAILURE(run_phase_by_phase(c, p, dev->get(), true));
-  }
+  ASSERT_NO_FATAL_FAILURE(check_each_phase(50, 512, 2, 100, 1));
 }
 
 // The whole chain (8 phases) in one launch gives the X of the same phases launched one at a time:
@@ -305,18 +310,7 @@ TEST_F(ExpertStream, OneLaunchMatchesPhaseByPhase) {
 TEST_F(ExpertStream, PiShapesMatchCpu) {
   ASSERT_NO_FATAL_FAILURE(start());
   if (IsSkipped()) return;
-  constexpr int64_t m = 50, d = 1024;
-  for (bool wg : maths()) {
-    SCOPED_TRACE(wg ? "wgmma" : "mma.sync");
-    ExpertStreamPlan p;
-    ASSERT_NO_FATAL_FAILURE(plan(m, &p, wg));
-    if (IsSkipped()) return;
-    Chain c(m, d, 1, 300);
-    upload(*c.acts[Chain::kX].buf, randn(size_t(m * d), 3));
-    std::unique_ptr<DevBuf> dev;
-    ASSERT_NO_FATAL_FAILURE(upload_phases(c, &dev));
-    ASSERT_NO_FATAL_FAILURE(run_phase_by_phase(c, p, dev->get(), true));
-  }
+  ASSERT_NO_FATAL_FAILURE(check_each_phase(50, 1024, 1, 300, 3));
 }
 
 // The header's rules, checked on the host before anything is copied (so no device is needed:

@@ -216,6 +216,19 @@ __device__ __forceinline__ void quarter_barrier() {
   asm volatile("bar.sync %0, 64;\n" ::"r"(1 + ((int(threadIdx.x) >> 5) & 3)) : "memory");
 }
 
+// Until all but the newest n (0..6; more count as 6) cp.async groups of this thread have landed.
+__device__ __forceinline__ void cp_async_wait_n(int n) {
+  switch (n) {
+    case 0: cp_async_wait<0>(); break;
+    case 1: cp_async_wait<1>(); break;
+    case 2: cp_async_wait<2>(); break;
+    case 3: cp_async_wait<3>(); break;
+    case 4: cp_async_wait<4>(); break;
+    case 5: cp_async_wait<5>(); break;
+    default: cp_async_wait<6>(); break;
+  }
+}
+
 // Until the next stage (in `slot`) has landed: its mbarrier's phase (bulk), or all but the newest S − 2 of this
 // thread's cp.async groups (one committed a stage).
 __device__ __forceinline__ void wait_ring(const Args& a, unsigned long long* bars, int slot, unsigned parity) {
@@ -223,15 +236,7 @@ __device__ __forceinline__ void wait_ring(const Args& a, unsigned long long* bar
     mbar_wait(bars + slot, parity);
     return;
   }
-  switch (a.stages) {
-    case 2: cp_async_wait<0>(); break;
-    case 3: cp_async_wait<1>(); break;
-    case 4: cp_async_wait<2>(); break;
-    case 5: cp_async_wait<3>(); break;
-    case 6: cp_async_wait<4>(); break;
-    case 7: cp_async_wait<5>(); break;
-    default: cp_async_wait<6>(); break;
-  }
+  cp_async_wait_n(a.stages - 2);
 }
 
 __device__ __forceinline__ void stamp(const Args& a, int p, int i) {
@@ -319,16 +324,6 @@ __device__ __forceinline__ void copy_chunk_async(const Phase& P, int m, int64_t 
   for (int q = int(threadIdx.x); q < n; q += kThreads) {
     const int r = q / (kChunk / 8), c8 = q % (kChunk / 8);
     cp_async16(xs + Lay<kWg>::x(r, c8 * 8), in + int64_t(r) * P.in_stride + col0 + c8 * 8);
-  }
-}
-
-// Until all but the newest n cp.async groups of this thread have landed (n < 4: a round's stages).
-__device__ __forceinline__ void cp_async_wait_n(int n) {
-  switch (n) {
-    case 0: cp_async_wait<0>(); break;
-    case 1: cp_async_wait<1>(); break;
-    case 2: cp_async_wait<2>(); break;
-    default: cp_async_wait<3>(); break;
   }
 }
 
