@@ -12,6 +12,7 @@
 #include <cstdlib>
 
 #include "backends/cpu/kernels.h"
+#include "backends/cuda/cudnn_attention.h"
 #include "cuda_test_util.h"
 
 namespace vlac::cuda::testing {
@@ -87,6 +88,32 @@ std::vector<float> dense(const std::vector<float>& x, int64_t rows, int64_t widt
   return y;
 }
 
+// lerobot's bf16 mode on the host for the rows of `tokens`: fp32 scores of bf16 q·k, the CPU's
+// fp32 masked softmax, probabilities rounded to bf16, P·V accumulated in double. ref is [T, H·D].
+void bf16_reference(const Case& c, const Data& dd, const std::vector<float>& qd, const std::vector<float>& kd,
+                    const std::vector<float>& vd, const std::vector<int64_t>& tokens, float scale,
+                    std::vector<float>* ref) {
+  std::vector<float> row(static_cast<size_t>(c.s));
+  for (int64_t i : tokens)
+    for (int64_t hh = 0; hh < c.h; ++hh) {
+      const int64_t g = hh / (c.h / c.hk);
+      for (int64_t j = 0; j < c.s; ++j) {
+        double dot = 0;
+        for (int64_t e = 0; e < c.d; ++e)
+          dot += double(qd[size_t((i * c.h + hh) * c.d + e)]) * kd[size_t((j * c.hk + g) * c.d + e)];
+        row[size_t(j)] = float(dot);
+      }
+      cpu::masked_softmax_row(row.data(), c.s, scale, dd.allow.empty() ? nullptr : &dd.allow[size_t(i * c.s)],
+                              dd.add.empty() ? nullptr : &dd.add[size_t(i * c.s)]);
+      for (int64_t e = 0; e < c.d; ++e) {
+        double o = 0;
+        for (int64_t j = 0; j < c.s; ++j)
+          o += double(bf16_to_f32(f32_to_bf16(row[size_t(j)]))) * vd[size_t((j * c.hk + g) * c.d + e)];
+        (*ref)[size_t((i * c.h + hh) * c.d + e)] = float(o);
+      }
+    }
+}
+
 class CudaAttention : public CudaTest {};
 
 TEST_F(CudaAttention, MatchesCpuOnPi05ShapesAndOddOnes) {
@@ -130,25 +157,7 @@ TEST_F(CudaAttention, MatchesCpuOnPi05ShapesAndOddOnes) {
                                                                            dd.add.empty() ? nullptr : dd.add.data()},
                        ref.data(), c.t, c.h, c.hk, c.s, c.d, c.d, scale, scratch.data(), int64_t(scratch.size()));
       } else {
-        std::vector<float> row(static_cast<size_t>(c.s));
-        for (int64_t i : check_tokens)
-          for (int64_t hh = 0; hh < c.h; ++hh) {
-            const int64_t g = hh / (c.h / c.hk);
-            for (int64_t j = 0; j < c.s; ++j) {
-              double dot = 0;
-              for (int64_t e = 0; e < c.d; ++e)
-                dot += double(qd[size_t((i * c.h + hh) * c.d + e)]) * kd[size_t((j * c.hk + g) * c.d + e)];
-              row[size_t(j)] = float(dot);
-            }
-            cpu::masked_softmax_row(row.data(), c.s, scale, dd.allow.empty() ? nullptr : &dd.allow[size_t(i * c.s)],
-                                    dd.add.empty() ? nullptr : &dd.add[size_t(i * c.s)]);
-            for (int64_t e = 0; e < c.d; ++e) {
-              double o = 0;
-              for (int64_t j = 0; j < c.s; ++j)
-                o += double(bf16_to_f32(f32_to_bf16(row[size_t(j)]))) * vd[size_t((j * c.hk + g) * c.d + e)];
-              ref[size_t((i * c.h + hh) * c.d + e)] = float(o);
-            }
-          }
+        bf16_reference(c, dd, qd, kd, vd, check_tokens, scale, &ref);
       }
       const int auto_splits = attention_splits(a, io, sms);
       // Key groups per block (VLAC_ATTN_SUB): the default choice, one, and two wherever a block
@@ -273,6 +282,103 @@ TEST_F(CudaAttention, FusedRopeRefusesWhatItCannotRun) {
   a.s = 3;
   EXPECT_EQ(attention(stream_, a, DType::BF16, p, p, p, {}, buf.get(), DType::F32, 1.0f, 1, nullptr, 0, &rope).code(),
             StatusCode::InvalidArgument);
+}
+
+// cuDNN's fused attention (VLAC_CUDNN_ATTN, cudnn_attention.h) on the unmasked shapes against the
+// same host reference as the own kernel, bf16 out (tolerance 1e-2 as above): pi0.5's prefix
+// without padding, the expert's keys, SigLIP's 72-wide heads as one image and as three images of
+// 256 tokens batched (kv_block, the own kernel's block-diagonal layout), and odd GQA. Through
+// attention() with the setting on, the cuDNN path must give the same rows. Skipped only where
+// libcudnn.so.9 (>= 9.13) is not there; a shape no engine takes is reported and left to the own kernel.
+TEST_F(CudaAttention, CudnnMatchesTheReference) {
+  const std::string libname = cudnn_attention_library();
+  if (libname.rfind("cuDNN ", 0) != 0) GTEST_SKIP() << "cuDNN attention not available: " << libname;
+  const Case cases[] = {
+      {"prefix 968, no padding", 968, 8, 1, 968, 256, MaskKind::None, true, 968, 968, 968},
+      {"expert 50 vs 1018", 50, 8, 1, 1018, 256, MaskKind::None, true, 1018, 1018, 50},
+      {"siglip 256 x 16 heads x 72", 256, 16, 16, 256, 72, MaskKind::None, false, 256, 256, 256},
+      {"siglip 3 images batched", 768, 16, 16, 768, 72, MaskKind::None, true, 768, 768, 768},
+      {"odd GQA 37 x 4 heads / 2 kv vs 70", 37, 4, 2, 70, 72, MaskKind::None, true, 70, 70, 37},
+  };
+  uint32_t seed = 7000;
+  int ran = 0;
+  for (const Case& c : cases) {
+    const bool batched = std::string(c.what) == "siglip 3 images batched";
+    Data dd = make(c, seed += 10, true);
+    AttentionShape a = dd.shape;
+    if (batched) a.kv_block = 256;
+    const int64_t v_off = c.strided ? c.hk * c.d : 0;
+    const auto qd = dense(dd.q, c.t, c.h * c.d, a.q_stride, 0);
+    const auto kd = dense(dd.k, c.s, c.hk * c.d, a.k_stride, 0);
+    const auto vd = dense(dd.v, c.s, c.hk * c.d, a.v_stride, v_off);
+    std::vector<float> kv = dd.k;
+    if (c.strided)
+      for (int64_t j = 0; j < c.s; ++j)
+        for (int64_t i = 0; i < c.hk * c.d; ++i) kv[size_t(j * a.k_stride + v_off + i)] = dd.v[size_t(j * a.v_stride + v_off + i)];
+    auto dq = to_device(to_bf16(dd.q));
+    auto dk = to_device(to_bf16(kv));
+    auto dv = c.strided ? nullptr : to_device(to_bf16(dd.v));
+    const void* kp = dk->get();
+    const void* vp = c.strided ? static_cast<const void*>(static_cast<const uint8_t*>(dk->get()) + size_t(v_off) * 2) : dv->get();
+    const float scale = 1.0f / std::sqrt(float(c.d));
+    const int64_t hd = c.h * c.d;
+    std::vector<int64_t> tokens;
+    for (int64_t i = 0; i < c.t; ++i)
+      if (c.t <= 256 || i % 8 == 0) tokens.push_back(i);
+    std::vector<float> ref(static_cast<size_t>(c.t * hd));
+    if (!batched) {
+      bf16_reference(c, dd, qd, kd, vd, tokens, scale, &ref);
+    } else {  // each image's tokens against its own 256 keys
+      for (int64_t b0 = 0; b0 < c.t; b0 += 256) {
+        Case cb = c;
+        cb.t = cb.s = 256;
+        Data db;
+        std::vector<float> qb(qd.begin() + b0 * hd, qd.begin() + (b0 + 256) * hd);
+        std::vector<float> kb(kd.begin() + b0 * c.hk * c.d, kd.begin() + (b0 + 256) * c.hk * c.d);
+        std::vector<float> vb(vd.begin() + b0 * c.hk * c.d, vd.begin() + (b0 + 256) * c.hk * c.d);
+        std::vector<int64_t> tb;
+        for (int64_t i : tokens)
+          if (i >= b0 && i < b0 + 256) tb.push_back(i - b0);
+        std::vector<float> rb(static_cast<size_t>(256 * hd));
+        bf16_reference(cb, db, qb, kb, vb, tb, scale, &rb);
+        for (int64_t i : tb)
+          for (int64_t e = 0; e < hd; ++e) ref[size_t((b0 + i) * hd + e)] = rb[size_t(i * hd + e)];
+      }
+    }
+    CudnnAttentionShape cs;
+    cs.b = batched ? c.t / 256 : 1, cs.sq = batched ? 256 : c.t, cs.skv = batched ? 256 : c.s;
+    cs.h = c.h, cs.hk = c.hk, cs.d = c.d;
+    cs.q_stride = a.q_stride, cs.k_stride = a.k_stride, cs.v_stride = a.v_stride, cs.o_stride = a.o_stride;
+    const size_t on = size_t(c.t * a.o_stride);
+    DevBuf direct(on * 2), through(on * 2);
+    direct.poison(), through.poison();
+    const Status st = cudnn_attention(stream_, cs, dq->get(), kp, vp, direct.get(), scale);
+    if (st.code() == StatusCode::Unsupported) {
+      std::printf("[attention] cuDNN declines %s: %s\n", c.what, st.message().c_str());
+      continue;
+    }
+    VLAC_CUDA_OK(st);
+    setenv("VLAC_CUDNN_ATTN", "2", 1);
+    const Status st2 = attention(stream_, a, DType::BF16, dq->get(), kp, vp, {}, through.get(), DType::BF16, scale, 1,
+                                 nullptr, 0);
+    unsetenv("VLAC_CUDNN_ATTN");
+    VLAC_CUDA_OK(st2);
+    sync();
+    const auto out = from_bf16(download<uint16_t>(direct, on));
+    std::vector<float> got, want;
+    for (int64_t i : tokens)
+      for (int64_t e = 0; e < hd; ++e) {
+        got.push_back(out[size_t(i * a.o_stride + e)]);
+        want.push_back(ref[size_t(i * hd + e)]);
+      }
+    const double err = rel_err(got, want);
+    EXPECT_LT(err, 1e-2) << c.what;
+    EXPECT_EQ(download<uint16_t>(direct, on), download<uint16_t>(through, on)) << c.what << ": attention() with the setting";
+    std::printf("[attention] cuDNN (%s) %-36s rel err %.3g (tol 1e-2)\n", libname.c_str(), c.what, err);
+    ++ran;
+  }
+  // The prefix shape is the one it is for: it must be taken.
+  EXPECT_GT(ran, 0) << "cuDNN took none of the shapes";
 }
 
 TEST(CudaAttentionPlan, ExpertShapeSplitsTheKeys) {

@@ -22,6 +22,7 @@
 #include <string>
 
 #include "backends/cuda/common.cuh"
+#include "backends/cuda/cudnn_attention.h"
 #include "backends/cuda/env.h"
 #include "backends/cuda/kernels.h"
 
@@ -962,6 +963,24 @@ Status attention(cudaStream_t stream, const AttentionShape& a, DType io, const v
         rope->q_stride < a.h * a.dh || rope->k_stride < a.hk * a.dh || rope->v_stride < a.hk * a.dv)
       return invalid_argument("attention: the fused RoPE's f32 rows must be 16-byte aligned, strides multiples of 4 "
                               "and at least a row");
+  }
+  // cuDNN's fused attention where asked for (VLAC_CUDNN_ATTN, cudnn_attention.h): unmasked bf16 in
+  // and out, no fused RoPE; the expert's split attention only at setting 2. Where cuDNN is absent
+  // or declines the shape (Unsupported), the own kernel below runs.
+  if (const int dnn = cudnn_attention_setting();
+      dnn > 0 && io == DType::BF16 && ot == DType::BF16 && !rope && !mask.allow && !mask.add && a.dh == a.dv &&
+      (dnn == 2 || splits <= 1) && (a.kv_block == 0 || (a.t == a.s && a.t % a.kv_block == 0)) &&
+      ((reinterpret_cast<uintptr_t>(q) | reinterpret_cast<uintptr_t>(k) | reinterpret_cast<uintptr_t>(v) |
+        reinterpret_cast<uintptr_t>(out)) & 15u) == 0 &&
+      (dn.qs | dn.ks | dn.vs | dn.os) % 8 == 0) {
+    CudnnAttentionShape c;
+    c.b = a.kv_block > 0 ? a.t / a.kv_block : 1;
+    c.sq = a.kv_block > 0 ? a.kv_block : a.t;
+    c.skv = a.kv_block > 0 ? a.kv_block : a.s;
+    c.h = a.h, c.hk = a.hk, c.d = a.dh;
+    c.q_stride = dn.qs, c.k_stride = dn.ks, c.v_stride = dn.vs, c.o_stride = dn.os;
+    const Status st = cudnn_attention(stream, c, q, k, v, out, scale);
+    if (st.code() != StatusCode::Unsupported) return st;
   }
   if (a.kv_block > 0) {
     if (mask.allow || mask.add || a.t != a.s || a.t % a.kv_block != 0)
