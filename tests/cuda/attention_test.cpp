@@ -114,7 +114,18 @@ void bf16_reference(const Case& c, const Data& dd, const std::vector<float>& qd,
     }
 }
 
-class CudaAttention : public CudaTest {};
+// The own kernels unless a test asks for cuDNN (VLAC_CUDNN_ATTN is on by default where cuDNN is).
+class CudaAttention : public CudaTest {
+ protected:
+  void SetUp() override {
+    CudaTest::SetUp();
+    setenv("VLAC_CUDNN_ATTN", "0", 1);
+  }
+  void TearDown() override {
+    unsetenv("VLAC_CUDNN_ATTN");
+    CudaTest::TearDown();
+  }
+};
 
 TEST_F(CudaAttention, MatchesCpuOnPi05ShapesAndOddOnes) {
   const int sms = device_sm_count();
@@ -361,7 +372,7 @@ TEST_F(CudaAttention, CudnnMatchesTheReference) {
     setenv("VLAC_CUDNN_ATTN", "2", 1);
     const Status st2 = attention(stream_, a, DType::BF16, dq->get(), kp, vp, {}, through.get(), DType::BF16, scale, 1,
                                  nullptr, 0);
-    unsetenv("VLAC_CUDNN_ATTN");
+    setenv("VLAC_CUDNN_ATTN", "0", 1);
     VLAC_CUDA_OK(st2);
     sync();
     const auto out = from_bf16(download<uint16_t>(direct, on));

@@ -19,8 +19,9 @@
 namespace vlac::cuda {
 
 int cudnn_attention_setting() {
-  const int64_t v = env_count("VLAC_CUDNN_ATTN", 0);
-  return v == 1 || v == 2 ? int(v) : 0;
+  // On by default (H200, session 27: recorded chunk 18.52 / 18.54 -> 17.92 / 17.88 ms, alternated).
+  const int64_t v = env_count("VLAC_CUDNN_ATTN", 1);
+  return v <= 2 ? int(v) : 1;
 }
 
 #if !defined(VLAC_HAVE_CUDNN)

@@ -25,9 +25,9 @@ struct CudnnAttentionShape {
   int64_t q_stride = 0, k_stride = 0, v_stride = 0, o_stride = 0;
 };
 
-/// VLAC_CUDNN_ATTN: 0 or unset = never; 1 = unmasked bf16 attention without key splits (the
-/// prefix, SigLIP); 2 = the expert's split attention too (a measurement knob). Read at every
-/// call (host code a recorded chunk does not run again), so one process can take both paths.
+/// VLAC_CUDNN_ATTN: 0 = never; 1 (unset) = unmasked bf16 attention without key splits (the prefix,
+/// SigLIP); 2 = the expert's split attention too (a measurement knob). Read at every call (host
+/// code a recorded chunk does not run again), so one process can take both paths.
 int cudnn_attention_setting();
 
 /// Enqueues O = softmax(scale · Q·Kᵀ)·V with bf16 q, k, v, out (16-byte aligned) on `stream`:
