@@ -392,6 +392,23 @@ TEST_F(CudaAttention, CudnnMatchesTheReference) {
   EXPECT_GT(ran, 0) << "cuDNN took none of the shapes";
 }
 
+// Who gets cuDNN's attention: by default every call but the lean ones (8-bit packages' engines);
+// VLAC_CUDNN_ATTN=1 or 2 asks for it everywhere, 0 nowhere; other values are the default.
+TEST(CudaAttentionPlan, CudnnSettingLeavesLeanCallsOnTheOwnKernel) {
+  unsetenv("VLAC_CUDNN_ATTN");
+  EXPECT_EQ(cudnn_attention_setting(false), 1);
+  EXPECT_EQ(cudnn_attention_setting(true), 0);
+  for (const char* v : {"0", "1", "2"}) {
+    setenv("VLAC_CUDNN_ATTN", v, 1);
+    EXPECT_EQ(cudnn_attention_setting(false), std::atoi(v)) << v;
+    EXPECT_EQ(cudnn_attention_setting(true), std::atoi(v)) << v;
+  }
+  setenv("VLAC_CUDNN_ATTN", "7", 1);
+  EXPECT_EQ(cudnn_attention_setting(false), 1);
+  EXPECT_EQ(cudnn_attention_setting(true), 0);
+  unsetenv("VLAC_CUDNN_ATTN");
+}
+
 TEST(CudaAttentionPlan, ExpertShapeSplitsTheKeys) {
   AttentionShape a;
   a.t = 50, a.h = 8, a.hk = 1, a.s = 1018, a.dh = a.dv = 256;

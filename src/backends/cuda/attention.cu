@@ -964,10 +964,10 @@ Status attention(cudaStream_t stream, const AttentionShape& a, DType io, const v
       return invalid_argument("attention: the fused RoPE's f32 rows must be 16-byte aligned, strides multiples of 4 "
                               "and at least a row");
   }
-  // cuDNN's fused attention where asked for (VLAC_CUDNN_ATTN, cudnn_attention.h): unmasked bf16 in
-  // and out, no fused RoPE; the expert's split attention only at setting 2. Where cuDNN is absent
-  // or declines the shape (Unsupported), the own kernel below runs.
-  if (const int dnn = cudnn_attention_setting();
+  // cuDNN's fused attention (VLAC_CUDNN_ATTN, cudnn_attention.h; not for lean calls unless asked):
+  // unmasked bf16 in and out, no fused RoPE; the expert's split attention only at setting 2. Where
+  // cuDNN is absent or declines the shape (Unsupported), the own kernel below runs.
+  if (const int dnn = cudnn_attention_setting(a.lean);
       dnn > 0 && io == DType::BF16 && ot == DType::BF16 && !rope && !mask.allow && !mask.add && a.dh == a.dv &&
       (dnn == 2 || splits <= 1) && (a.kv_block == 0 || (a.t == a.s && a.t % a.kv_block == 0)) &&
       ((reinterpret_cast<uintptr_t>(q) | reinterpret_cast<uintptr_t>(k) | reinterpret_cast<uintptr_t>(v) |

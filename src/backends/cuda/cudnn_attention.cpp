@@ -18,10 +18,11 @@
 
 namespace vlac::cuda {
 
-int cudnn_attention_setting() {
-  // On by default (H200, session 27: recorded chunk 18.52 / 18.54 -> 17.92 / 17.88 ms, alternated).
-  const int64_t v = env_count("VLAC_CUDNN_ATTN", 1);
-  return v <= 2 ? int(v) : 1;
+int cudnn_attention_setting(bool lean) {
+  // On by default (H200, session 27: recorded chunk 18.52 / 18.54 -> 17.92 / 17.88 ms, alternated),
+  // but not for lean calls: an int8 package measured 3.543 GiB with it on an H100 (3.485 before).
+  const int64_t v = env_count("VLAC_CUDNN_ATTN", lean ? 0 : 1);
+  return v <= 2 ? int(v) : (lean ? 0 : 1);
 }
 
 #if !defined(VLAC_HAVE_CUDNN)

@@ -25,10 +25,12 @@ struct CudnnAttentionShape {
   int64_t q_stride = 0, k_stride = 0, v_stride = 0, o_stride = 0;
 };
 
-/// VLAC_CUDNN_ATTN: 0 = never; 1 (unset) = unmasked bf16 attention without key splits (the prefix,
-/// SigLIP); 2 = the expert's split attention too (a measurement knob). Read at every call (host
-/// code a recorded chunk does not run again), so one process can take both paths.
-int cudnn_attention_setting();
+/// VLAC_CUDNN_ATTN: 1 = unmasked bf16 attention without key splits (the prefix, SigLIP); 0 = never;
+/// 2 = the expert's split attention too (a measurement knob). Unset: 1, or 0 for a `lean` call
+/// (AttentionShape::lean: the engines of 8-bit packages, whose 3.5 GiB budget has no room for the
+/// ~55 MB of host memory cuDNN's libraries take). Read at every call (host code a recorded chunk
+/// does not run again), so one process can take both paths.
+int cudnn_attention_setting(bool lean);
 
 /// Enqueues O = softmax(scale · Q·Kᵀ)·V with bf16 q, k, v, out (16-byte aligned) on `stream`:
 /// fp32 scores and softmax, probabilities in bf16 for P·V, fp32 sums (lerobot's bf16 mode, as the

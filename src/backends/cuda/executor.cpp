@@ -197,6 +197,7 @@ Status CudaExecutable::plan(const CudaWeights& weights) {
   weight_dtype_.assign(nv, DType::F32);
   weight_entry_.assign(nv, nullptr);
   quant_src_.assign(nv, nullptr);
+  eight_bit_weights_ = false;
   slice_rows_.assign(nv, 0);
   dequant_bytes_ = 0;
   inputs_.assign(g.inputs().size(), Input{});
@@ -223,6 +224,7 @@ Status CudaExecutable::plan(const CudaWeights& weights) {
     ptr_[size_t(n.outputs[0])] = const_cast<void*>(e->data);
     weight_dtype_[size_t(n.outputs[0])] = e->dtype;
     weight_entry_[size_t(n.outputs[0])] = e;
+    if (is_quant_dtype(e->dtype)) eight_bit_weights_ = true;
     if (is_quant_dtype(e->dtype) && !e->host_table) {
       // An 8-bit matrix is widened to bf16 in the scratch before its GEMM (quant.cu): every plan
       // below sees a bf16 weight there (bind_memory points the value at it).
@@ -323,6 +325,7 @@ Status CudaExecutable::plan(const CudaWeights& weights) {
         AttentionShape s;
         s.t = q[0], s.h = q[1], s.dh = q[2], s.s = k[0], s.hk = k[1], s.dv = v[2];
         s.kv_block = n.attrs.get_int("kv_block", 0);
+        s.lean = eight_bit_weights_;  // an 8-bit package's engine: no cuDNN unless asked (cudnn_attention.h)
         p.att = s;
         p.bf16 = options_.bf16_mqa_attention && s.hk == 1 && s.h > 1 && s.dh == s.dv && (s.dh == 72 || s.dh == 256);
         // fast_vision: SigLIP's fp32 attention (16 heads of 72) in the bf16 tensor-core kernel too.

@@ -217,6 +217,7 @@ class CudaExecutable final : public Executable {
   // 8-bit matrices (quant.cu): by value id, the blob (device, or the on-demand fetch buffer) the
   // GEMM's bf16 weight is widened from into the scratch at dequant_off_; null for other values.
   std::vector<const void*> quant_src_;
+  bool eight_bit_weights_ = false;  // some weight is 8-bit codes: attention plans are lean
   unsigned* quant_counters_ = nullptr;  // the skinny kernel's tile counters (zero between GEMMs)
   Status plan_quant_skinny();
   bool widened(ir::ValueId v) const {

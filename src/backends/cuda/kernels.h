@@ -253,6 +253,9 @@ struct AttentionShape {
   /// > 0: block-diagonal (images batched along T = S, no mask): query t sees keys of its block
   /// [t/kv_block·kv_block, +kv_block) only.
   int64_t kv_block = 0;
+  /// Memory before speed (an engine of 8-bit weights): cuDNN's attention only where
+  /// VLAC_CUDNN_ATTN asks for it (cudnn_attention.h), since loading cuDNN costs host memory.
+  bool lean = false;
 };
 /// Mask as the CPU's AttentionMask: a boolean [T,S] (1 = may attend; 0 adds kMaskValue) or an
 /// additive fp32 [T,S], device pointers; `allow` wins when both are given, as on the CPU. A fully
