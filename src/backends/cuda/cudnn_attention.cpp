@@ -8,6 +8,7 @@
 #include <tuple>
 #include <vector>
 
+#include "backends/cuda/context.h"
 #include "backends/cuda/env.h"
 
 #if defined(VLAC_HAVE_CUDNN)
@@ -248,13 +249,8 @@ Status build(const CudnnAttentionShape& s, Plan* p) {
       if (lib().get_attr(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n, &ws) !=
           CUDNN_STATUS_SUCCESS)
         ws = 0;
-      if (ws > 0) {
-        const cudaError_t e = cudaMalloc(&p->workspace, size_t(ws));
-        if (e != cudaSuccess) {
-          (void)cudaGetLastError();
-          return Status(StatusCode::Backend, "cudnn attention: workspace of " + std::to_string(ws) +
-                                                 " bytes: " + cudaGetErrorString(e));
-        }
+      if (ws > 0) {  // kept for the process, as the plan
+        VLAC_ASSIGN_OR_RETURN(p->workspace, device_alloc(uint64_t(ws), "cudnn attention workspace"));
       }
       p->workspace_bytes = ws;
       p->plan = std::move(plan);
@@ -295,9 +291,13 @@ Status cudnn_attention(cudaStream_t stream, const CudnnAttentionShape& s, const 
     }
     Plan p;
     p.status = build(s, &p);
-    std::fprintf(stderr, "vlac attention: cuDNN SDPA for %s: %s\n", shape_name(s).c_str(),
-                 p.status.is_ok() ? ("planned, workspace " + std::to_string(p.workspace_bytes) + " bytes").c_str()
-                                  : p.status.message().c_str());
+    // A declined shape is said once (it runs the own kernel); a planned one where the switch is set.
+    if (!p.status.is_ok())
+      std::fprintf(stderr, "vlac attention: cuDNN declines %s, the own kernel runs: %s\n", shape_name(s).c_str(),
+                   p.status.message().c_str());
+    else if (!env_str("VLAC_CUDNN_ATTN").empty())
+      std::fprintf(stderr, "vlac attention: cuDNN SDPA for %s: planned, workspace %lld bytes\n",
+                   shape_name(s).c_str(), static_cast<long long>(p.workspace_bytes));
     it = plans.emplace(key, std::move(p)).first;
   }
   Plan& p = it->second;
