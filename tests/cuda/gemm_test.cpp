@@ -14,6 +14,7 @@
 #include <string>
 
 #include "backends/cpu/kernels.h"
+#include "backends/cuda/cublaslt_api.h"
 #include "backends/cuda/gemm.h"
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/expert_mlp.h"
@@ -26,6 +27,20 @@ namespace vlac::cuda::testing {
 namespace {
 
 class CudaGemm : public CudaTest {};
+
+// cuBLASLt is loaded, not linked (cublaslt_api.h): the library is found next to the toolkit's
+// libcudart and every function the backend calls resolves; its version matches the header's
+// major. Needs no GPU, so it runs in CI wherever the CUDA backend is built.
+TEST(CublasLtLoad, ResolvesEveryFunction) {
+  const Status s = cublaslt_load();
+  ASSERT_TRUE(s.is_ok()) << s.message();
+  const CublasLt& f = lt();
+#define VLAC_EXPECT_RESOLVED(name) EXPECT_NE(f.name, nullptr) << "cublasLt" #name;
+  VLAC_CUBLASLT_FUNCTIONS(VLAC_EXPECT_RESOLVED)
+#undef VLAC_EXPECT_RESOLVED
+  EXPECT_EQ(f.GetVersion() / 10000, size_t(CUBLAS_VER_MAJOR));
+  EXPECT_STREQ(f.GetStatusName(CUBLAS_STATUS_SUCCESS), "CUBLAS_STATUS_SUCCESS");
+}
 
 struct Case { int64_t m, k, n; const char* what; };
 const Case kCases[] = {

@@ -6,6 +6,7 @@
 #include <cublasLt.h>
 
 #include "backends/cuda/context.h"
+#include "backends/cuda/cublaslt_api.h"
 #include "backends/cuda/env.h"
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/skinny_gemm.h"
@@ -30,7 +31,7 @@ namespace vlac::cuda {
 namespace {
 
 Status lt_error(const std::string& what, cublasStatus_t s) {
-  return Status(StatusCode::Backend, "cublasLt " + what + ": " + cublasLtGetStatusString(s));
+  return Status(StatusCode::Backend, "cublasLt " + what + ": " + lt().GetStatusString(s));
 }
 #define VLAC_LT(call, what)                                          \
   do {                                                               \
@@ -59,10 +60,10 @@ struct Plan {
   int splitk_added = 0;                           // FP8 split-K variants among them (fp8_splitk)
   bool tuned = false;
   void destroy() {
-    if (op) cublasLtMatmulDescDestroy(op);
-    if (a) cublasLtMatrixLayoutDestroy(a);
-    if (b) cublasLtMatrixLayoutDestroy(b);
-    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (op) lt().MatmulDescDestroy(op);
+    if (a) lt().MatrixLayoutDestroy(a);
+    if (b) lt().MatrixLayoutDestroy(b);
+    if (c) lt().MatrixLayoutDestroy(c);
     op = nullptr, a = b = c = nullptr;
   }
 };
@@ -254,7 +255,7 @@ std::string tune_identity(uint64_t workspace, int sms) {
     name = std::string(prop.name) + "_sm" + std::to_string(prop.major) + std::to_string(prop.minor);
   else
     (void)cudaGetLastError();
-  return name + "_" + std::to_string(sms) + "sms_lt" + std::to_string(cublasLtGetVersion()) + "_ws" +
+  return name + "_" + std::to_string(sms) + "sms_lt" + std::to_string(lt().GetVersion()) + "_ws" +
          std::to_string(workspace >> 20) + "m_c" + std::to_string(candidate_count()) + "_s" +
          std::to_string(int(skinny_mode())) + (cold_timing() ? "_cold" : "") + (reduction_variants() ? "_inplace" : "") +
          (fp8_fast_accum() ? "_fp8fast" : "") + (fp8_splitk() ? "_fp8sk" : "");
@@ -275,7 +276,7 @@ struct GemmRunner::Impl {
   std::map<decltype(GemmDesc{}.key()), Plan> plans;
   ~Impl() {
     for (auto& [k, p] : plans) p.destroy();
-    if (handle) cublasLtDestroy(handle);
+    if (handle) lt().Destroy(handle);
     device_free(counters);
     device_free(fp8_placeholder);
   }
@@ -349,7 +350,7 @@ void GemmRunner::Impl::tune(cudaStream_t stream, const GemmDesc& d, Plan& p, con
   size_t best_i = 0;
   for (size_t i = 0; i < p.candidates.size(); ++i) {
     const float ms = time_ms([&] {
-      return cublasLtMatmul(handle, p.op, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &p.candidates[i], ws, workspace,
+      return lt().Matmul(handle, p.op, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &p.candidates[i], ws, workspace,
                             stream) == CUBLAS_STATUS_SUCCESS;
     });
     if (ms < 0) continue;
@@ -378,7 +379,7 @@ void GemmRunner::Impl::tune(cudaStream_t stream, const GemmDesc& d, Plan& p, con
   if (gemm_report()) {
     int32_t sk = 1;
     size_t got = 0;
-    if (cublasLtMatmulAlgoConfigGetAttribute(&p.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &sk, sizeof(sk), &got) !=
+    if (lt().MatmulAlgoConfigGetAttribute(&p.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &sk, sizeof(sk), &got) !=
         CUBLAS_STATUS_SUCCESS)
       sk = -1;
     std::fprintf(stderr,
@@ -430,14 +431,14 @@ Status GemmRunner::Impl::probe_fp8(const GemmDesc& d) {
     (void)cudaMemcpy(sc, one.data(), sb, cudaMemcpyHostToDevice);
     const void* bias = has_bias(d.epilogue) ? b : nullptr;
     cublasStatus_t ls = CUBLAS_STATUS_SUCCESS;
-    if (bias) ls = cublasLtMatmulDescSetAttribute(pp.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias));
+    if (bias) ls = lt().MatmulDescSetAttribute(pp.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias));
     if (ls == CUBLAS_STATUS_SUCCESS)
-      ls = cublasLtMatmulDescSetAttribute(pp.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sc, sizeof(sc));
+      ls = lt().MatmulDescSetAttribute(pp.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sc, sizeof(sc));
     if (ls == CUBLAS_STATUS_SUCCESS)
-      ls = cublasLtMatmulDescSetAttribute(pp.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sc, sizeof(sc));
+      ls = lt().MatmulDescSetAttribute(pp.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sc, sizeof(sc));
     const float alpha = 1.0f, beta = d.accumulate ? 1.0f : 0.0f;
     if (ls == CUBLAS_STATUS_SUCCESS)
-      ls = cublasLtMatmul(handle, pp.op, &alpha, w, pp.a, x, pp.b, &beta, y, pp.c, y, pp.c, &pp.algo, wsp, wsb, nullptr);
+      ls = lt().Matmul(handle, pp.op, &alpha, w, pp.a, x, pp.b, &beta, y, pp.c, y, pp.c, &pp.algo, wsp, wsb, nullptr);
     const cudaError_t ce = cudaStreamSynchronize(nullptr);
     if (ls != CUBLAS_STATUS_SUCCESS) st = lt_error("FP8 probe of " + shape_name(d), ls);
     else if (ce != cudaSuccess) st = Status(StatusCode::Backend, std::string("FP8 probe: ") + cudaGetErrorString(ce));
@@ -465,16 +466,16 @@ void GemmRunner::Impl::add_fp8_splitk(const GemmDesc& d, Plan& p, uint64_t ws) c
   for (size_t i = 0; i < base; ++i) {
     int32_t can = 0, id = -1;
     size_t got = 0;
-    const bool cap_ok = cublasLtMatmulAlgoCapGetAttribute(&p.candidates[i], CUBLASLT_ALGO_CAP_SPLITK_SUPPORT, &can,
+    const bool cap_ok = lt().MatmulAlgoCapGetAttribute(&p.candidates[i], CUBLASLT_ALGO_CAP_SPLITK_SUPPORT, &can,
                                                           sizeof(can), &got) == CUBLAS_STATUS_SUCCESS;
     if (gemm_report()) {
-      (void)cublasLtMatmulAlgoConfigGetAttribute(&p.candidates[i], CUBLASLT_ALGO_CONFIG_ID, &id, sizeof(id), &got);
+      (void)lt().MatmulAlgoConfigGetAttribute(&p.candidates[i], CUBLASLT_ALGO_CONFIG_ID, &id, sizeof(id), &got);
       std::fprintf(stderr, "vlac gemm: %s FP8 answer %zu of %zu (algo id %d): split-K %s\n", shape_name(d).c_str(), i,
                    p.candidates.size(), int(id), !cap_ok ? "capability unknown" : can ? "supported" : "not supported");
     }
     if (!cap_ok || !can) continue;
     uint32_t schemes = 0;  // the reductions the answer offers (CUBLASLT_REDUCTION_SCHEME_*)
-    (void)cublasLtMatmulAlgoCapGetAttribute(&p.candidates[i], CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK, &schemes,
+    (void)lt().MatmulAlgoCapGetAttribute(&p.candidates[i], CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK, &schemes,
                                             sizeof(schemes), &got);
     for (int32_t splits : {2, 4, 8}) {
       if (d.k / splits < 128) break;
@@ -484,16 +485,16 @@ void GemmRunner::Impl::add_fp8_splitk(const GemmDesc& d, Plan& p, uint64_t ws) c
         if (scheme != CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE && d.out != DType::F32) continue;  // no bf16 sums
         cublasLtMatmulAlgo_t a = p.candidates[i];
         cublasLtMatmulHeuristicResult_t r{};
-        cublasStatus_t cs = cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof(splits));
+        cublasStatus_t cs = lt().MatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof(splits));
         if (cs == CUBLAS_STATUS_SUCCESS)
-          cs = cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof(scheme));
-        if (cs == CUBLAS_STATUS_SUCCESS) cs = cublasLtMatmulAlgoCheck(handle, p.op, p.a, p.b, p.c, p.c, &a, &r);
+          cs = lt().MatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof(scheme));
+        if (cs == CUBLAS_STATUS_SUCCESS) cs = lt().MatmulAlgoCheck(handle, p.op, p.a, p.b, p.c, p.c, &a, &r);
         if (cs != CUBLAS_STATUS_SUCCESS || r.state != CUBLAS_STATUS_SUCCESS || r.workspaceSize > ws) {
           if (gemm_report())
             std::fprintf(stderr,
                          "vlac gemm: %s FP8 answer %zu, %d splits, reduction %u (offered mask %u): refused (%s, state %d, "
                          "workspace %zu of %llu)\n",
-                         shape_name(d).c_str(), i, int(splits), scheme, schemes, cublasLtGetStatusName(cs), int(r.state),
+                         shape_name(d).c_str(), i, int(splits), scheme, schemes, lt().GetStatusName(cs), int(r.state),
                          r.workspaceSize, static_cast<unsigned long long>(ws));
           continue;
         }
@@ -518,10 +519,10 @@ Status GemmRunner::Impl::make_plan(const GemmDesc& d, Plan& p, uint64_t ws_limit
   const bool fp8 = d.in == DType::F8_E4M3;
   if (fp8) VLAC_RETURN_IF_ERROR(fp8_precheck(d));
   const cublasComputeType_t ct = d.tf32 && d.in == DType::F32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-  VLAC_LT(cublasLtMatmulDescCreate(&p.op, ct, CUDA_R_32F), "descriptor " + name);
+  VLAC_LT(lt().MatmulDescCreate(&p.op, ct, CUDA_R_32F), "descriptor " + name);
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-  VLAC_LT(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), "transa " + name);
-  VLAC_LT(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)), "transb " + name);
+  VLAC_LT(lt().MatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), "transa " + name);
+  VLAC_LT(lt().MatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)), "transb " + name);
   cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
   switch (d.epilogue) {
     case Epilogue::None: break;
@@ -529,23 +530,23 @@ Status GemmRunner::Impl::make_plan(const GemmDesc& d, Plan& p, uint64_t ws_limit
     case Epilogue::Gelu: epi = CUBLASLT_EPILOGUE_GELU; break;
     case Epilogue::BiasGelu: epi = CUBLASLT_EPILOGUE_GELU_BIAS; break;
   }
-  VLAC_LT(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)), "epilogue " + name);
+  VLAC_LT(lt().MatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)), "epilogue " + name);
   if (fp8) {  // one fp32 scale per row of W (cuBLASLt's A: our n) and of x (its B: our m)
     const int8_t fa = fp8_fast_accum() ? 1 : 0;
-    VLAC_LT(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fa, sizeof(fa)), "fast accumulation " + name);
+    VLAC_LT(lt().MatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fa, sizeof(fa)), "fast accumulation " + name);
     const int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
-    VLAC_LT(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof(mode)), "W scales " + name);
-    VLAC_LT(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof(mode)), "x scales " + name);
+    VLAC_LT(lt().MatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof(mode)), "W scales " + name);
+    VLAC_LT(lt().MatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof(mode)), "x scales " + name);
     if (!fp8_placeholder) {
       VLAC_ASSIGN_OR_RETURN(void* ph, device_alloc(256, "the FP8 plans' placeholder scales"));
       fp8_placeholder = ph;
     }
     const void* ph = fp8_placeholder;
-    VLAC_LT(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &ph, sizeof(ph)), "W scale pointer " + name);
-    VLAC_LT(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &ph, sizeof(ph)), "x scale pointer " + name);
+    VLAC_LT(lt().MatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &ph, sizeof(ph)), "W scale pointer " + name);
+    VLAC_LT(lt().MatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &ph, sizeof(ph)), "x scale pointer " + name);
     if (has_bias(d.epilogue)) {  // the bias has y's dtype (as everywhere here), said explicitly for FP8
       const int32_t bt = cuda_type(d.out);
-      VLAC_LT(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)), "bias type " + name);
+      VLAC_LT(lt().MatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)), "bias type " + name);
     }
   }
   const cudaDataType_t ti = cuda_type(d.in), to = cuda_type(d.out);
@@ -554,38 +555,38 @@ Status GemmRunner::Impl::make_plan(const GemmDesc& d, Plan& p, uint64_t ws_limit
   // K parts: W's and x's K chunks are batches (offset kk elements within the same rows), y's the
   // partial products one after another.
   const int64_t kk = d.k_parts > 1 ? d.k / d.k_parts : d.k;
-  VLAC_LT(cublasLtMatrixLayoutCreate(&p.a, ti, uint64_t(kk), uint64_t(d.n), d.k), "layout W " + name);
+  VLAC_LT(lt().MatrixLayoutCreate(&p.a, ti, uint64_t(kk), uint64_t(d.n), d.k), "layout W " + name);
   if (d.ldx != 0 && d.ldx < d.k) return invalid_argument("gemm " + name + ": x's row stride is below k");
-  VLAC_LT(cublasLtMatrixLayoutCreate(&p.b, ti, uint64_t(kk), uint64_t(d.m), d.ldx ? d.ldx : d.k), "layout x " + name);
+  VLAC_LT(lt().MatrixLayoutCreate(&p.b, ti, uint64_t(kk), uint64_t(d.m), d.ldx ? d.ldx : d.k), "layout x " + name);
   if (d.ldy != 0 && d.ldy < d.n) return invalid_argument("gemm " + name + ": y's row stride is below n");
   const int64_t ldy = d.ldy ? d.ldy : d.n;
-  VLAC_LT(cublasLtMatrixLayoutCreate(&p.c, to, uint64_t(d.n), uint64_t(d.m), ldy), "layout y " + name);
+  VLAC_LT(lt().MatrixLayoutCreate(&p.c, to, uint64_t(d.n), uint64_t(d.m), ldy), "layout y " + name);
   if (d.k_parts > 1) {
     const int32_t batches = d.k_parts;
     const int64_t strides[3] = {kk, kk, ldy * d.m};
     cublasLtMatrixLayout_t ls[3] = {p.a, p.b, p.c};
     for (int i = 0; i < 3; ++i) {
-      VLAC_LT(cublasLtMatrixLayoutSetAttribute(ls[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batches, sizeof(batches)),
+      VLAC_LT(lt().MatrixLayoutSetAttribute(ls[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batches, sizeof(batches)),
               "batch count " + name);
-      VLAC_LT(cublasLtMatrixLayoutSetAttribute(ls[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &strides[i],
+      VLAC_LT(lt().MatrixLayoutSetAttribute(ls[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &strides[i],
                                                sizeof(strides[i])),
               "batch stride " + name);
     }
   }
 
   cublasLtMatmulPreference_t pref = nullptr;
-  VLAC_LT(cublasLtMatmulPreferenceCreate(&pref), "preference " + name);
+  VLAC_LT(lt().MatmulPreferenceCreate(&pref), "preference " + name);
   const uint64_t ws = std::min(workspace, ws_limit);
   const uint32_t align = 16;  // arena offsets are 16-byte aligned, not 256 (cuBLASLt's default assumption)
-  cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+  cublasStatus_t st = lt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
   for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
                     CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
-    if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align));
+    if (st == CUBLAS_STATUS_SUCCESS) st = lt().MatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align));
   cublasLtMatmulHeuristicResult_t res[kMaxCandidates]{};
   int found = 0;
   if (st == CUBLAS_STATUS_SUCCESS)
-    st = cublasLtMatmulAlgoGetHeuristic(handle, p.op, p.a, p.b, p.c, p.c, pref, candidate_count(), res, &found);
-  if (st != CUBLAS_STATUS_SUCCESS || found == 0) cublasLtMatmulPreferenceDestroy(pref);
+    st = lt().MatmulAlgoGetHeuristic(handle, p.op, p.a, p.b, p.c, p.c, pref, candidate_count(), res, &found);
+  if (st != CUBLAS_STATUS_SUCCESS || found == 0) lt().MatmulPreferenceDestroy(pref);
   if (st != CUBLAS_STATUS_SUCCESS) return lt_error("heuristic " + name, st);
   if (found == 0) return unsupported("gemm " + name + ": cuBLASLt has no algorithm for this shape");
   p.algo = res[0].algo;
@@ -599,9 +600,9 @@ Status GemmRunner::Impl::make_plan(const GemmDesc& d, Plan& p, uint64_t ws_limit
   if (reduction_variants() && d.out == DType::F32 && !d.accumulate) {
     const uint32_t mask = CUBLASLT_REDUCTION_SCHEME_INPLACE;
     int more = 0;
-    if (cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask, sizeof(mask)) ==
+    if (lt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask, sizeof(mask)) ==
             CUBLAS_STATUS_SUCCESS &&
-        cublasLtMatmulAlgoGetHeuristic(handle, p.op, p.a, p.b, p.c, p.c, pref, candidate_count(), res, &more) ==
+        lt().MatmulAlgoGetHeuristic(handle, p.op, p.a, p.b, p.c, p.c, pref, candidate_count(), res, &more) ==
             CUBLAS_STATUS_SUCCESS) {
       int added = 0;
       for (int i = 0; i < more && added < 4; ++i) {
@@ -613,7 +614,7 @@ Status GemmRunner::Impl::make_plan(const GemmDesc& d, Plan& p, uint64_t ws_limit
       }
     }
   }
-  cublasLtMatmulPreferenceDestroy(pref);
+  lt().MatmulPreferenceDestroy(pref);
   if (skinny_mode() != SkinnyMode::Off && counters && d.in == DType::BF16 && !d.accumulate && (d.ldx == 0 || d.ldx == d.k) &&
       (d.ldy == 0 || d.ldy == d.n) &&
       (d.epilogue == Epilogue::None || d.epilogue == Epilogue::Bias) && skinny_gemm_fits(d.m, d.n, d.k)) {
@@ -634,8 +635,9 @@ GemmRunner& GemmRunner::operator=(GemmRunner&&) noexcept = default;
 GemmRunner::~GemmRunner() = default;
 
 Result<GemmRunner> GemmRunner::create(uint64_t workspace_bytes) {
+  VLAC_RETURN_IF_ERROR(cublaslt_load());  // loaded here, not linked (cublaslt_api.h)
   auto impl = std::make_unique<Impl>();
-  VLAC_LT(cublasLtCreate(&impl->handle), "create");
+  VLAC_LT(lt().Create(&impl->handle), "create");
   impl->workspace = workspace_bytes;
   impl->sms = device_sm_count();
   if (tuning_enabled()) impl->cache.open(tune_identity(workspace_bytes, impl->sms));
@@ -698,10 +700,10 @@ Status GemmRunner::run_scaled(cudaStream_t stream, const GemmDesc& d, const void
   VLAC_RETURN_IF_ERROR(plan(d));
   if (impl_->workspace > 0 && workspace == nullptr) return invalid_argument(name + ": no workspace given");
   Plan& p = impl_->plans.at(d.key());
-  if (bias) VLAC_LT(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)), name);
+  if (bias) VLAC_LT(lt().MatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)), name);
   if (fp8) {  // set before the timing below too: it runs this descriptor
-    VLAC_LT(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &w_scales, sizeof(w_scales)), name);
-    VLAC_LT(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &x_scales, sizeof(x_scales)), name);
+    VLAC_LT(lt().MatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &w_scales, sizeof(w_scales)), name);
+    VLAC_LT(lt().MatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &x_scales, sizeof(x_scales)), name);
   }
   if (!p.tuned) {
     cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
@@ -732,7 +734,7 @@ Status GemmRunner::run_scaled(cudaStream_t stream, const GemmDesc& d, const void
   }
   if (p.skinny > 0) return impl_->run_skinny(stream, d, p.skinny, x, w, bias, y, workspace);
   const float alpha = 1.0f, beta = d.accumulate ? 1.0f : 0.0f;
-  VLAC_LT(cublasLtMatmul(impl_->handle, p.op, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &p.algo, workspace,
+  VLAC_LT(lt().Matmul(impl_->handle, p.op, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &p.algo, workspace,
                          impl_->workspace, stream),
           name);
   return Status::ok();
