@@ -21,6 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "backends/cuda/cudnn_attention.h"
 #include "backends/cuda/gemm.h"
 #include "backends/cuda/kernels.h"
 #include "cuda_bench_util.h"
@@ -188,6 +189,49 @@ int main(int argc, char** argv) {
       std::printf("attention %-42s %d calls in one graph: median %.4f ms\n", c.name, c.per_chunk, gs.median_ms);
       CK(cudaGraphExecDestroy(ge));
       CK(cudaGraphDestroy(g));
+    }
+    if (c.per_chunk == 180) {
+      // cuDNN's SDPA at the expert's shape (session 28 probe): unsplit (b = 1, all 1018 keys: cuDNN
+      // runs one CTA per head and tile of queries, 8 in all), and with the prefix keys cut into 8
+      // runs of 121 given as cuDNN's batch (q repeated per run): what a cuDNN expert attention
+      // with key splits would pay before its combine (not included; no stats output; no mask).
+      // Timed per call and as the chunk's 180 calls in one graph.
+      nlohmann::json jc = nlohmann::json::object();
+      for (const int b : {1, 8}) {
+        CudnnAttentionShape cs;
+        cs.b = b, cs.h = c.h, cs.hk = 1, cs.sq = c.t, cs.skv = b == 1 ? c.s : 968 / b, cs.d = c.d;
+        cs.q_stride = cs.o_stride = c.h * c.d, cs.k_stride = cs.v_stride = c.d;
+        void* qb = dalloc(size_t(b) * qn * 2);
+        void* ob = dalloc(size_t(b) * qn * 2);
+        fill_bf16(qb, size_t(b) * qn, 9, 1.5f);
+        const Status first = cudnn_attention(st, cs, qb, ks[0], vs[0], ob, scale);
+        const std::string key = b == 1 ? "unsplit_1018_keys" : "8_runs_of_121_keys_as_batch";
+        if (!first.is_ok()) {
+          jc[key] = first.message();
+          std::printf("attention %-42s cuDNN %s: %s\n", c.name, key.c_str(), first.message().c_str());
+        } else {
+          CK(cudaStreamSynchronize(st));
+          const Stat s1 = time_op(st, reps, inner, [&](int i) {
+            SK(cudnn_attention(st, cs, qb, ks[size_t(i % kLayers)], vs[size_t(i % kLayers)], ob, scale));
+          });
+          cudaGraph_t g;
+          cudaGraphExec_t ge;
+          CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+          for (int i = 0; i < c.per_chunk; ++i)
+            SK(cudnn_attention(st, cs, qb, ks[size_t(i % kLayers)], vs[size_t(i % kLayers)], ob, scale));
+          CK(cudaStreamEndCapture(st, &g));
+          CK(cudaGraphInstantiate(&ge, g, 0));
+          const Stat gs = time_op(st, reps, 1, [&](int) { CK(cudaGraphLaunch(ge, st)); });
+          CK(cudaGraphExecDestroy(ge));
+          CK(cudaGraphDestroy(g));
+          jc[key] = {{"median_ms", s1.median_ms}, {"graph_chunk_calls_median_ms", gs.median_ms}};
+          std::printf("attention %-42s cuDNN %s: median %.4f ms, %d calls in one graph %.4f ms\n", c.name, key.c_str(),
+                      s1.median_ms, c.per_chunk, gs.median_ms);
+        }
+        CK(cudaFree(qb));
+        CK(cudaFree(ob));
+      }
+      e["cudnn_probe"] = jc;
     }
     attn_chunk_ms += s.median_ms * c.per_chunk;
     ja.push_back(e);

@@ -11,7 +11,7 @@
 # runs cuda_bench --gemms-only (each GEMM in bf16 and, on sm_89+, FP8) and STREAM_PROBE=1
 # expert_mlp_bench --stream-only, both before the A/B, their JSON under $OUT; FP8_MODES=1 runs
 # fp8_scale_modes_bench after test_cuda, EXPERT_STREAM=1 expert_stream_bench (the streamed expert
-# chain against cuBLASLt, STREAM_ARGS its arguments) after test_cuda.
+# chain against cuBLASLt, STREAM_ARGS its arguments) after test_cuda. PRE_AB runs a command before the A/B.
 # lerobot's wheels come from .whl (docs/cuda.md). Session 12 used it as
 #   bash tools/device_cuda_ab.sh .devcarry base prefix_qkv_off:VLAC_PREFIX_QKV=0 sub1:VLAC_ATTN_SUB=1 base2
 set -uo pipefail
@@ -68,6 +68,9 @@ if [ "${STREAM_PROBE:-0}" = 1 ] && [ -x /tmp/vb/bin/expert_mlp_bench ]; then
   el "expert_mlp_bench rc=$?"; tail -30 "$out/stream_probe.log"
 fi
 obs=/tmp/bw/obs.safetensors; noise=/tmp/bw/noise.safetensors
+# PRE_AB: a command run before the A/B (e.g. another compile of /tmp/bw/policy into
+# /tmp/bw/policy-NAME.vlac, which NAME@NAME settings then run).
+if [ -n "${PRE_AB:-}" ]; then el "PRE_AB: $PRE_AB"; bash -c "$PRE_AB"; el "PRE_AB rc=$?"; fi
 for spec in "$@"; do
   name="${spec%%:*}"; envs=(); [[ "$spec" == *:* ]] && IFS=',' read -r -a envs <<< "${spec#*:}"
   pkg=/tmp/bw/policy.vlac

@@ -602,6 +602,32 @@ TEST_F(CudaChain, RopeInsideTheExpertAttentionChangesNoAction) {
               static_cast<long long>(folds[1]));
 }
 
+// The timing probe (VLAC_TIMING_SKIP, executor.cpp): a pattern that names no node changes no
+// action; one that names the expert's attentions leaves them unlaunched, so the actions move.
+TEST_F(CudaChain, TimingSkipLeavesOnlyTheNamedNodesUnlaunched) {
+  TinyBf16Package t;
+  ASSERT_NO_FATAL_FAILURE(make_tiny_bf16_package(&t, 0));
+  const auto first_chunk = [&](const char* skip, std::vector<float>* out) {
+    if (skip) setenv("VLAC_TIMING_SKIP", skip, 1);
+    Pi05PackageOptions po;
+    po.backend = "cuda";
+    auto pkg = Pi05PackagePolicy::open(t.path, po);
+    ASSERT_TRUE(pkg.is_ok()) << pkg.status().message();
+    out->assign(t.noise.size(), 0.0f);
+    const Status st = pkg->run_chunk(*t.obs, t.noise.data(), out->data());
+    unsetenv("VLAC_TIMING_SKIP");
+    ASSERT_TRUE(st.is_ok()) << st.message();
+  };
+  std::vector<float> base, none, no_attention;
+  ASSERT_NO_FATAL_FAILURE(first_chunk(nullptr, &base));
+  ASSERT_NO_FATAL_FAILURE(first_chunk("no.such.node*", &none));
+  ASSERT_NO_FATAL_FAILURE(first_chunk("expert.*.attention", &no_attention));
+  EXPECT_EQ(max_abs_diff(base, none), 0.0);
+  size_t moved = 0;  // (unwritten outputs may hold NaNs: counted as moved)
+  for (size_t i = 0; i < base.size(); ++i) moved += !(base[i] == no_attention[i]);
+  EXPECT_GT(moved, 0u) << "the expert's attentions still ran";
+}
+
 // The expert's MLP in one launch (VLAC_EXPERT_MLP=1, expert_mlp.h) inside whole package runs: a
 // random demo-sized policy whose expert is 512 wide with an MLP of 1024 (the kernel's smallest
 // shape), compiled bf16-all for CUDA. With it, eager, warm-up, recorded and replayed chunks give

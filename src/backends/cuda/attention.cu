@@ -817,10 +817,16 @@ Status launch_cluster(K kernel, dim3 grid, int threads, size_t smem, cudaStream_
   return launch_status(what);
 }
 
+// A timing probe for split attention (the expert's), never a mode to run a policy in:
+// VLAC_ATTN_PROBE=1 launches the splits' kernel without the combine, =2 the combine alone, so
+// that a recorded chunk's difference from the whole tells what each launch costs (the outputs
+// are wrong). Read at every launch, like attention_sub_setting.
+int attention_probe() { return int(env_count("VLAC_ATTN_PROBE", 0)); }
+
 // The combine kernel over the splits' partials (splits > 1, no cluster).
 template <int D, typename To>
 Status launch_combine(cudaStream_t stream, const Params& p) {
-  if (p.splits <= 1) return Status::ok();
+  if (p.splits <= 1 || attention_probe() == 1) return Status::ok();
   launch(attn_combine_kernel<To>, dim3(unsigned(p.rows), unsigned(p.hk)), 256, 0, stream,
       p.part_o, p.part_ml, static_cast<To*>(p.out), p.rows, p.hk, p.group, D, p.os, p.splits);
   return launch_status("attention_combine");
@@ -876,7 +882,8 @@ Status launch_bf16(cudaStream_t stream, Params p, int sms) {
                               "attention_bf16 (cluster, 2 key groups)");
       }
     }
-    launch(attn_bf16_kernel<D, To, false, 2>, grid, 2 * kThreads, G::smem(2), stream, p);
+    if (p.splits <= 1 || attention_probe() != 2)
+      launch(attn_bf16_kernel<D, To, false, 2>, grid, 2 * kThreads, G::smem(2), stream, p);
     VLAC_RETURN_IF_ERROR(launch_status("attention_bf16 (2 key groups)"));
     return launch_combine<D, To>(stream, p);
   }

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fnmatch.h>
 #include <string>
 
 #include "backends/cuda/env.h"
@@ -628,6 +629,7 @@ Status CudaExecutable::plan(const CudaWeights& weights) {
   plan_rope_pairs();
   plan_prefix_qkv();
   VLAC_RETURN_IF_ERROR(plan_rope_attention());
+  plan_timing_skip();
   plan_prefetches();
   for (NodeId id : order_) {
     const Node& n = g.node(id);
@@ -1690,7 +1692,42 @@ int CudaExecutable::memo_lookup(bool* hit) {
   return int(s);
 }
 
+// A timing probe, never a mode to run a policy in: VLAC_TIMING_SKIP=PATTERN[,PATTERN...] (shell
+// globs over node names, e.g. "expert.*.attention,expert.*_proj"; '|' separates them too, for
+// tools/device_cuda_ab.sh, whose settings are split at commas) leaves the matching nodes
+// unlaunched, in eager runs and in recordings alike, so the difference from a run without it is
+// what those nodes cost inside a recorded chunk, where the eager per-node profile (with an event
+// pair around every node) overstates small kernels. Their outputs hold whatever was there before,
+// so the actions are wrong; memoized nodes are never skipped (a hit launches nothing anyway).
+void CudaExecutable::plan_timing_skip() {
+  timing_skip_.clear();
+  const std::string spec = env_str("VLAC_TIMING_SKIP");
+  if (spec.empty()) return;
+  std::vector<std::string> pats;
+  for (size_t b = 0; b <= spec.size();) {
+    const size_t e = std::min(spec.find_first_of(",|", b), spec.size());
+    if (e > b) pats.push_back(spec.substr(b, e - b));
+    b = e + 1;
+  }
+  const ir::Graph& g = graph_;
+  timing_skip_.assign(g.nodes().size(), 0);
+  int n_skipped = 0;
+  for (NodeId id : order_) {
+    const Node& n = g.node(id);
+    if (memo_.node[size_t(id)] || n.op == OpKind::Input || n.op == OpKind::Weight || n.op == OpKind::Constant) continue;
+    for (const std::string& pat : pats)
+      if (fnmatch(pat.c_str(), n.name.c_str(), 0) == 0) {
+        timing_skip_[size_t(id)] = 1;
+        ++n_skipped;
+        break;
+      }
+  }
+  std::fprintf(stderr, "vlac cuda: VLAC_TIMING_SKIP=%s: %d node(s) of engine '%s' are not launched "
+               "(a timing probe: the results are wrong)\n", spec.c_str(), n_skipped, options_.label.c_str());
+}
+
 Status CudaExecutable::run_or_reuse(NodeId id, int slot, bool hit) {
+  if (!timing_skip_.empty() && timing_skip_[size_t(id)]) return Status::ok();
   if (slot < 0 || !memo_.node[size_t(id)]) return run_node(id);
   uint8_t* base = static_cast<uint8_t*>(memo_storage_) + uint64_t(slot) * memo_.slot_bytes;
   if (!hit) VLAC_RETURN_IF_ERROR(run_node(id));

@@ -95,6 +95,8 @@ class CudaExecutable final : public Executable {
   void plan_residual_norms();
   void plan_rope_pairs();
   void plan_prefix_qkv();
+  /// VLAC_TIMING_SKIP: nodes left unlaunched, a timing probe (timing_skip_).
+  void plan_timing_skip();
   /// The expert's q/k RoPE pair (with its v copy) run inside the attention that reads them
   /// (AttentionRope), opt-in with VLAC_ROPE_ATTENTION=1: correct, and slower than the separate
   /// launch on an H100 (docs/cuda.md, session 23). The fused q|k|v rows then live until the
@@ -274,6 +276,8 @@ class CudaExecutable final : public Executable {
   uint64_t memo_hits_ = 0;
   // Memo results read in place from the slot (no copy on a hit): by root, 1 when redirected.
   std::vector<uint8_t> memo_in_slot_;
+  // By node: 1 where VLAC_TIMING_SKIP leaves it unlaunched (empty: none is).
+  std::vector<uint8_t> timing_skip_;
   std::vector<int64_t> arena_off_;  // by root: offset in the arena, -1 when not placed
   // adaRMS gates that are a view of their modulation in the slot: (gate root, mod root, D).
   struct GateView {
