@@ -106,4 +106,9 @@ PY
 done
 el "A/B done"
 (cd /tmp && ls ab_*.json >/dev/null 2>&1 && tar cf "$out/ab.tar" ab_*.json ab_*.safetensors ab_*.log 2>/dev/null)
+# The device tool brings back at most 8 files from $OUT: past that, the logs other than run.log
+# (which the caller's tee may still hold open) and the test XML travel in one logs.tar.
+if [ "$(find "$out" -maxdepth 1 -type f | wc -l)" -gt 8 ]; then
+  (cd "$out" && ls | grep -E '\.(log|xml)$' | grep -vx run.log | tar cf logs.tar --remove-files -T - 2>/dev/null)
+fi
 exit 0
