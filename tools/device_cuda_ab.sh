@@ -11,7 +11,8 @@
 # runs cuda_bench --gemms-only (each GEMM in bf16 and, on sm_89+, FP8) and STREAM_PROBE=1
 # expert_mlp_bench --stream-only, both before the A/B, their JSON under $OUT; FP8_MODES=1 runs
 # fp8_scale_modes_bench after test_cuda, EXPERT_STREAM=1 expert_stream_bench (the streamed expert
-# chain against cuBLASLt, STREAM_ARGS its arguments) after test_cuda. PRE_AB runs a command before the A/B.
+# chain against cuBLASLt, STREAM_ARGS its arguments) after test_cuda. PRE_AB runs a command before the A/B;
+# BREAKDOWN=1 adds the settings that measure the recorded chunk by part (tools/recorded_breakdown.py).
 # lerobot's wheels come from .whl (docs/cuda.md). Session 12 used it as
 #   bash tools/device_cuda_ab.sh .devcarry base prefix_qkv_off:VLAC_PREFIX_QKV=0 sub1:VLAC_ATTN_SUB=1 base2
 set -uo pipefail
@@ -68,6 +69,17 @@ if [ "${STREAM_PROBE:-0}" = 1 ] && [ -x /tmp/vb/bin/expert_mlp_bench ]; then
   el "expert_mlp_bench rc=$?"; tail -30 "$out/stream_probe.log"
 fi
 obs=/tmp/bw/obs.safetensors; noise=/tmp/bw/noise.safetensors
+# BREAKDOWN=1: the recorded chunk by part (tools/recorded_breakdown.py; docs/cuda.md "What a
+# recorded chunk spends"): after the given settings, a base, one run per part with its nodes left
+# unlaunched, and a second base (~15 s each); the table is printed and kept in $OUT/breakdown.json.
+if [ "${BREAKDOWN:-0}" = 1 ]; then
+  set -- "$@" base_b1 "x_gemm:VLAC_TIMING_SKIP=expert.*_proj" "x_att:VLAC_TIMING_SKIP=expert.*.attention" \
+    "x_att_split:VLAC_ATTN_PROBE=2" "x_att_comb:VLAC_ATTN_PROBE=1" "x_norm:VLAC_TIMING_SKIP=expert.*layernorm" \
+    "x_rope:VLAC_TIMING_SKIP=expert.*.rope" "x_geglu:VLAC_TIMING_SKIP=expert.*.geglu" \
+    "lm_gemm:VLAC_TIMING_SKIP=lm.*_proj" "lm_att:VLAC_TIMING_SKIP=lm.*.attention" \
+    "lm_small:VLAC_TIMING_SKIP=lm.*layernorm|lm.*.rope|lm.*.geglu|lm.*.residual*" "vision:VLAC_TIMING_SKIP=vision.*" \
+    "step:VLAC_TIMING_SKIP=euler_step|action_*_proj|expert.norm|cond*" base_b2
+fi
 # PRE_AB: a command run before the A/B (e.g. another compile of /tmp/bw/policy into
 # /tmp/bw/policy-NAME.vlac, which NAME@NAME settings then run).
 if [ -n "${PRE_AB:-}" ]; then el "PRE_AB: $PRE_AB"; bash -c "$PRE_AB"; el "PRE_AB rc=$?"; fi
@@ -105,6 +117,10 @@ PY
   grep -A400 "vlac cuda op profile" "/tmp/ab_$name.log" | head -"${PROFILE_LINES:-150}"
 done
 el "A/B done"
+if [ "${BREAKDOWN:-0}" = 1 ]; then
+  python3 "$VLAC_SOURCE_DIR/tools/recorded_breakdown.py" /tmp/ab_base_b*.json /tmp/ab_x_*.json /tmp/ab_lm_*.json \
+    /tmp/ab_vision.json /tmp/ab_step.json --json "$out/breakdown.json"
+fi
 (cd /tmp && ls ab_*.json >/dev/null 2>&1 && tar cf "$out/ab.tar" ab_*.json ab_*.safetensors ab_*.log 2>/dev/null)
 # The device tool brings back at most 8 files from $OUT: past that, the logs other than run.log
 # (which the caller's tee may still hold open) and the test XML travel in one logs.tar.
