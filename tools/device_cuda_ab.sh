@@ -73,12 +73,8 @@ obs=/tmp/bw/obs.safetensors; noise=/tmp/bw/noise.safetensors
 # recorded chunk spends"): after the given settings, a base, one run per part with its nodes left
 # unlaunched, and a second base (~15 s each); the table is printed and kept in $OUT/breakdown.json.
 if [ "${BREAKDOWN:-0}" = 1 ]; then
-  set -- "$@" base_b1 "x_gemm:VLAC_TIMING_SKIP=expert.*_proj" "x_att:VLAC_TIMING_SKIP=expert.*.attention" \
-    "x_att_split:VLAC_ATTN_PROBE=2" "x_att_comb:VLAC_ATTN_PROBE=1" "x_norm:VLAC_TIMING_SKIP=expert.*layernorm" \
-    "x_rope:VLAC_TIMING_SKIP=expert.*.rope" "x_geglu:VLAC_TIMING_SKIP=expert.*.geglu" \
-    "lm_gemm:VLAC_TIMING_SKIP=lm.*_proj" "lm_att:VLAC_TIMING_SKIP=lm.*.attention" \
-    "lm_small:VLAC_TIMING_SKIP=lm.*layernorm|lm.*.rope|lm.*.geglu|lm.*.residual*" "vision:VLAC_TIMING_SKIP=vision.*" \
-    "step:VLAC_TIMING_SKIP=euler_step|action_*_proj|expert.norm|cond*" base_b2
+  mapfile -t bd < <(python3 "$VLAC_SOURCE_DIR/tools/recorded_breakdown.py" --settings)
+  set -- "$@" "${bd[@]}"
 fi
 # PRE_AB: a command run before the A/B (e.g. another compile of /tmp/bw/policy into
 # /tmp/bw/policy-NAME.vlac, which NAME@NAME settings then run).
@@ -118,8 +114,7 @@ PY
 done
 el "A/B done"
 if [ "${BREAKDOWN:-0}" = 1 ]; then
-  python3 "$VLAC_SOURCE_DIR/tools/recorded_breakdown.py" /tmp/ab_base_b*.json /tmp/ab_x_*.json /tmp/ab_lm_*.json \
-    /tmp/ab_vision.json /tmp/ab_step.json --json "$out/breakdown.json"
+  python3 "$VLAC_SOURCE_DIR/tools/recorded_breakdown.py" /tmp/ab_*.json --json "$out/breakdown.json"
 fi
 (cd /tmp && ls ab_*.json >/dev/null 2>&1 && tar cf "$out/ab.tar" ab_*.json ab_*.safetensors ab_*.log 2>/dev/null)
 # The device tool brings back at most 8 files from $OUT: past that, the logs other than run.log

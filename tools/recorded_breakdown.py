@@ -16,22 +16,24 @@ import re
 import statistics
 import sys
 
-# The settings BREAKDOWN=1 runs, in order, with what each leaves out (kept in step with
-# tools/device_cuda_ab.sh) and the launches of that part per chunk (pi0.5: 18 expert layers x 10
-# steps, 17 full LM layers), for a per-launch figure.
+# The settings BREAKDOWN=1 runs (tools/device_cuda_ab.sh takes them from --settings, so this is
+# the one list): name, the environment that leaves the part out, what it is, and the part's
+# launches per chunk (pi0.5: 18 expert layers x 10 steps, 17 full LM layers), for a per-launch figure.
 PARTS = [
-    ("x_gemm", "expert GEMMs (q|k|v, o, gate|up, down)", 180),
-    ("x_att", "expert attention (splits + combine)", 180),
-    ("x_att_split", "... its splits' kernel (VLAC_ATTN_PROBE=2)", 180),
-    ("x_att_comb", "... its combine (VLAC_ATTN_PROBE=1)", 180),
-    ("x_norm", "expert adaRMS residual norms (2 a layer)", 360),
-    ("x_rope", "expert RoPE (q and k, one launch)", 180),
-    ("x_geglu", "expert GeGLU", 180),
-    ("lm_gemm", "prefix LM GEMMs", 17),
-    ("lm_att", "prefix LM attention", 17),
-    ("lm_small", "prefix LM norms, RoPE, GeGLU, boundary residuals", 17),
-    ("vision", "vision (SigLIP and its projector)", 0),
-    ("step", "per step outside the layers (Euler, action in/out, final norm, cond)", 10),
+    ("x_gemm", "VLAC_TIMING_SKIP=expert.*_proj", "expert GEMMs (q|k|v, o, gate|up, down)", 180),
+    ("x_att", "VLAC_TIMING_SKIP=expert.*.attention", "expert attention (splits + combine)", 180),
+    ("x_att_split", "VLAC_ATTN_PROBE=2", "... its splits' kernel", 180),
+    ("x_att_comb", "VLAC_ATTN_PROBE=1", "... its combine", 180),
+    ("x_norm", "VLAC_TIMING_SKIP=expert.*layernorm", "expert adaRMS residual norms (2 a layer)", 360),
+    ("x_rope", "VLAC_TIMING_SKIP=expert.*.rope", "expert RoPE (q and k, one launch)", 180),
+    ("x_geglu", "VLAC_TIMING_SKIP=expert.*.geglu", "expert GeGLU", 180),
+    ("lm_gemm", "VLAC_TIMING_SKIP=lm.*_proj", "prefix LM GEMMs", 17),
+    ("lm_att", "VLAC_TIMING_SKIP=lm.*.attention", "prefix LM attention", 17),
+    ("lm_small", "VLAC_TIMING_SKIP=lm.*layernorm|lm.*.rope|lm.*.geglu|lm.*.residual*",
+     "prefix LM norms, RoPE, GeGLU, boundary residuals", 17),
+    ("vision", "VLAC_TIMING_SKIP=vision.*", "vision (SigLIP and its projector)", 0),
+    ("step", "VLAC_TIMING_SKIP=euler_step|action_*_proj|expert.norm|cond*",
+     "per step outside the layers (Euler, action in/out, final norm, cond)", 10),
 ]
 
 
@@ -57,9 +59,19 @@ def recorded_ms(path: str):
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("files", nargs="+", help="pi05_chunk_bench JSON files, one per setting")
+    ap.add_argument("files", nargs="*", help="pi05_chunk_bench JSON files, one per setting")
     ap.add_argument("--json", help="also write the table here")
+    ap.add_argument("--settings", action="store_true",
+                    help="print the settings to run (NAME:VAR=VALUE, one a line, between two bases) and exit")
     args = ap.parse_args()
+    if args.settings:
+        print("base_b1")
+        for key, env, _, _ in PARTS:
+            print(f"{key}:{env}")
+        print("base_b2")
+        return 0
+    if not args.files:
+        ap.error("no files")
     runs = {}
     for p in args.files:
         ms = recorded_ms(p)
@@ -74,7 +86,7 @@ def main() -> int:
           f"their spread {max(bases) - min(bases):.3f} ms is the noise floor)")
     print(f"{'part':<72} {'ms a chunk':>10} {'us each':>8}")
     rows = []
-    for key, what, launches in PARTS:
+    for key, _, what, launches in PARTS:
         if key not in runs:
             continue
         cost = base - runs[key]
@@ -83,7 +95,7 @@ def main() -> int:
                      "us_per_launch": round(each, 2) if each is not None else None,
                      "recorded_without_ms": runs[key]})
         print(f"{what:<72} {cost:10.3f} {each:8.2f}" if each is not None else f"{what:<72} {cost:10.3f} {'':>8}")
-    known = {k for k, _, _ in PARTS}
+    known = {k for k, _, _, _ in PARTS}
     for n, ms in sorted(runs.items()):
         if not n.startswith("base") and n not in known:
             print(f"(other setting {n}: recorded {ms:.3f} ms, {base - ms:+.3f} against the bases)")
