@@ -9,6 +9,7 @@
 #include "backends/cuda/cublaslt_api.h"
 #include "backends/cuda/env.h"
 #include "backends/cuda/kernels.h"
+#include "backends/cuda/preload_gemm.h"
 #include "backends/cuda/skinny_gemm.h"
 #include "backends/cuda/small_gemm.h"
 #include "core/atomic_file.h"
@@ -683,6 +684,18 @@ static bool runs_small_f32(const GemmDesc& d) {
          (d.ldy == 0 || d.ldy == d.n) && small_f32_gemm_fits(d.m, d.n, d.k) && small_f32_gemm_enabled();
 }
 
+// bf16 with few rows (the expert's GEMMs), opt-in with VLAC_PRELOAD_GEMM=1: preload_gemm.h's
+// kernel, which reads its weights before it waits for x. No plan and no timing: alone it streams W
+// no faster than cuBLASLt; what it wins is inside a recorded chain.
+static bool runs_preload(const GemmDesc& d, PreloadGemm* g) {
+  if (!preload_gemm_enabled() || d.in != DType::BF16 || d.tf32 || d.k_parts > 1 ||
+      (d.epilogue != Epilogue::None && d.epilogue != Epilogue::Bias))
+    return false;
+  static const int sms = device_sm_count();
+  *g = PreloadGemm{d.m, d.n, d.k, d.out, d.epilogue == Epilogue::Bias, d.accumulate, d.ldx, d.ldy};
+  return preload_gemm_fits(*g, sms);
+}
+
 Status GemmRunner::run_scaled(cudaStream_t stream, const GemmDesc& d, const void* x, const float* x_scales,
                               const void* w, const float* w_scales, const void* bias, void* y, void* workspace) {
   const std::string name = "gemm " + shape_name(d);
@@ -697,6 +710,10 @@ Status GemmRunner::run_scaled(cudaStream_t stream, const GemmDesc& d, const void
   if (runs_small_f32(d))
     return small_f32_gemm(stream, d.m, d.n, d.k, static_cast<const float*>(x), static_cast<const float*>(w),
                           static_cast<const float*>(bias), static_cast<float*>(y));
+  if (PreloadGemm pg; !fp8 && runs_preload(d, &pg)) {
+    static const int sms = device_sm_count();
+    return preload_gemm(stream, pg, sms, x, w, bias, y);
+  }
   VLAC_RETURN_IF_ERROR(plan(d));
   if (impl_->workspace > 0 && workspace == nullptr) return invalid_argument(name + ": no workspace given");
   Plan& p = impl_->plans.at(d.key());

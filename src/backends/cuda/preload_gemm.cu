@@ -1,0 +1,343 @@
+// The GEMM that loads its weights before it waits (preload_gemm.h). Fragments: mma.cuh's
+// m16n8k16 with W's rows as the MMA's M and the tokens as its N, both operands by ldmatrix from
+// shared memory. Rows are not padded (the expert's gate|up tile is then exactly 160 KiB, which
+// leaves room for the o GEMM's 64 KiB beside it): the 16-byte chunk c of row r sits at c ^ (r % 8),
+// so the eight rows an ldmatrix reads fall on eight different bank groups.
+#include "backends/cuda/preload_gemm.h"
+
+#include <cooperative_groups.h>
+
+#include <algorithm>
+#include <string>
+
+#include "backends/cuda/common.cuh"
+#include "backends/cuda/env.h"
+#include "backends/cuda/mma.cuh"
+#include "backends/cuda/persistent.cuh"
+
+namespace vlac::cuda {
+
+namespace cg = cooperative_groups;
+
+namespace {
+
+constexpr int kMaxThreads = 512;
+
+struct Args {
+  const uint16_t* x;
+  const uint16_t* w;
+  const void* bias;
+  void* y;
+  int m, n, k, ldx, ldy;
+  int rows, kc, parts;  // the block's W tile: rows × kc; parts blocks a row tile (a cluster)
+  int kg, mwarps;       // warps: mwarps of 16 rows each × kg groups of the K steps
+  int nt, ntr;          // token tiles of 8 with an MMA; token rows in shared memory (zero past m)
+  int accumulate;
+};
+
+__device__ __forceinline__ void add4(float4& s, float4 t) { s.x += t.x, s.y += t.y, s.z += t.z, s.w += t.w; }
+__device__ __forceinline__ float4 load4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+__device__ __forceinline__ float4 load4(const uint16_t* p) {
+  const uint2 v = *reinterpret_cast<const uint2*>(p);
+  return make_float4(bf2f(uint16_t(v.x & 0xFFFFu)), bf2f(uint16_t(v.x >> 16)), bf2f(uint16_t(v.y & 0xFFFFu)),
+                     bf2f(uint16_t(v.y >> 16)));
+}
+__device__ __forceinline__ void store4(float* p, float4 v) { *reinterpret_cast<float4*>(p) = v; }
+__device__ __forceinline__ void store4(uint16_t* p, float4 v) {
+  *reinterpret_cast<uint2*>(p) = make_uint2(uint32_t(f2bf(v.x)) | (uint32_t(f2bf(v.y)) << 16),
+                                            uint32_t(f2bf(v.z)) | (uint32_t(f2bf(v.w)) << 16));
+}
+
+template <typename To>
+__global__ void __launch_bounds__(kMaxThreads) preload_gemm_kernel(Args a) {
+  extern __shared__ uint4 smem_raw[];
+  uint16_t* ws = reinterpret_cast<uint16_t*>(smem_raw);
+  const int pitch = a.kc;
+  uint16_t* xs = ws + size_t(a.rows) * pitch;
+  const int tid = int(threadIdx.x), nthreads = int(blockDim.x);
+  const int tile = int(blockIdx.x) / a.parts, part = int(blockIdx.x) % a.parts;
+  const int n0 = tile * a.rows, k0 = part * a.kc;
+
+  // 1. The whole W tile, before anything else: it depends on no kernel.
+  const int cpr = a.kc / 8;  // 16-byte chunks a row
+  for (int i = tid; i < a.rows * cpr; i += nthreads) {
+    const int r = i / cpr, c = i - r * cpr;
+    cp_async16(ws + size_t(r) * pitch + ((c ^ (r & 7)) * 8), a.w + size_t(n0 + r) * a.k + k0 + c * 8);
+  }
+  cp_async_commit();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // 2. Let the next kernel launch (it waits for this one's completion itself), then wait for x.
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+  // 3. x's rows of this K part; token rows past m are zero.
+  for (int i = tid; i < a.ntr * cpr; i += nthreads) {
+    const int r = i / cpr, c = i - r * cpr;
+    uint16_t* dst = xs + size_t(r) * pitch + ((c ^ (r & 7)) * 8);
+    if (r < a.m)
+      cp_async16(dst, a.x + size_t(r) * a.ldx + k0 + c * 8);
+    else
+      *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();
+
+  // 4. Each warp: 16 rows of W × every token over its group of K steps.
+  const int warp = tid >> 5, lane = tid & 31;
+  const int mw = warp % a.mwarps, g = warp / a.mwarps;
+  const int spg = a.kc / 16 / a.kg;
+  // A lane's row address: its row's 16-byte chunk 2s + ha (A) or 2s + hb (B), swizzled by the
+  // row's low three bits, which are lane % 8 for both.
+  const int l7 = lane & 7, ha = lane >> 4, hb = (lane >> 3) & 1;
+  const uint16_t* wa = ws + size_t(mw * 16 + l7 + hb * 8) * pitch;
+  const uint16_t* xb = xs + size_t(ha * 8 + l7) * pitch;
+  float acc[8][4] = {};
+  const int nt = a.nt;
+#pragma unroll 2
+  for (int s = g * spg; s < (g + 1) * spg; ++s) {
+    const int ca = ((2 * s + ha) ^ l7) * 8, cb = ((2 * s + hb) ^ l7) * 8;
+    uint32_t a0, a1, a2, a3;
+    ldsm_x4(wa + ca, a0, a1, a2, a3);
+#pragma unroll
+    for (int jp = 0; jp < 4; ++jp) {
+      if (2 * jp < nt) {
+        uint32_t b0, b1, b2, b3;
+        ldsm_x4(xb + size_t(jp) * 16 * pitch + cb, b0, b1, b2, b3);
+        mma(acc[2 * jp], a0, a1, a2, a3, b0, b1);
+        if (2 * jp + 1 < nt) mma(acc[2 * jp + 1], a0, a1, a2, a3, b2, b3);
+      }
+    }
+  }
+
+  // 5. The block's partial [token][row] in shared memory (over W and x, now read), K groups
+  //    added in order.
+  float* p = reinterpret_cast<float*>(smem_raw);
+  const int pp = a.rows + 4;  // padded: the 4 tokens of a quad fall on other banks
+  __syncthreads();
+  for (int gg = 0; gg < a.kg; ++gg) {
+    if (g == gg) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        if (j >= nt) break;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = mw * 16 + (lane >> 2) + h * 8, t = 8 * j + 2 * (lane & 3);
+          float* p0 = p + size_t(t) * pp + r;
+          float* p1 = p0 + pp;
+          if (gg == 0) {
+            *p0 = acc[j][2 * h], *p1 = acc[j][2 * h + 1];
+          } else {
+            *p0 += acc[j][2 * h], *p1 += acc[j][2 * h + 1];
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
+
+  // 6. The cluster's parts summed in rank order over distributed shared memory; each rank
+  //    finishes a slice of the tile's outputs (+ bias, + y) and stores it.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cg::cluster_group cluster = cg::this_cluster();
+  if (a.parts > 1) cluster.sync();
+#define VLAC_PART(q) (a.parts > 1 ? cluster.map_shared_rank(p, q) : p)
+#else
+#define VLAC_PART(q) p  // (launched on sm_90 and later only: preload_gemm_fits)
+#endif
+  const int v = a.rows / 4, total = a.m * v;
+  const int per = (total + a.parts - 1) / a.parts;
+  const int lo = part * per, hi = min(total, lo + per);
+  const To* bias = static_cast<const To*>(a.bias);
+  To* y = static_cast<To*>(a.y);
+  for (int i = lo + tid; i < hi; i += nthreads) {
+    const int t = i / v, c = (i - t * v) * 4;
+    float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int q = 0; q < a.parts; ++q) {
+      const float* src = VLAC_PART(q);
+      add4(s, load4(src + size_t(t) * pp + c));
+    }
+    const int n = n0 + c;
+    if (bias) add4(s, load4(bias + n));
+    To* dst = y + size_t(t) * a.ldy + n;
+    if (a.accumulate) add4(s, load4(dst));
+    store4(dst, s);
+  }
+#undef VLAC_PART
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (a.parts > 1) cluster.sync();  // no block leaves while another reads its partial
+#endif
+}
+
+int token_rows(int64_t m) {
+  const int nt = int((m + 7) / 8);
+  return 16 * ((nt + 1) / 2);
+}
+
+uint64_t tile_smem(int64_t m, int rows, int64_t kc) {
+  const uint64_t ntr = uint64_t(token_rows(m));
+  const uint64_t operands = (uint64_t(rows) + ntr) * uint64_t(kc) * 2;
+  const uint64_t partial = ntr * uint64_t(rows + 4) * 4;
+  return std::max(operands, partial);
+}
+
+// Warps of a tile: rows / 16 along W, and K groups up to 8 warps in all (fewer where the K steps
+// do not divide).
+void tile_warps(int rows, int64_t kc, int* mwarps, int* kg) {
+  *mwarps = rows / 16;
+  int g = std::max(1, 8 / *mwarps);
+  while (g > 1 && (kc / 16) % g != 0) g /= 2;
+  *kg = g;
+}
+
+}  // namespace
+
+PreloadTiles preload_gemm_tiles(int64_t m, int64_t n, int64_t k, int sms, uint64_t smem_limit) {
+  PreloadTiles best;
+  uint64_t best_x = 0;
+  if (m < 1 || m > 64 || n < 16 || k < 64 || sms < 1) return best;
+  for (int rows : {16, 32, 64, 128, 256}) {
+    if (n % rows != 0) continue;
+    for (int parts : {1, 2, 4, 8}) {
+      if (k % parts != 0 || (k / parts) % 64 != 0) continue;
+      const int64_t kc = k / parts;
+      const int64_t blocks = (n / rows) * parts;
+      const uint64_t smem = tile_smem(m, rows, kc);
+      if (blocks > sms || smem > smem_limit) continue;
+      const uint64_t xbytes = uint64_t(blocks) * uint64_t(m) * uint64_t(kc) * 2;
+      const bool better = best.rows == 0 || blocks > best.blocks ||
+                          (blocks == best.blocks && (xbytes < best_x || (xbytes == best_x && parts < best.parts)));
+      if (!better) continue;
+      int mw = 0, kg = 0;
+      tile_warps(rows, kc, &mw, &kg);
+      best = PreloadTiles{rows, parts, int(blocks), 32 * mw * kg, smem};
+      best_x = xbytes;
+    }
+  }
+  return best;
+}
+
+uint64_t preload_gemm_smem_limit() {
+  static const uint64_t v = [] {
+    const int64_t kib = env_count("VLAC_PRELOAD_SMEM_KIB", 160);
+    return uint64_t(std::clamp<int64_t>(kib, 16, 227)) << 10;
+  }();
+  return v;
+}
+
+static bool sm90() {
+  static const bool v = [] {
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    return major >= 9;
+  }();
+  return v;
+}
+
+bool preload_gemm_fits(const PreloadGemm& g, int sms) {
+  const int64_t ldx = g.ldx ? g.ldx : g.k, ldy = g.ldy ? g.ldy : g.n;
+  if ((g.out != DType::BF16 && g.out != DType::F32) || ldx < g.k || ldy < g.n || ldx % 8 != 0 || ldy % 8 != 0)
+    return false;
+  if (preload_gemm_tiles(g.m, g.n, g.k, sms, preload_gemm_smem_limit()).rows == 0) return false;
+  return sm90();
+}
+
+bool preload_gemm_enabled() {
+  static const bool v = env_on("VLAC_PRELOAD_GEMM");
+  return v;
+}
+
+static bool early_edges() {
+  static const bool v = !env_off("VLAC_PRELOAD_EARLY");
+  return v;
+}
+
+// Inside a capture: the edge from the kernel before into this one leaves at that kernel's launch
+// completion (all of its blocks started), with programmatic type, so griddepcontrol.wait still
+// waits for its end. Returns whether the edge was set (then the launch carries no PDL attribute,
+// which would replace it).
+static bool set_early_edge(cudaStream_t stream) {
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &cs) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  if (cs != cudaStreamCaptureStatusActive || !early_edges() || !pdl_enabled()) return false;
+  const cudaGraphNode_t* deps = nullptr;
+  const cudaGraphEdgeData* edges = nullptr;
+  size_t nd = 0;
+  if (cudaStreamGetCaptureInfo(stream, &cs, nullptr, nullptr, &deps, &edges, &nd) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  if (nd != 1) return false;
+  cudaGraphNodeType type{};
+  if (cudaGraphNodeGetType(deps[0], &type) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  if (type != cudaGraphNodeTypeKernel) return false;
+  cudaGraphNode_t node = deps[0];
+  cudaGraphEdgeData e{};
+  e.from_port = cudaGraphKernelNodePortLaunchCompletion;
+  e.type = cudaGraphDependencyTypeProgrammatic;
+  if (cudaStreamUpdateCaptureDependencies(stream, &node, &e, 1, cudaStreamSetCaptureDependencies) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return true;
+}
+
+Status preload_gemm(cudaStream_t stream, const PreloadGemm& g, int sms, const void* x, const void* w,
+                    const void* bias, void* y) {
+  const std::string name = "preload_gemm " + std::to_string(g.m) + "x" + std::to_string(g.k) + "x" + std::to_string(g.n);
+  if (!preload_gemm_fits(g, sms)) return unsupported(name + ": shape, strides or GPU not supported");
+  if (g.bias != (bias != nullptr)) return invalid_argument(name + ": a bias is given iff g.bias");
+  for (const void* ptr : {x, w, static_cast<const void*>(y), bias})
+    if ((reinterpret_cast<uintptr_t>(ptr) & 15u) != 0) return invalid_argument(name + ": pointers must be 16-byte aligned");
+  const PreloadTiles t = preload_gemm_tiles(g.m, g.n, g.k, sms, preload_gemm_smem_limit());
+  const bool bf = g.out == DType::BF16;
+  auto* kernel = bf ? preload_gemm_kernel<uint16_t> : preload_gemm_kernel<float>;  // both void(Args)
+  static const cudaError_t attr = [] {
+    cudaError_t e = cudaFuncSetAttribute(preload_gemm_kernel<uint16_t>, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 << 10);
+    if (e == cudaSuccess)
+      e = cudaFuncSetAttribute(preload_gemm_kernel<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 << 10);
+    (void)cudaGetLastError();
+    return e;
+  }();
+  if (attr != cudaSuccess) return Status(StatusCode::Backend, name + ": " + cudaGetErrorString(attr));
+  Args a{};
+  a.x = static_cast<const uint16_t*>(x), a.w = static_cast<const uint16_t*>(w), a.bias = bias, a.y = y;
+  a.m = int(g.m), a.n = int(g.n), a.k = int(g.k);
+  a.ldx = int(g.ldx ? g.ldx : g.k), a.ldy = int(g.ldy ? g.ldy : g.n);
+  a.rows = t.rows, a.kc = int(g.k / t.parts), a.parts = t.parts;
+  tile_warps(t.rows, a.kc, &a.mwarps, &a.kg);
+  a.nt = int((g.m + 7) / 8), a.ntr = token_rows(g.m);
+  a.accumulate = g.accumulate ? 1 : 0;
+
+  const bool early = set_early_edge(stream);
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(t.blocks));
+  cfg.blockDim = dim3(unsigned(t.threads));
+  cfg.dynamicSmemBytes = t.smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute at[2];
+  unsigned na = 0;
+  at[na].id = cudaLaunchAttributeClusterDimension;
+  at[na].val.clusterDim.x = unsigned(t.parts), at[na].val.clusterDim.y = 1, at[na].val.clusterDim.z = 1;
+  ++na;
+  if (!early && pdl_enabled()) {
+    at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[na].val.programmaticStreamSerializationAllowed = 1;
+    ++na;
+  }
+  cfg.attrs = at;
+  cfg.numAttrs = na;
+  (void)cudaLaunchKernelEx(&cfg, kernel, a);
+  return launch_status(name.c_str());
+}
+
+}  // namespace vlac::cuda

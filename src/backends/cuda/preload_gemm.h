@@ -1,0 +1,67 @@
+// A GEMM for few rows (M ≤ 64: the expert's 50 action tokens) that loads its weights before it
+// waits for its input. y[M,N] = x[M,K]·W[N,K]ᵀ (+ bias[N]) (+ y), bf16 x and W, fp32 sums, bf16 or
+// fp32 y.
+//
+// Why: at M = 50 a GEMM is a read of W (the expert's are 4–17 MB each), and every launch today
+// starts that read only once the kernel before it has finished (cuBLASLt's ~7 µs each, 5 ms a
+// chunk). W depends on nothing, so here each block copies its whole tile of W into shared memory
+// first (cp.async), then lets the next kernel launch (griddepcontrol.launch_dependents), and only
+// then waits for the previous kernel (griddepcontrol.wait) and reads x. When the kernel is
+// launched early, its weight read overlaps the kernels before it: inside a recorded graph the
+// edge into it leaves its predecessor at launch completion (all its blocks started), not at its
+// end (`preload_gemm` sets that on the capture), and since this kernel lets its successor launch
+// early, the predecessor of the next preload GEMM is itself already resident. The hardware keeps
+// the cascade within what shared memory and registers allow; every block of an earlier kernel is
+// resident before a later one's start, so it cannot deadlock.
+//
+// Tiles: a block holds Nt rows of W over Kc = K / C columns (all of them resident at once: the
+// grid is at most one block a multiprocessor); the C blocks of one row tile form a thread-block
+// cluster and add their fp32 partial sums over distributed shared memory, in rank order, so the
+// result is the same on every run (not bit-identical to cuBLASLt's order).
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "core/dtype.h"
+#include "core/status.h"
+
+namespace vlac::cuda {
+
+struct PreloadGemm {
+  int64_t m = 0, n = 0, k = 0;
+  DType out = DType::BF16;  // BF16 or F32; a bias has this dtype
+  bool bias = false;
+  bool accumulate = false;  // y = y + x·Wᵀ (+ bias)
+  int64_t ldx = 0, ldy = 0;  // row strides in elements (0: k, n)
+};
+
+/// One block's share: `rows` of W (Nt) over K / `parts` columns; parts blocks form a cluster.
+struct PreloadTiles {
+  int rows = 0, parts = 0;
+  int blocks = 0, threads = 0;
+  uint64_t smem = 0;  // dynamic shared memory of a block, bytes
+};
+
+/// The tiles for (m, n, k) on `sms` multiprocessors with at most `smem_limit` bytes of shared
+/// memory a block: the most blocks up to one a multiprocessor, then the fewest bytes of x read
+/// from L2 (blocks · m · Kc), then the fewest parts. rows == 0 when nothing fits.
+PreloadTiles preload_gemm_tiles(int64_t m, int64_t n, int64_t k, int sms, uint64_t smem_limit);
+/// The shared-memory limit the executor plans with: VLAC_PRELOAD_SMEM_KIB, 160 KiB by default
+/// (two of the expert's GEMMs then fit one multiprocessor together where the pair allows it).
+uint64_t preload_gemm_smem_limit();
+
+/// Whether the kernel takes `g` on this GPU (sm_90 or later: clusters and griddepcontrol): bf16
+/// x and W, 1 ≤ m ≤ 64, tiles found, strides multiples of 8 elements.
+bool preload_gemm_fits(const PreloadGemm& g, int sms);
+/// VLAC_PRELOAD_GEMM=1 routes every GEMM that fits through this kernel instead of cuBLASLt
+/// (opt-in until measured). VLAC_PRELOAD_EARLY=0 keeps the capture's edges as they are.
+bool preload_gemm_enabled();
+
+/// Enqueues the GEMM. x [m, ldx], w [n, k] (rows packed), bias [n] or null, y [m, ldy]; device
+/// pointers 16-byte aligned.
+Status preload_gemm(cudaStream_t stream, const PreloadGemm& g, int sms, const void* x, const void* w,
+                    const void* bias, void* y);
+
+}  // namespace vlac::cuda

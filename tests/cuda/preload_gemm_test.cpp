@@ -1,0 +1,188 @@
+// The GEMM that loads its weights before it waits (preload_gemm.h): its tiles (no GPU), its
+// arithmetic against the CPU at the expert's shapes and odd ones, and — the point of the kernel —
+// that inside a recorded graph, launched at its predecessor's launch completion, it still reads x
+// only after the kernel that writes x has finished.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "backends/cpu/kernels.h"
+#include "backends/cuda/kernels.h"
+#include "backends/cuda/preload_gemm.h"
+#include "cuda_test_util.h"
+
+namespace vlac::cuda::testing {
+namespace {
+
+struct Shape { int64_t m, k, n; const char* what; };
+const Shape kExpert[] = {{50, 1024, 2560, "expert fused qkv"},
+                         {50, 2048, 1024, "expert o"},
+                         {50, 1024, 8192, "expert gate+up"},
+                         {50, 4096, 1024, "expert down"}};
+
+TEST(PreloadGemmTiles, ExpertShapesFillTheGpuWithinTheLimit) {
+  for (const auto& s : kExpert) {
+    const PreloadTiles t = preload_gemm_tiles(s.m, s.n, s.k, 132, 160 << 10);
+    ASSERT_GT(t.rows, 0) << s.what;
+    EXPECT_EQ(s.n % t.rows, 0) << s.what;
+    EXPECT_EQ(s.k % (64 * t.parts), 0) << s.what;
+    EXPECT_EQ(t.blocks, (s.n / t.rows) * t.parts) << s.what;
+    EXPECT_LE(t.blocks, 132) << s.what;
+    EXPECT_GE(t.blocks, 80) << s.what << ": most multiprocessors hold a tile";
+    EXPECT_LE(t.smem, uint64_t(160) << 10) << s.what;
+    EXPECT_LE(t.parts, 8) << s.what << ": a portable cluster";
+    EXPECT_GE(t.threads, 128) << s.what;
+    EXPECT_LE(t.threads, 512) << s.what;
+  }
+  EXPECT_EQ(preload_gemm_tiles(65, 1024, 1024, 132, 160 << 10).rows, 0) << "more than 64 rows";
+  EXPECT_EQ(preload_gemm_tiles(50, 1000, 1024, 132, 160 << 10).rows, 0) << "N not a multiple of 16";
+  EXPECT_EQ(preload_gemm_tiles(50, 1024, 1000, 132, 160 << 10).rows, 0) << "K not a multiple of 64";
+  EXPECT_EQ(preload_gemm_tiles(50, 8192, 1024, 132, 16 << 10).rows, 0) << "no tile within 16 KiB";
+}
+
+class CudaPreloadGemm : public CudaTest {
+ protected:
+  void SetUp() override {
+    CudaTest::SetUp();
+    if (IsSkipped()) return;
+    if (!preload_gemm_fits(PreloadGemm{50, 1024, 1024}, device_sm_count()))
+      GTEST_SKIP() << "the preload GEMM needs an sm_90 GPU (thread-block clusters, griddepcontrol)";
+  }
+};
+
+TEST_F(CudaPreloadGemm, MatchesCpu) {
+  const Shape cases[] = {kExpert[0], kExpert[1], kExpert[2], kExpert[3],
+                         {1, 1024, 3072, "one row"}, {64, 256, 64, "M = 64"},
+                         {9, 192, 96, "odd M"},      {33, 64, 32, "one K step"}};
+  const int sms = device_sm_count();
+  uint32_t seed = 11;
+  for (const auto& c : cases)
+    for (DType out : {DType::F32, DType::BF16})
+      for (int variant = 0; variant < 3; ++variant) {  // 0 plain, 1 bias, 2 bias + accumulate into a wider y
+        const bool bias = variant >= 1, acc = variant == 2;
+        const int64_t ldy = acc ? c.n + 64 : c.n;
+        const PreloadGemm g{c.m, c.n, c.k, out, bias, acc, 0, ldy};
+        ASSERT_TRUE(preload_gemm_fits(g, sms)) << c.what;
+        auto x = bf16_values(randn(size_t(c.m * c.k), ++seed));
+        auto w = bf16_values(randn(size_t(c.n * c.k), ++seed, 1.0f / std::sqrt(float(c.k))));
+        auto b = randn(size_t(c.n), ++seed), y0 = randn(size_t(c.m * ldy), ++seed);
+        if (out == DType::BF16) b = bf16_values(b), y0 = bf16_values(y0);
+        auto dx = to_device(to_bf16(x)), dw = to_device(to_bf16(w));
+        auto db = out == DType::BF16 ? to_device(to_bf16(b)) : to_device(b);
+        auto dy = out == DType::BF16 ? to_device(to_bf16(y0)) : to_device(y0);
+        auto dy2 = out == DType::BF16 ? to_device(to_bf16(y0)) : to_device(y0);
+        const void* bp = bias ? db->get() : nullptr;
+        VLAC_CUDA_OK(preload_gemm(stream_, g, sms, dx->get(), dw->get(), bp, dy->get()));
+        VLAC_CUDA_OK(preload_gemm(stream_, g, sms, dx->get(), dw->get(), bp, dy2->get()));
+        sync();
+        std::vector<float> ref(size_t(c.m * c.n));
+        cpu::linear_f32(x.data(), w.data(), bias ? b.data() : nullptr, ref.data(), c.m, c.k, c.n);
+        const size_t yn = size_t(c.m * ldy);
+        std::vector<float> got;
+        if (out == DType::F32) {
+          got = download<float>(*dy, yn);
+          EXPECT_EQ(got, download<float>(*dy2, yn)) << c.what << ": a second run differs";
+        } else {
+          const auto raw = download<uint16_t>(*dy, yn);
+          EXPECT_EQ(raw, download<uint16_t>(*dy2, yn)) << c.what << ": a second run differs";
+          got = from_bf16(raw);
+        }
+        std::vector<float> sub(ref.size());
+        for (int64_t i = 0; i < c.m; ++i)
+          for (int64_t j = 0; j < ldy; ++j) {
+            const float v = got[size_t(i * ldy + j)];
+            if (j < c.n) {
+              sub[size_t(i * c.n + j)] = acc ? v - y0[size_t(i * ldy + j)] : v;
+            } else {
+              ASSERT_EQ(v, y0[size_t(i * ldy + j)]) << c.what << ": a column past n was written";
+            }
+          }
+        // With accumulation the bf16 output's rounding is of the larger sum: compare against it.
+        double err = rel_err(sub, ref);
+        if (acc && out == DType::BF16) {
+          std::vector<float> want(yn), have(yn);
+          for (int64_t i = 0; i < c.m; ++i)
+            for (int64_t j = 0; j < c.n; ++j) {
+              want[size_t(i * c.n + j)] = ref[size_t(i * c.n + j)] + y0[size_t(i * ldy + j)];
+              have[size_t(i * c.n + j)] = got[size_t(i * ldy + j)];
+            }
+          err = rel_err(have, want);
+        }
+        EXPECT_LT(err, out == DType::F32 ? 1e-4 : 8e-3)
+            << c.what << " " << c.m << "x" << c.k << "x" << c.n << " -> " << dtype_name(out) << " variant " << variant;
+      }
+}
+
+TEST_F(CudaPreloadGemm, RefusesWhatItCannotRun) {
+  const int sms = device_sm_count();
+  DevBuf a(1 << 20), b(1 << 20), c(1 << 20);
+  EXPECT_EQ(preload_gemm(stream_, PreloadGemm{65, 64, 64}, sms, a.get(), b.get(), nullptr, c.get()).code(),
+            StatusCode::Unsupported);
+  EXPECT_EQ(preload_gemm(stream_, PreloadGemm{8, 64, 64, DType::F32, true}, sms, a.get(), b.get(), nullptr, c.get()).code(),
+            StatusCode::InvalidArgument);
+  EXPECT_EQ(preload_gemm(stream_, PreloadGemm{8, 64, 64}, sms, static_cast<char*>(a.get()) + 2, b.get(), nullptr,
+                         c.get()).code(),
+            StatusCode::InvalidArgument);
+}
+
+// A chain as the expert runs it — GEMM, a kernel of another kind that writes the next GEMM's x,
+// GEMM — recorded once and replayed with every intermediate poisoned (NaN) before each replay:
+// each GEMM, launched at its predecessor's launch completion, must still read x after it is
+// written. Equal to the eager run bit for bit.
+TEST_F(CudaPreloadGemm, GraphReplayWaitsForTheKernelBefore) {
+  const int sms = device_sm_count();
+  constexpr int64_t m = 50, d = 1024, f = 4096;
+  constexpr int kLayers = 6;
+  auto x0 = bf16_values(randn(size_t(m * d), 3));
+  std::vector<std::unique_ptr<DevBuf>> wu, wd;
+  for (int l = 0; l < kLayers; ++l) {
+    wu.push_back(to_device(to_bf16(bf16_values(randn(size_t(f * d), 100 + l, 1.0f / 32)))));
+    wd.push_back(to_device(to_bf16(bf16_values(randn(size_t(d * f), 200 + l, 1.0f / 64)))));
+  }
+  auto dx = to_device(to_bf16(x0));
+  DevBuf h32(size_t(m * f) * 4), h16(size_t(m * f) * 2), y32(size_t(m * d) * 4), x16(size_t(m * d) * 2);
+  const PreloadGemm up{m, f, d, DType::F32}, down{m, d, f, DType::F32};
+  ASSERT_TRUE(preload_gemm_fits(up, sms) && preload_gemm_fits(down, sms));
+  auto chain = [&]() -> Status {
+    const void* in = dx->get();
+    for (int l = 0; l < kLayers; ++l) {
+      VLAC_RETURN_IF_ERROR(preload_gemm(stream_, up, sms, in, wu[size_t(l)]->get(), nullptr, h32.get()));
+      VLAC_RETURN_IF_ERROR(gelu_tanh(stream_, h32.get(), DType::F32, h16.get(), DType::BF16, m * f));
+      VLAC_RETURN_IF_ERROR(preload_gemm(stream_, down, sms, h16.get(), wd[size_t(l)]->get(), nullptr, y32.get()));
+      VLAC_RETURN_IF_ERROR(cast(stream_, y32.get(), DType::F32, x16.get(), DType::BF16, m * d));
+      in = x16.get();
+    }
+    return Status::ok();
+  };
+  auto poison = [&] {
+    for (DevBuf* b : {&h32, &h16, &y32, &x16}) b->poison();
+  };
+  poison();
+  VLAC_CUDA_OK(chain());
+  sync();
+  const auto want = download<uint16_t>(x16, size_t(m * d));
+  ASSERT_EQ(want.size(), size_t(m * d));
+  for (uint16_t v : want) ASSERT_FALSE(std::isnan(bf16_to_f32(v))) << "the eager chain left a NaN";
+
+  cudaGraph_t graph = nullptr;
+  VLAC_CUDART_OK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  const Status cs = chain();
+  VLAC_CUDART_OK(cudaStreamEndCapture(stream_, &graph));
+  VLAC_CUDA_OK(cs);
+  cudaGraphExec_t exec = nullptr;
+  VLAC_CUDART_OK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int r = 0; r < 20; ++r) {
+    poison();
+    VLAC_CUDART_OK(cudaDeviceSynchronize());
+    VLAC_CUDART_OK(cudaGraphLaunch(exec, stream_));
+    sync();
+    ASSERT_EQ(download<uint16_t>(x16, size_t(m * d)), want) << "replay " << r;
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+}
+
+}  // namespace
+}  // namespace vlac::cuda::testing
