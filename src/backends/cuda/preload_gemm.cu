@@ -33,6 +33,7 @@ struct Args {
   int kg, mwarps;       // warps: mwarps of 16 rows each × kg groups of the K steps
   int nt, ntr;          // token tiles of 8 with an MMA; token rows in shared memory (zero past m)
   int accumulate;
+  int probe;  // timing only (VLAC_PRELOAD_PROBE): 1 no MMAs, 2 no x load, 4 no W load
 };
 
 __device__ __forceinline__ void add4(float4& s, float4 t) { s.x += t.x, s.y += t.y, s.z += t.z, s.w += t.w; }
@@ -60,7 +61,7 @@ __global__ void __launch_bounds__(kMaxThreads) preload_gemm_kernel(Args a) {
 
   // 1. The whole W tile, before anything else: it depends on no kernel.
   const int cpr = a.kc / 8;  // 16-byte chunks a row
-  for (int i = tid; i < a.rows * cpr; i += nthreads) {
+  for (int i = tid; i < ((a.probe & 4) ? 0 : a.rows * cpr); i += nthreads) {
     const int r = i / cpr, c = i - r * cpr;
     cp_async16(ws + size_t(r) * pitch + ((c ^ (r & 7)) * 8), a.w + size_t(n0 + r) * a.k + k0 + c * 8);
   }
@@ -74,7 +75,7 @@ __global__ void __launch_bounds__(kMaxThreads) preload_gemm_kernel(Args a) {
   for (int i = tid; i < a.ntr * cpr; i += nthreads) {
     const int r = i / cpr, c = i - r * cpr;
     uint16_t* dst = xs + size_t(r) * pitch + ((c ^ (r & 7)) * 8);
-    if (r < a.m)
+    if (r < a.m && !(a.probe & 2))
       cp_async16(dst, a.x + size_t(r) * a.ldx + k0 + c * 8);
     else
       *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
@@ -93,7 +94,7 @@ __global__ void __launch_bounds__(kMaxThreads) preload_gemm_kernel(Args a) {
   const uint16_t* wa = ws + size_t(mw * 16 + l7 + hb * 8) * pitch;
   const uint16_t* xb = xs + size_t(ha * 8 + l7) * pitch;
   float acc[8][4] = {};
-  const int nt = a.nt;
+  const int nt = (a.probe & 1) ? 0 : a.nt;
 #pragma unroll 2
   for (int s = g * spg; s < (g + 1) * spg; ++s) {
     const int ca = ((2 * s + ha) ^ l7) * 8, cb = ((2 * s + hb) ^ l7) * 8;
@@ -192,14 +193,14 @@ void tile_warps(int rows, int64_t kc, int* mwarps, int* kg) {
 
 }  // namespace
 
-PreloadTiles preload_gemm_tiles(int64_t m, int64_t n, int64_t k, int sms, uint64_t smem_limit) {
+PreloadTiles preload_gemm_tiles(int64_t m, int64_t n, int64_t k, int sms, uint64_t smem_limit, int max_parts) {
   PreloadTiles best;
   uint64_t best_x = 0;
   if (m < 1 || m > 64 || n < 16 || k < 64 || sms < 1) return best;
   for (int rows : {16, 32, 64, 128, 256}) {
     if (n % rows != 0) continue;
     for (int parts : {1, 2, 4, 8}) {
-      if (k % parts != 0 || (k / parts) % 64 != 0) continue;
+      if (parts > max_parts || k % parts != 0 || (k / parts) % 64 != 0) continue;
       const int64_t kc = k / parts;
       const int64_t blocks = (n / rows) * parts;
       const uint64_t smem = tile_smem(m, rows, kc);
@@ -215,6 +216,11 @@ PreloadTiles preload_gemm_tiles(int64_t m, int64_t n, int64_t k, int sms, uint64
     }
   }
   return best;
+}
+
+int preload_gemm_max_parts() {
+  static const int v = int(std::clamp<int64_t>(env_count("VLAC_PRELOAD_MAX_PARTS", 8), 1, 8));
+  return v;
 }
 
 uint64_t preload_gemm_smem_limit() {
@@ -241,7 +247,7 @@ bool preload_gemm_fits(const PreloadGemm& g, int sms) {
   const int64_t ldx = g.ldx ? g.ldx : g.k, ldy = g.ldy ? g.ldy : g.n;
   if ((g.out != DType::BF16 && g.out != DType::F32) || ldx < g.k || ldy < g.n || ldx % 8 != 0 || ldy % 8 != 0)
     return false;
-  if (preload_gemm_tiles(g.m, g.n, g.k, sms, preload_gemm_smem_limit()).rows == 0) return false;
+  if (preload_gemm_tiles(g.m, g.n, g.k, sms, preload_gemm_smem_limit(), preload_gemm_max_parts()).rows == 0) return false;
   return sm90();
 }
 
@@ -298,7 +304,7 @@ Status preload_gemm(cudaStream_t stream, const PreloadGemm& g, int sms, const vo
   if (g.bias != (bias != nullptr)) return invalid_argument(name + ": a bias is given iff g.bias");
   for (const void* ptr : {x, w, static_cast<const void*>(y), bias})
     if ((reinterpret_cast<uintptr_t>(ptr) & 15u) != 0) return invalid_argument(name + ": pointers must be 16-byte aligned");
-  const PreloadTiles t = preload_gemm_tiles(g.m, g.n, g.k, sms, preload_gemm_smem_limit());
+  const PreloadTiles t = preload_gemm_tiles(g.m, g.n, g.k, sms, preload_gemm_smem_limit(), preload_gemm_max_parts());
   const bool bf = g.out == DType::BF16;
   auto* kernel = bf ? preload_gemm_kernel<uint16_t> : preload_gemm_kernel<float>;  // both void(Args)
   static const cudaError_t attr = [] {
@@ -317,6 +323,8 @@ Status preload_gemm(cudaStream_t stream, const PreloadGemm& g, int sms, const vo
   tile_warps(t.rows, a.kc, &a.mwarps, &a.kg);
   a.nt = int((g.m + 7) / 8), a.ntr = token_rows(g.m);
   a.accumulate = g.accumulate ? 1 : 0;
+  static const int probe = int(env_count("VLAC_PRELOAD_PROBE", 0));
+  a.probe = probe;
 
   const bool early = set_early_edge(stream);
   cudaLaunchConfig_t cfg = {};
@@ -338,6 +346,28 @@ Status preload_gemm(cudaStream_t stream, const PreloadGemm& g, int sms, const vo
   cfg.numAttrs = na;
   (void)cudaLaunchKernelEx(&cfg, kernel, a);
   return launch_status(name.c_str());
+}
+
+int preload_gemm_active_clusters(const PreloadGemm& g, int sms) {
+  const PreloadTiles t = preload_gemm_tiles(g.m, g.n, g.k, sms, preload_gemm_smem_limit(), preload_gemm_max_parts());
+  if (t.rows == 0) return 0;
+  auto* kernel = g.out == DType::BF16 ? preload_gemm_kernel<uint16_t> : preload_gemm_kernel<float>;
+  (void)cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 << 10);
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(t.blocks));
+  cfg.blockDim = dim3(unsigned(t.threads));
+  cfg.dynamicSmemBytes = t.smem;
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeClusterDimension;
+  at[0].val.clusterDim.x = unsigned(t.parts), at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
+  cfg.attrs = at;
+  cfg.numAttrs = 1;
+  int n = 0;
+  if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return -1;
+  }
+  return n;
 }
 
 }  // namespace vlac::cuda
