@@ -67,7 +67,8 @@ int main(int argc, char** argv) {
   for (int s = 0; s < 4; ++s) {
     const Shape& sh = shapes[s];
     const PreloadGemm pg{m, sh.n, sh.k, sh.out};
-    const PreloadTiles t = preload_gemm_tiles(m, sh.n, sh.k, sms, preload_gemm_smem_limit(), preload_gemm_max_parts());
+    const PreloadTiles t = preload_gemm_tiles(m, sh.n, sh.k, sms * preload_gemm_waves(), preload_gemm_smem_limit(),
+                                               preload_gemm_max_parts());
     nlohmann::json r;
     r["tiles"] = {{"rows", t.rows}, {"parts", t.parts}, {"blocks", t.blocks}, {"threads", t.threads}, {"smem", t.smem}};
     r["clusters"] = t.parts ? t.blocks / t.parts : 0;
@@ -118,7 +119,8 @@ int main(int argc, char** argv) {
   std::printf("chain per layer: cuBLASLt %.2f us, preload %.2f us, the 4 small kernels alone %.2f us\n",
               j["chain"]["cublaslt_us_per_layer"].get<double>(), j["chain"]["preload_us_per_layer"].get<double>(),
               small * 1e3);
-  for (const char* e : {"VLAC_PRELOAD_EARLY", "VLAC_PRELOAD_MAX_PARTS", "VLAC_PRELOAD_SMEM_KIB", "VLAC_PRELOAD_PROBE"})
+  for (const char* e : {"VLAC_PRELOAD_EARLY", "VLAC_PRELOAD_MAX_PARTS", "VLAC_PRELOAD_SMEM_KIB", "VLAC_PRELOAD_PROBE",
+                        "VLAC_PRELOAD_PIPE", "VLAC_PRELOAD_WAVES"})
     if (const char* v = std::getenv(e)) j["env"][e] = v;
   emit_json(j.dump(2), out);
   return 0;

@@ -17,3 +17,26 @@ for spec in "$@"; do
   echo "== $name ${envs[*]}"
   env "${envs[@]}" timeout 120 /tmp/vb/bin/preload_gemm_bench --reps "${REPS:-10}" --out "$out/preload_$name.json" 2>&1 | tail -6
 done
+# The setting (no timing probe) whose expert chain ran fastest, as NAME and its environment with
+# VLAC_PRELOAD_GEMM=1, for tools/device_cuda_ab.sh (e.g. best:$(cat $OUT/preload_best.env)).
+python3 - "$out" "$@" <<'PY' | tee "$out/preload_best.txt"
+import json, sys
+out, specs = sys.argv[1], sys.argv[2:]
+best = None
+for spec in specs:
+    name, _, env = spec.partition(":")
+    if "PROBE" in env:
+        continue
+    try:
+        c = json.load(open(f"{out}/preload_{name}.json"))["chain"]
+    except Exception:
+        continue
+    us = c["preload_us_per_layer"]
+    print(f"{name:10s} chain per layer: preload {us:7.2f} us, cuBLASLt {c['cublaslt_us_per_layer']:7.2f} us")
+    if best is None or us < best[1]:
+        best = (name, us, env)
+if best:
+    env = ",".join(["VLAC_PRELOAD_GEMM=1"] + ([best[2]] if best[2] else []))
+    open(f"{out}/preload_best.env", "w").write(env)
+    print(f"best: {best[0]} ({best[1]:.2f} us a layer): {env}")
+PY

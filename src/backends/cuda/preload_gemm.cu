@@ -33,6 +33,7 @@ struct Args {
   int kg, mwarps;       // warps: mwarps of 16 rows each × kg groups of the K steps
   int nt, ntr;          // token tiles of 8 with an MMA; token rows in shared memory (zero past m)
   int accumulate;
+  int pipe;   // W in this many groups of columns (1, 2, 4), the math following them
   int probe;  // timing only (VLAC_PRELOAD_PROBE): 1 no MMAs, 2 no x load, 4 no W load
 };
 
@@ -59,35 +60,41 @@ __global__ void __launch_bounds__(kMaxThreads) preload_gemm_kernel(Args a) {
   const int tile = int(blockIdx.x) / a.parts, part = int(blockIdx.x) % a.parts;
   const int n0 = tile * a.rows, k0 = part * a.kc;
 
-  // 1. The whole W tile, before anything else: it depends on no kernel.
+  // 1. The whole W tile, before anything else: it depends on no kernel. In `pipe` groups of
+  //    columns (1, 2 or 4), so that the math can begin on the first while the rest arrive.
   const int cpr = a.kc / 8;  // 16-byte chunks a row
-  for (int i = tid; i < ((a.probe & 4) ? 0 : a.rows * cpr); i += nthreads) {
-    const int r = i / cpr, c = i - r * cpr;
-    cp_async16(ws + size_t(r) * pitch + ((c ^ (r & 7)) * 8), a.w + size_t(n0 + r) * a.k + k0 + c * 8);
+  const int groups = a.pipe, cprg = cpr / groups;
+  for (int gi = 0; gi < groups; ++gi) {
+    for (int i = tid; i < ((a.probe & 4) ? 0 : a.rows * cprg); i += nthreads) {
+      const int r = i / cprg, c = gi * cprg + (i - r * cprg);
+      cp_async16(ws + size_t(r) * pitch + ((c ^ (r & 7)) * 8), a.w + size_t(n0 + r) * a.k + k0 + c * 8);
+    }
+    cp_async_commit();
   }
-  cp_async_commit();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // 2. Let the next kernel launch (it waits for this one's completion itself), then wait for x.
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
-  // 3. x's rows of this K part; token rows past m are zero.
+  // 3. x's rows of this K part; token rows past m are zero. With one W group by cp.async (its
+  //    group is then waited for with W's); with more, by loads, so W's groups complete alone.
   for (int i = tid; i < a.ntr * cpr; i += nthreads) {
     const int r = i / cpr, c = i - r * cpr;
     uint16_t* dst = xs + size_t(r) * pitch + ((c ^ (r & 7)) * 8);
-    if (r < a.m && !(a.probe & 2))
-      cp_async16(dst, a.x + size_t(r) * a.ldx + k0 + c * 8);
-    else
+    const uint16_t* src = a.x + size_t(r) * a.ldx + k0 + c * 8;
+    if (r >= a.m || (a.probe & 2))
       *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+    else if (groups == 1)
+      cp_async16(dst, src);
+    else
+      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
   }
-  cp_async_commit();
-  cp_async_wait<0>();
-  __syncthreads();
+  if (groups == 1) cp_async_commit();
 
-  // 4. Each warp: 16 rows of W × every token over its group of K steps.
+  // 4. Each warp: 16 rows of W × every token over its group of K steps, W group by W group.
   const int warp = tid >> 5, lane = tid & 31;
   const int mw = warp % a.mwarps, g = warp / a.mwarps;
-  const int spg = a.kc / 16 / a.kg;
+  const int spg = a.kc / 16 / a.kg, spw = a.kc / 16 / groups;
   // A lane's row address: its row's 16-byte chunk 2s + ha (A) or 2s + hb (B), swizzled by the
   // row's low three bits, which are lane % 8 for both.
   const int l7 = lane & 7, ha = lane >> 4, hb = (lane >> 3) & 1;
@@ -95,18 +102,28 @@ __global__ void __launch_bounds__(kMaxThreads) preload_gemm_kernel(Args a) {
   const uint16_t* xb = xs + size_t(ha * 8 + l7) * pitch;
   float acc[8][4] = {};
   const int nt = (a.probe & 1) ? 0 : a.nt;
+  for (int gi = 0; gi < groups; ++gi) {
+    switch (groups - 1 - gi) {  // W's groups still allowed in flight
+      case 0: cp_async_wait<0>(); break;
+      case 1: cp_async_wait<1>(); break;
+      case 2: cp_async_wait<2>(); break;
+      default: cp_async_wait<3>(); break;
+    }
+    __syncthreads();
+    const int lo = max(g * spg, gi * spw), hi = min((g + 1) * spg, (gi + 1) * spw);
 #pragma unroll 2
-  for (int s = g * spg; s < (g + 1) * spg; ++s) {
-    const int ca = ((2 * s + ha) ^ l7) * 8, cb = ((2 * s + hb) ^ l7) * 8;
-    uint32_t a0, a1, a2, a3;
-    ldsm_x4(wa + ca, a0, a1, a2, a3);
+    for (int s = lo; s < hi; ++s) {
+      const int ca = ((2 * s + ha) ^ l7) * 8, cb = ((2 * s + hb) ^ l7) * 8;
+      uint32_t a0, a1, a2, a3;
+      ldsm_x4(wa + ca, a0, a1, a2, a3);
 #pragma unroll
-    for (int jp = 0; jp < 4; ++jp) {
-      if (2 * jp < nt) {
-        uint32_t b0, b1, b2, b3;
-        ldsm_x4(xb + size_t(jp) * 16 * pitch + cb, b0, b1, b2, b3);
-        mma(acc[2 * jp], a0, a1, a2, a3, b0, b1);
-        if (2 * jp + 1 < nt) mma(acc[2 * jp + 1], a0, a1, a2, a3, b2, b3);
+      for (int jp = 0; jp < 4; ++jp) {
+        if (2 * jp < nt) {
+          uint32_t b0, b1, b2, b3;
+          ldsm_x4(xb + size_t(jp) * 16 * pitch + cb, b0, b1, b2, b3);
+          mma(acc[2 * jp], a0, a1, a2, a3, b0, b1);
+          if (2 * jp + 1 < nt) mma(acc[2 * jp + 1], a0, a1, a2, a3, b2, b3);
+        }
       }
     }
   }
@@ -153,11 +170,14 @@ __global__ void __launch_bounds__(kMaxThreads) preload_gemm_kernel(Args a) {
   To* y = static_cast<To*>(a.y);
   for (int i = lo + tid; i < hi; i += nthreads) {
     const int t = i / v, c = (i - t * v) * 4;
-    float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int q = 0; q < a.parts; ++q) {
-      const float* src = VLAC_PART(q);
-      add4(s, load4(src + size_t(t) * pp + c));
-    }
+    float4 part_sum[8];  // every part's load issued before the first add
+#pragma unroll
+    for (int q = 0; q < 8; ++q)
+      if (q < a.parts) part_sum[q] = load4(VLAC_PART(q) + size_t(t) * pp + c);
+    float4 s = part_sum[0];
+#pragma unroll
+    for (int q = 1; q < 8; ++q)
+      if (q < a.parts) add4(s, part_sum[q]);
     const int n = n0 + c;
     if (bias) add4(s, load4(bias + n));
     To* dst = y + size_t(t) * a.ldy + n;
@@ -218,6 +238,11 @@ PreloadTiles preload_gemm_tiles(int64_t m, int64_t n, int64_t k, int sms, uint64
   return best;
 }
 
+int preload_gemm_waves() {
+  static const int v = int(std::clamp<int64_t>(env_count("VLAC_PRELOAD_WAVES", 1), 1, 4));
+  return v;
+}
+
 int preload_gemm_max_parts() {
   static const int v = int(std::clamp<int64_t>(env_count("VLAC_PRELOAD_MAX_PARTS", 8), 1, 8));
   return v;
@@ -229,6 +254,11 @@ uint64_t preload_gemm_smem_limit() {
     return uint64_t(std::clamp<int64_t>(kib, 16, 227)) << 10;
   }();
   return v;
+}
+
+// The tiles under the environment's settings.
+static PreloadTiles tiles_for(const PreloadGemm& g, int sms) {
+  return preload_gemm_tiles(g.m, g.n, g.k, sms * preload_gemm_waves(), preload_gemm_smem_limit(), preload_gemm_max_parts());
 }
 
 static bool sm90() {
@@ -247,7 +277,7 @@ bool preload_gemm_fits(const PreloadGemm& g, int sms) {
   const int64_t ldx = g.ldx ? g.ldx : g.k, ldy = g.ldy ? g.ldy : g.n;
   if ((g.out != DType::BF16 && g.out != DType::F32) || ldx < g.k || ldy < g.n || ldx % 8 != 0 || ldy % 8 != 0)
     return false;
-  if (preload_gemm_tiles(g.m, g.n, g.k, sms, preload_gemm_smem_limit(), preload_gemm_max_parts()).rows == 0) return false;
+  if (tiles_for(g, sms).rows == 0) return false;
   return sm90();
 }
 
@@ -304,7 +334,7 @@ Status preload_gemm(cudaStream_t stream, const PreloadGemm& g, int sms, const vo
   if (g.bias != (bias != nullptr)) return invalid_argument(name + ": a bias is given iff g.bias");
   for (const void* ptr : {x, w, static_cast<const void*>(y), bias})
     if ((reinterpret_cast<uintptr_t>(ptr) & 15u) != 0) return invalid_argument(name + ": pointers must be 16-byte aligned");
-  const PreloadTiles t = preload_gemm_tiles(g.m, g.n, g.k, sms, preload_gemm_smem_limit(), preload_gemm_max_parts());
+  const PreloadTiles t = tiles_for(g, sms);
   const bool bf = g.out == DType::BF16;
   auto* kernel = bf ? preload_gemm_kernel<uint16_t> : preload_gemm_kernel<float>;  // both void(Args)
   static const cudaError_t attr = [] {
@@ -325,6 +355,13 @@ Status preload_gemm(cudaStream_t stream, const PreloadGemm& g, int sms, const vo
   a.accumulate = g.accumulate ? 1 : 0;
   static const int probe = int(env_count("VLAC_PRELOAD_PROBE", 0));
   a.probe = probe;
+  static const int pipe = int(env_count("VLAC_PRELOAD_PIPE", 1));
+  a.pipe = 1;
+  for (int gs : {4, 2})  // the most groups asked for that divide the K steps
+    if (gs <= pipe && (a.kc / 16) % gs == 0 && (a.kc / 8) % gs == 0) {
+      a.pipe = gs;
+      break;
+    }
 
   const bool early = set_early_edge(stream);
   cudaLaunchConfig_t cfg = {};
@@ -349,7 +386,7 @@ Status preload_gemm(cudaStream_t stream, const PreloadGemm& g, int sms, const vo
 }
 
 int preload_gemm_active_clusters(const PreloadGemm& g, int sms) {
-  const PreloadTiles t = preload_gemm_tiles(g.m, g.n, g.k, sms, preload_gemm_smem_limit(), preload_gemm_max_parts());
+  const PreloadTiles t = tiles_for(g, sms);
   if (t.rows == 0) return 0;
   auto* kernel = g.out == DType::BF16 ? preload_gemm_kernel<uint16_t> : preload_gemm_kernel<float>;
   (void)cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 << 10);

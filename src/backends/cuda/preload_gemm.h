@@ -51,6 +51,9 @@ PreloadTiles preload_gemm_tiles(int64_t m, int64_t n, int64_t k, int sms, uint64
 /// The shared-memory limit the executor plans with: VLAC_PRELOAD_SMEM_KIB, 160 KiB by default
 /// (two of the expert's GEMMs then fit one multiprocessor together where the pair allows it).
 uint64_t preload_gemm_smem_limit();
+/// Blocks per multiprocessor a grid may need (VLAC_PRELOAD_WAVES, 1 by default): with 2, tiles
+/// half the size, two a multiprocessor where they fit.
+int preload_gemm_waves();
 /// The most blocks a cluster (parts) the executor plans with: VLAC_PRELOAD_MAX_PARTS, 8 by default.
 int preload_gemm_max_parts();
 /// How many of g's clusters can be resident at once on this GPU (cudaOccupancyMaxActiveClusters;
