@@ -9,9 +9,14 @@
 #include <vector>
 
 #include "backends/cpu/kernels.h"
+#include "backends/cuda/env.h"
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/preload_gemm.h"
 #include "cuda_test_util.h"
+
+namespace vlac::cuda {
+bool pdl_enabled();  // common.cuh (a CUDA header)
+}  // namespace vlac::cuda
 
 namespace vlac::cuda::testing {
 namespace {
@@ -171,6 +176,15 @@ TEST_F(CudaPreloadGemm, GraphReplayWaitsForTheKernelBefore) {
   const Status cs = chain();
   VLAC_CUDART_OK(cudaStreamEndCapture(stream_, &graph));
   VLAC_CUDA_OK(cs);
+  // With PDL on, each GEMM after a kernel hangs on that kernel's launch completion.
+  size_t ne = 0;
+  VLAC_CUDART_OK(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &ne));
+  std::vector<cudaGraphNode_t> from(ne), to(ne);
+  std::vector<cudaGraphEdgeData> ed(ne);
+  VLAC_CUDART_OK(cudaGraphGetEdges(graph, from.data(), to.data(), ed.data(), &ne));
+  int early = 0;
+  for (const auto& e : ed) early += e.from_port == cudaGraphKernelNodePortLaunchCompletion ? 1 : 0;
+  if (pdl_enabled() && !env_off("VLAC_PRELOAD_EARLY")) EXPECT_EQ(early, 2 * kLayers - 1) << "edges at launch completion, of " << ne;
   cudaGraphExec_t exec = nullptr;
   VLAC_CUDART_OK(cudaGraphInstantiate(&exec, graph, 0));
   for (int r = 0; r < 20; ++r) {
