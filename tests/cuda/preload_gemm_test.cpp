@@ -184,7 +184,9 @@ TEST_F(CudaPreloadGemm, GraphReplayWaitsForTheKernelBefore) {
   VLAC_CUDART_OK(cudaGraphGetEdges(graph, from.data(), to.data(), ed.data(), &ne));
   int early = 0;
   for (const auto& e : ed) early += e.from_port == cudaGraphKernelNodePortLaunchCompletion ? 1 : 0;
-  if (pdl_enabled() && !env_off("VLAC_PRELOAD_EARLY")) EXPECT_EQ(early, 2 * kLayers - 1) << "edges at launch completion, of " << ne;
+  if (pdl_enabled() && !env_off("VLAC_PRELOAD_EARLY")) {
+    EXPECT_EQ(early, 2 * kLayers - 1) << "edges at launch completion, of " << ne;
+  }
   cudaGraphExec_t exec = nullptr;
   VLAC_CUDART_OK(cudaGraphInstantiate(&exec, graph, 0));
   for (int r = 0; r < 20; ++r) {
