@@ -6,6 +6,7 @@
 // Usage: preload_gemm_bench [--reps N] [--out FILE]
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -20,6 +21,30 @@
 
 using namespace vlac;
 using namespace vlac::cuda;
+
+// Per block stamps (preload_gemm_set_stamps) of one launch: the median time of each phase over the
+// blocks, and the launch's span from its first block's start to its last block's end (us).
+static nlohmann::json phases(const std::vector<unsigned long long>& t, int blocks) {
+  static const char* names[] = {"issue_w", "wait_prev", "w_and_x_landed", "mma", "partial", "cluster_sum_store", "last_barrier"};
+  nlohmann::json j;
+  unsigned long long first = ~0ull, last = 0;
+  for (int b = 0; b < blocks; ++b) {
+    first = std::min(first, t[size_t(b) * kPreloadStamps]);
+    last = std::max(last, t[size_t(b) * kPreloadStamps + kPreloadStamps - 1]);
+  }
+  for (int i = 0; i + 1 < kPreloadStamps; ++i) {
+    std::vector<double> d;
+    for (int b = 0; b < blocks; ++b)
+      d.push_back(double(t[size_t(b) * kPreloadStamps + i + 1] - t[size_t(b) * kPreloadStamps + i]) / 1e3);
+    j[names[i]] = median(d);
+  }
+  std::vector<double> starts;
+  for (int b = 0; b < blocks; ++b) starts.push_back(double(t[size_t(b) * kPreloadStamps] - first) / 1e3);
+  j["start_spread_median"] = median(starts);
+  j["start_spread_max"] = *std::max_element(starts.begin(), starts.end());
+  j["span"] = double(last - first) / 1e3;
+  return j;
+}
 
 int main(int argc, char** argv) {
   int reps = 10;
@@ -79,6 +104,18 @@ int main(int argc, char** argv) {
       r[pre ? "preload_us" : "cublaslt_us"] = ms * 1e3;
       r[pre ? "preload_tbps" : "cublaslt_tbps"] = mb / (ms * 1e3);  // MB per us = TB/s
     }
+    {  // one eager launch, stamped
+      auto* st_buf = static_cast<unsigned long long*>(dalloc(size_t(t.blocks) * kPreloadStamps * 8));
+      preload_gemm_set_stamps(st_buf);
+      SK(gemm(true, s, 0, x, y));
+      preload_gemm_set_stamps(nullptr);
+      CK(cudaStreamSynchronize(st));
+      std::vector<unsigned long long> h(size_t(t.blocks) * kPreloadStamps);
+      CK(cudaMemcpy(h.data(), st_buf, h.size() * 8, cudaMemcpyDeviceToHost));
+      r["eager_phases_us"] = phases(h, t.blocks);
+      std::printf("%-8s eager phases: %s\n", sh.name, r["eager_phases_us"].dump().c_str());
+      CK(cudaFree(st_buf));
+    }
     std::printf("%-8s rows %3d parts %d blocks %3d threads %3d smem %6.1f KiB clusters %d (resident %d): "
                 "cuBLASLt %6.2f us, preload %6.2f us\n",
                 sh.name, t.rows, t.parts, t.blocks, t.threads, double(t.smem) / 1024, t.parts ? t.blocks / t.parts : 0,
@@ -107,6 +144,71 @@ int main(int argc, char** argv) {
   for (bool pre : {false, true}) {
     const double ms = graph_ms(st, reps, kLayers * kSteps, [&](int i) { layer(pre, i % kLayers); });
     j["chain"][pre ? "preload_us_per_layer" : "cublaslt_us_per_layer"] = ms * 1e3;
+  }
+  // Two layers of the chain recorded with every GEMM stamped, replayed twice: when each GEMM's
+  // blocks start, finish issuing W, pass the wait and have W and x, against the GEMM before.
+  {
+    std::vector<unsigned long long*> bufs;
+    std::vector<int> blocks;
+    for (int i = 0; i < 8; ++i) {
+      const Shape& sh = shapes[i % 4];
+      const int b = preload_gemm_tiles(m, sh.n, sh.k, sms * preload_gemm_waves(), preload_gemm_smem_limit(),
+                                       preload_gemm_max_parts()).blocks;
+      blocks.push_back(b);
+      bufs.push_back(static_cast<unsigned long long*>(dalloc(size_t(b) * kPreloadStamps * 8)));
+    }
+    int gi = 0;
+    auto stamped = [&](int s, int l, const void* in, void* o) {
+      preload_gemm_set_stamps(bufs[size_t(gi++)]);
+      SK(gemm(true, s, l, in, o));
+      preload_gemm_set_stamps(nullptr);
+    };
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    for (int l = 0; l < 2; ++l) {
+      stamped(0, l, hx, hq);
+      SK(cast_rows(st, hq, DType::BF16, q, ha, DType::BF16, att, m, att));
+      stamped(1, l, ha, ho);
+      SK(cast(st, ho, DType::F32, hx, DType::BF16, m * d));
+      stamped(2, l, hx, hg);
+      SK(gelu_tanh(st, hg, DType::BF16, hf, DType::BF16, m * f));
+      stamped(3, l, hf, hd);
+      SK(cast(st, hd, DType::F32, hx, DType::BF16, m * d));
+    }
+    CK(cudaStreamEndCapture(st, &g));
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    for (int r = 0; r < 2; ++r) CK(cudaGraphLaunch(ge, st));
+    CK(cudaStreamSynchronize(st));
+    unsigned long long t0 = ~0ull;
+    std::vector<std::vector<unsigned long long>> h(8);
+    for (int i = 0; i < 8; ++i) {
+      h[size_t(i)].resize(size_t(blocks[size_t(i)]) * kPreloadStamps);
+      CK(cudaMemcpy(h[size_t(i)].data(), bufs[size_t(i)], h[size_t(i)].size() * 8, cudaMemcpyDeviceToHost));
+      for (int b = 0; b < blocks[size_t(i)]; ++b) t0 = std::min(t0, h[size_t(i)][size_t(b) * kPreloadStamps]);
+    }
+    std::printf("chain timeline (us from the first GEMM's first block; medians over blocks, first start, last end):\n");
+    for (int i = 0; i < 8; ++i) {
+      auto at = [&](int k, bool mn, bool mx) {
+        std::vector<double> v;
+        for (int b = 0; b < blocks[size_t(i)]; ++b) v.push_back(double(h[size_t(i)][size_t(b) * kPreloadStamps + k] - t0) / 1e3);
+        if (mn) return *std::min_element(v.begin(), v.end());
+        if (mx) return *std::max_element(v.begin(), v.end());
+        return median(v);
+      };
+      nlohmann::json e = {{"gemm", shapes[i % 4].name}, {"layer", i / 4}, {"first_start", at(0, true, false)},
+                          {"w_issued", at(1, false, false)}, {"after_wait", at(2, false, false)},
+                          {"landed", at(3, false, false)}, {"mma_done", at(4, false, false)},
+                          {"last_end", at(7, false, true)}};
+      j["chain_timeline_us"].push_back(e);
+      std::printf("  %-8s L%d start %7.2f  W issued %7.2f  wait passed %7.2f  landed %7.2f  mma %7.2f  end %7.2f\n",
+                  shapes[i % 4].name, i / 4, e["first_start"].get<double>(), e["w_issued"].get<double>(),
+                  e["after_wait"].get<double>(), e["landed"].get<double>(), e["mma_done"].get<double>(),
+                  e["last_end"].get<double>());
+    }
+    CK(cudaGraphExecDestroy(ge));
+    CK(cudaGraphDestroy(g));
+    for (auto* b : bufs) CK(cudaFree(b));
   }
   // The small kernels alone (the chain's floor without any GEMM).
   const double small = graph_ms(st, reps, kLayers * kSteps, [&](int) {

@@ -35,7 +35,14 @@ struct Args {
   int accumulate;
   int pipe;   // W in this many groups of columns (1, 2, 4), the math following them
   int probe;  // timing only (VLAC_PRELOAD_PROBE): 1 no MMAs, 2 no x load, 4 no W load
+  unsigned long long* stamps;  // benches only: kStamps %globaltimer values a block, or null
 };
+
+// Where a block's time goes (preload_gemm_set_stamps): thread 0 stamps each point.
+#define VLAC_STAMP(i)                                                   \
+  do {                                                                  \
+    if (a.stamps && threadIdx.x == 0) a.stamps[size_t(blockIdx.x) * kPreloadStamps + (i)] = globaltimer(); \
+  } while (0)
 
 __device__ __forceinline__ void add4(float4& s, float4 t) { s.x += t.x, s.y += t.y, s.z += t.z, s.w += t.w; }
 __device__ __forceinline__ float4 load4(const float* p) { return *reinterpret_cast<const float4*>(p); }
@@ -59,6 +66,7 @@ __global__ void __launch_bounds__(kMaxThreads) preload_gemm_kernel(Args a) {
   const int tid = int(threadIdx.x), nthreads = int(blockDim.x);
   const int tile = int(blockIdx.x) / a.parts, part = int(blockIdx.x) % a.parts;
   const int n0 = tile * a.rows, k0 = part * a.kc;
+  VLAC_STAMP(0);
 
   // 1. The whole W tile, before anything else: it depends on no kernel. In `pipe` groups of
   //    columns (1, 2 or 4), so that the math can begin on the first while the rest arrive.
@@ -71,11 +79,13 @@ __global__ void __launch_bounds__(kMaxThreads) preload_gemm_kernel(Args a) {
     }
     cp_async_commit();
   }
+  VLAC_STAMP(1);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // 2. Let the next kernel launch (it waits for this one's completion itself), then wait for x.
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
+  VLAC_STAMP(2);
   // 3. x's rows of this K part; token rows past m are zero. With one W group by cp.async (its
   //    group is then waited for with W's); with more, by loads, so W's groups complete alone.
   for (int i = tid; i < a.ntr * cpr; i += nthreads) {
@@ -110,6 +120,7 @@ __global__ void __launch_bounds__(kMaxThreads) preload_gemm_kernel(Args a) {
       default: cp_async_wait<3>(); break;
     }
     __syncthreads();
+    if (gi == 0) VLAC_STAMP(3);
     const int lo = max(g * spg, gi * spw), hi = min((g + 1) * spg, (gi + 1) * spw);
 #pragma unroll 2
     for (int s = lo; s < hi; ++s) {
@@ -133,6 +144,7 @@ __global__ void __launch_bounds__(kMaxThreads) preload_gemm_kernel(Args a) {
   float* p = reinterpret_cast<float*>(smem_raw);
   const int pp = a.rows + 4;  // padded: the 4 tokens of a quad fall on other banks
   __syncthreads();
+  VLAC_STAMP(4);
   for (int gg = 0; gg < a.kg; ++gg) {
     if (g == gg) {
 #pragma unroll
@@ -156,6 +168,7 @@ __global__ void __launch_bounds__(kMaxThreads) preload_gemm_kernel(Args a) {
 
   // 6. The cluster's parts summed in rank order over distributed shared memory; each rank
   //    finishes a slice of the tile's outputs (+ bias, + y) and stores it.
+  VLAC_STAMP(5);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   cg::cluster_group cluster = cg::this_cluster();
   if (a.parts > 1) cluster.sync();
@@ -185,10 +198,13 @@ __global__ void __launch_bounds__(kMaxThreads) preload_gemm_kernel(Args a) {
     store4(dst, s);
   }
 #undef VLAC_PART
+  VLAC_STAMP(6);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (a.parts > 1) cluster.sync();  // no block leaves while another reads its partial
 #endif
+  VLAC_STAMP(7);
 }
+#undef VLAC_STAMP
 
 int token_rows(int64_t m) {
   const int nt = int((m + 7) / 8);
@@ -255,6 +271,9 @@ uint64_t preload_gemm_smem_limit() {
   }();
   return v;
 }
+
+static unsigned long long* g_stamps = nullptr;
+void preload_gemm_set_stamps(unsigned long long* stamps) { g_stamps = stamps; }
 
 // The tiles under the environment's settings.
 static PreloadTiles tiles_for(const PreloadGemm& g, int sms) {
@@ -355,6 +374,7 @@ Status preload_gemm(cudaStream_t stream, const PreloadGemm& g, int sms, const vo
   a.accumulate = g.accumulate ? 1 : 0;
   static const int probe = int(env_count("VLAC_PRELOAD_PROBE", 0));
   a.probe = probe;
+  a.stamps = g_stamps;
   static const int pipe = int(env_count("VLAC_PRELOAD_PIPE", 1));
   a.pipe = 1;
   for (int gs : {4, 2})  // the most groups asked for that divide the K steps

@@ -67,6 +67,13 @@ bool preload_gemm_fits(const PreloadGemm& g, int sms);
 /// (opt-in until measured). VLAC_PRELOAD_EARLY=0 keeps the capture's edges as they are.
 bool preload_gemm_enabled();
 
+/// Benches only (not thread-safe): while `stamps` is not null, every launch's blocks write
+/// kPreloadStamps %globaltimer values each to stamps[block · kPreloadStamps + i]: 0 start, 1 W
+/// issued, 2 after the wait for the previous kernel, 3 W and x in shared memory, 4 MMAs done,
+/// 5 the block's partial written, 6 outputs stored, 7 end (after the cluster's last barrier).
+constexpr int kPreloadStamps = 8;
+void preload_gemm_set_stamps(unsigned long long* stamps);
+
 /// Enqueues the GEMM. x [m, ldx], w [n, k] (rows packed), bias [n] or null, y [m, ldy]; device
 /// pointers 16-byte aligned.
 Status preload_gemm(cudaStream_t stream, const PreloadGemm& g, int sms, const void* x, const void* w,
