@@ -8,7 +8,11 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
+#include <functional>
+#include <map>
+#include <mutex>
 #include <string>
+#include <tuple>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/env.h"
@@ -229,7 +233,8 @@ void tile_warps(int rows, int64_t kc, int* mwarps, int* kg) {
 
 }  // namespace
 
-PreloadTiles preload_gemm_tiles(int64_t m, int64_t n, int64_t k, int sms, uint64_t smem_limit, int max_parts) {
+PreloadTiles preload_gemm_tiles(int64_t m, int64_t n, int64_t k, int sms, uint64_t smem_limit, int max_parts,
+                                const std::function<int(const PreloadTiles&)>& resident_clusters) {
   PreloadTiles best;
   uint64_t best_x = 0;
   if (m < 1 || m > 64 || n < 16 || k < 64 || sms < 1) return best;
@@ -247,7 +252,12 @@ PreloadTiles preload_gemm_tiles(int64_t m, int64_t n, int64_t k, int sms, uint64
       if (!better) continue;
       int mw = 0, kg = 0;
       tile_warps(rows, kc, &mw, &kg);
-      best = PreloadTiles{rows, parts, int(blocks), 32 * mw * kg, smem};
+      const PreloadTiles t{rows, parts, int(blocks), 32 * mw * kg, smem};
+      if (resident_clusters) {  // every cluster resident at once, or the weights load in waves
+        const int r = resident_clusters(t);
+        if (r >= 0 && blocks / parts > r) continue;
+      }
+      best = t;
       best_x = xbytes;
     }
   }
@@ -276,8 +286,45 @@ static unsigned long long* g_stamps = nullptr;
 void preload_gemm_set_stamps(unsigned long long* stamps) { g_stamps = stamps; }
 
 // The tiles under the environment's settings.
+// How many clusters of t can be resident at once on this GPU (-1: unknown).
+static int resident_clusters(DType out, const PreloadTiles& t) {
+  auto* kernel = out == DType::BF16 ? preload_gemm_kernel<uint16_t> : preload_gemm_kernel<float>;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 << 10) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return -1;
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(t.blocks));
+  cfg.blockDim = dim3(unsigned(t.threads));
+  cfg.dynamicSmemBytes = t.smem;
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeClusterDimension;
+  at[0].val.clusterDim.x = unsigned(t.parts), at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
+  cfg.attrs = at;
+  cfg.numAttrs = 1;
+  int n = 0;
+  if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return -1;
+  }
+  return n;
+}
+
+// The tiles under the environment's settings, checked on this GPU for one wave of clusters
+// (VLAC_PRELOAD_ONE_WAVE=0: not checked); cached per shape (a query per candidate costs µs).
 static PreloadTiles tiles_for(const PreloadGemm& g, int sms) {
-  return preload_gemm_tiles(g.m, g.n, g.k, sms * preload_gemm_waves(), preload_gemm_smem_limit(), preload_gemm_max_parts());
+  static std::mutex mu;
+  static std::map<std::tuple<int64_t, int64_t, int64_t, int, int>, PreloadTiles> cache;
+  static const bool one_wave = !env_off("VLAC_PRELOAD_ONE_WAVE");
+  const auto key = std::make_tuple(g.m, g.n, g.k, int(g.out), sms);
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
+  std::function<int(const PreloadTiles&)> resident;
+  if (one_wave) resident = [&g](const PreloadTiles& t) { return resident_clusters(g.out, t); };
+  const PreloadTiles t = preload_gemm_tiles(g.m, g.n, g.k, sms * preload_gemm_waves(), preload_gemm_smem_limit(),
+                                            preload_gemm_max_parts(), resident);
+  cache.emplace(key, t);
+  return t;
 }
 
 static bool sm90() {
@@ -405,26 +452,11 @@ Status preload_gemm(cudaStream_t stream, const PreloadGemm& g, int sms, const vo
   return launch_status(name.c_str());
 }
 
+PreloadTiles preload_gemm_plan(const PreloadGemm& g, int sms) { return tiles_for(g, sms); }
+
 int preload_gemm_active_clusters(const PreloadGemm& g, int sms) {
   const PreloadTiles t = tiles_for(g, sms);
-  if (t.rows == 0) return 0;
-  auto* kernel = g.out == DType::BF16 ? preload_gemm_kernel<uint16_t> : preload_gemm_kernel<float>;
-  (void)cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 << 10);
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned(t.blocks));
-  cfg.blockDim = dim3(unsigned(t.threads));
-  cfg.dynamicSmemBytes = t.smem;
-  cudaLaunchAttribute at[1];
-  at[0].id = cudaLaunchAttributeClusterDimension;
-  at[0].val.clusterDim.x = unsigned(t.parts), at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
-  cfg.attrs = at;
-  cfg.numAttrs = 1;
-  int n = 0;
-  if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return -1;
-  }
-  return n;
+  return t.rows == 0 ? 0 : resident_clusters(g.out, t);
 }
 
 }  // namespace vlac::cuda

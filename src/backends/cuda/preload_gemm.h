@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include <cuda_runtime_api.h>
 
@@ -47,7 +48,12 @@ struct PreloadTiles {
 /// The tiles for (m, n, k) on `sms` multiprocessors with at most `smem_limit` bytes of shared
 /// memory a block: the most blocks up to one a multiprocessor, then the fewest bytes of x read
 /// from L2 (blocks · m · Kc), then the fewest parts. rows == 0 when nothing fits.
-PreloadTiles preload_gemm_tiles(int64_t m, int64_t n, int64_t k, int sms, uint64_t smem_limit, int max_parts = 8);
+/// `resident_clusters`, where given, tells how many clusters of a candidate the GPU holds at once
+/// (< 0: unknown); candidates with more clusters than that are passed over, since their weights
+/// would load in two waves (the GPU's clusters live within one GPC: 8 blocks of 128 KiB need 8
+/// free multiprocessors of one GPC, and GPCs differ in size from chip to chip).
+PreloadTiles preload_gemm_tiles(int64_t m, int64_t n, int64_t k, int sms, uint64_t smem_limit, int max_parts = 8,
+                                const std::function<int(const PreloadTiles&)>& resident_clusters = {});
 /// The shared-memory limit the executor plans with: VLAC_PRELOAD_SMEM_KIB, 160 KiB by default
 /// (two of the expert's GEMMs then fit one multiprocessor together where the pair allows it).
 uint64_t preload_gemm_smem_limit();
@@ -57,9 +63,12 @@ int preload_gemm_waves();
 /// The most blocks a cluster (parts) the executor plans with: VLAC_PRELOAD_MAX_PARTS, 8 by default.
 int preload_gemm_max_parts();
 /// How many of g's clusters can be resident at once on this GPU (cudaOccupancyMaxActiveClusters;
-/// -1 where the query fails): all of them must be for the weights to load in one wave.
+/// -1 where the query fails): all of them must be for the weights to load in one wave, which the
+/// executor's tiles are checked for (VLAC_PRELOAD_ONE_WAVE=0: not checked).
 int preload_gemm_active_clusters(const PreloadGemm& g, int sms);
 
+/// The tiles `preload_gemm` launches g with on this GPU (rows 0: it refuses g).
+PreloadTiles preload_gemm_plan(const PreloadGemm& g, int sms);
 /// Whether the kernel takes `g` on this GPU (sm_90 or later: clusters and griddepcontrol): bf16
 /// x and W, 1 ≤ m ≤ 64, tiles found, strides multiples of 8 elements.
 bool preload_gemm_fits(const PreloadGemm& g, int sms);
