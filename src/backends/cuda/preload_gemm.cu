@@ -16,6 +16,7 @@
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/env.h"
+#include "backends/cuda/kernels.h"
 #include "backends/cuda/mma.cuh"
 #include "backends/cuda/persistent.cuh"
 
@@ -328,14 +329,7 @@ static PreloadTiles tiles_for(const PreloadGemm& g, int sms) {
 }
 
 static bool sm90() {
-  static const bool v = [] {
-    int dev = 0, major = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return false;
-    }
-    return major >= 9;
-  }();
+  static const bool v = device_compute_capability() >= 90;
   return v;
 }
 
