@@ -685,8 +685,9 @@ static bool runs_small_f32(const GemmDesc& d) {
 }
 
 // bf16 with few rows (the expert's GEMMs), opt-in with VLAC_PRELOAD_GEMM=1: preload_gemm.h's
-// kernel, which reads its weights before it waits for x. No plan and no timing: alone it streams W
-// no faster than cuBLASLt; what it wins is inside a recorded chain.
+// kernel, which reads its weights before it waits for x. No plan and no timing: what it is for
+// (weights streaming while earlier kernels run) shows only inside a recorded chain, not alone.
+// Measured slower in whole chunks so far (session 29).
 static bool runs_preload(const GemmDesc& d, PreloadGemm* g) {
   if (!preload_gemm_enabled() || d.in != DType::BF16 || d.tf32 || d.k_parts > 1 ||
       (d.epilogue != Epilogue::None && d.epilogue != Epilogue::Bias))

@@ -337,8 +337,7 @@ bool preload_gemm_fits(const PreloadGemm& g, int sms) {
   const int64_t ldx = g.ldx ? g.ldx : g.k, ldy = g.ldy ? g.ldy : g.n;
   if ((g.out != DType::BF16 && g.out != DType::F32) || ldx < g.k || ldy < g.n || ldx % 8 != 0 || ldy % 8 != 0)
     return false;
-  if (tiles_for(g, sms).rows == 0) return false;
-  return sm90();
+  return sm90() && tiles_for(g, sms).rows > 0;  // (the tiles query this GPU: sm_90 first)
 }
 
 bool preload_gemm_enabled() {
