@@ -228,7 +228,7 @@ int main(int argc, char** argv) {
               j["chain"]["cublaslt_us_per_layer"].get<double>(), j["chain"]["preload_us_per_layer"].get<double>(),
               small * 1e3);
   for (const char* e : {"VLAC_PRELOAD_EARLY", "VLAC_PRELOAD_MAX_PARTS", "VLAC_PRELOAD_SMEM_KIB", "VLAC_PRELOAD_PROBE",
-                        "VLAC_PRELOAD_PIPE", "VLAC_PRELOAD_WAVES", "VLAC_PRELOAD_ONE_WAVE"})
+                        "VLAC_PRELOAD_PIPE", "VLAC_PRELOAD_WAVES", "VLAC_PRELOAD_ONE_WAVE", "VLAC_PRELOAD_TMA"})
     if (const char* v = std::getenv(e)) j["env"][e] = v;
   emit_json(j.dump(2), out);
   return 0;

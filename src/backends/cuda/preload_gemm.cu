@@ -6,6 +6,7 @@
 #include "backends/cuda/preload_gemm.h"
 
 #include <cooperative_groups.h>
+#include <cuda.h>  // CUtensorMap (types only: the encoder comes from the runtime's driver entry point)
 
 #include <algorithm>
 #include <functional>
@@ -39,6 +40,8 @@ struct Args {
   int nt, ntr;          // token tiles of 8 with an MMA; token rows in shared memory (zero past m)
   int accumulate;
   int pipe;   // W in this many groups of columns (1, 2, 4), the math following them
+  int bar_off;  // bytes: where the TMA barrier sits in shared memory
+  int tma;    // W by TMA boxes onto an mbarrier (layout [kc / 64][rows][64]) instead of cp.async
   int probe;  // timing only (VLAC_PRELOAD_PROBE): 1 no MMAs, 2 no x load, 4 no W load
   unsigned long long* stamps;  // benches only: kStamps %globaltimer values a block, or null
 };
@@ -62,9 +65,27 @@ __device__ __forceinline__ void store4(uint16_t* p, float4 v) {
                                             uint32_t(f2bf(v.z)) | (uint32_t(f2bf(v.w)) << 16));
 }
 
+// One 2-D TMA box of W (64 columns × the tile's rows, 128-byte swizzle) into shared memory,
+// completing on `bar`.
+__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, int col, int row,
+                                            unsigned long long* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+          smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row), "r"(smem_u32(bar))
+      : "memory");
+#else
+  (void)dst, (void)map, (void)col, (void)row, (void)bar;
+#endif
+}
+
 template <typename To>
-__global__ void __launch_bounds__(kMaxThreads) preload_gemm_kernel(Args a) {
-  extern __shared__ uint4 smem_raw[];
+__global__ void __launch_bounds__(kMaxThreads) preload_gemm_kernel(Args a, const __grid_constant__ CUtensorMap wmap) {
+  // 1024-byte aligned: TMA's 128-byte swizzle follows address bits 7-9, which the XOR below assumes.
+  extern __shared__ __align__(1024) uint4 smem_raw[];
+  // The TMA boxes' barrier, past the tile (the launch adds 16 bytes when a.tma).
+  unsigned long long* wbar = reinterpret_cast<unsigned long long*>(reinterpret_cast<char*>(smem_raw) + a.bar_off);
   uint16_t* ws = reinterpret_cast<uint16_t*>(smem_raw);
   const int pitch = a.kc;
   uint16_t* xs = ws + size_t(a.rows) * pitch;
@@ -76,9 +97,18 @@ __global__ void __launch_bounds__(kMaxThreads) preload_gemm_kernel(Args a) {
   // 1. The whole W tile, before anything else: it depends on no kernel. In `pipe` groups of
   //    columns (1, 2 or 4), so that the math can begin on the first while the rest arrive.
   const int cpr = a.kc / 8;  // 16-byte chunks a row
-  const int groups = a.pipe, cprg = cpr / groups;
-  for (int gi = 0; gi < groups; ++gi) {
-    for (int i = tid; i < ((a.probe & 4) ? 0 : a.rows * cprg); i += nthreads) {
+  const int groups = a.tma ? 1 : a.pipe, cprg = cpr / groups;
+  const bool load_w = !(a.probe & 4);
+  if (a.tma) {  // one thread: Kc / 64 boxes of rows × 64 onto one barrier
+    if (tid == 0 && load_w) {
+      mbar_init(wbar, 1);
+      mbar_init_fence();
+      mbar_expect_tx(wbar, unsigned(a.rows) * unsigned(a.kc) * 2u);
+      for (int sg = 0; sg < a.kc / 64; ++sg) tma_load_2d(ws + size_t(sg) * a.rows * 64, &wmap, k0 + sg * 64, n0, wbar);
+    }
+  }
+  for (int gi = 0; gi < (a.tma ? 0 : groups); ++gi) {
+    for (int i = tid; i < (load_w ? a.rows * cprg : 0); i += nthreads) {
       const int r = i / cprg, c = gi * cprg + (i - r * cprg);
       cp_async16(ws + size_t(r) * pitch + ((c ^ (r & 7)) * 8), a.w + size_t(n0 + r) * a.k + k0 + c * 8);
     }
@@ -113,7 +143,8 @@ __global__ void __launch_bounds__(kMaxThreads) preload_gemm_kernel(Args a) {
   // A lane's row address: its row's 16-byte chunk 2s + ha (A) or 2s + hb (B), swizzled by the
   // row's low three bits, which are lane % 8 for both.
   const int l7 = lane & 7, ha = lane >> 4, hb = (lane >> 3) & 1;
-  const uint16_t* wa = ws + size_t(mw * 16 + l7 + hb * 8) * pitch;
+  const int wrow = mw * 16 + l7 + hb * 8;
+  const uint16_t* wa = ws + size_t(wrow) * (a.tma ? 64 : pitch);
   const uint16_t* xb = xs + size_t(ha * 8 + l7) * pitch;
   float acc[8][4] = {};
   const int nt = (a.probe & 1) ? 0 : a.nt;
@@ -125,11 +156,14 @@ __global__ void __launch_bounds__(kMaxThreads) preload_gemm_kernel(Args a) {
       default: cp_async_wait<3>(); break;
     }
     __syncthreads();
+    if (a.tma && load_w && gi == 0) mbar_wait(wbar, 0);  // (x's barrier above ordered the init)
     if (gi == 0) VLAC_STAMP(3);
     const int lo = max(g * spg, gi * spw), hi = min((g + 1) * spg, (gi + 1) * spw);
 #pragma unroll 2
     for (int s = lo; s < hi; ++s) {
-      const int ca = ((2 * s + ha) ^ l7) * 8, cb = ((2 * s + hb) ^ l7) * 8;
+      // W's chunk: in the row (cp.async), or in the row of 64-column segment s / 4 (TMA).
+      const int ca = a.tma ? (s >> 2) * a.rows * 64 + ((((s & 3) * 2 + ha) ^ l7) * 8) : ((2 * s + ha) ^ l7) * 8;
+      const int cb = ((2 * s + hb) ^ l7) * 8;
       uint32_t a0, a1, a2, a3;
       ldsm_x4(wa + ca, a0, a1, a2, a3);
 #pragma unroll
@@ -283,6 +317,47 @@ uint64_t preload_gemm_smem_limit() {
   return v;
 }
 
+// W [n, k] as a TMA tensor map of boxes 64 columns × `rows` with the 128-byte swizzle (the
+// kernel's TMA layout), made once per weight and tile height. The encoder is the driver's,
+// reached through the runtime (vlac links no libcuda).
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+static Status weight_map(const void* w, int64_t n, int64_t k, int rows, CUtensorMap* out) {
+  static const EncodeTiled encode = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      return EncodeTiled(nullptr);
+    }
+    return reinterpret_cast<EncodeTiled>(f);
+  }();
+  if (!encode) return Status(StatusCode::Backend, "preload_gemm: the driver has no cuTensorMapEncodeTiled");
+  static std::mutex mu;
+  static std::map<std::tuple<const void*, int64_t, int64_t, int>, CUtensorMap> maps;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_tuple(w, n, k, rows);
+  if (auto it = maps.find(key); it != maps.end()) {
+    *out = it->second;
+    return Status::ok();
+  }
+  const cuuint64_t dims[2] = {cuuint64_t(k), cuuint64_t(n)};
+  const cuuint64_t strides[1] = {cuuint64_t(k) * 2};
+  const cuuint32_t box[2] = {64, cuuint32_t(rows)};
+  const cuuint32_t estrides[2] = {1, 1};
+  CUtensorMap m{};
+  const CUresult r = encode(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(w), dims, strides, box, estrides,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    return Status(StatusCode::Backend, "preload_gemm: cuTensorMapEncodeTiled failed (" + std::to_string(int(r)) + ")");
+  maps.emplace(key, m);
+  *out = m;
+  return Status::ok();
+}
+
 static unsigned long long* g_stamps = nullptr;
 void preload_gemm_set_stamps(unsigned long long* stamps) { g_stamps = stamps; }
 
@@ -423,11 +498,18 @@ Status preload_gemm(cudaStream_t stream, const PreloadGemm& g, int sms, const vo
       break;
     }
 
+  CUtensorMap wmap{};
+  static const bool tma_env = env_on("VLAC_PRELOAD_TMA");
+  a.tma = (g.tma < 0 ? tma_env : g.tma > 0) ? 1 : 0;
+  if (a.tma) VLAC_RETURN_IF_ERROR(weight_map(w, g.n, g.k, t.rows, &wmap));
+  if (a.tma) a.pipe = 1;
+  a.bar_off = int(t.smem);
+
   const bool early = set_early_edge(stream);
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(unsigned(t.blocks));
   cfg.blockDim = dim3(unsigned(t.threads));
-  cfg.dynamicSmemBytes = t.smem;
+  cfg.dynamicSmemBytes = t.smem + (a.tma ? 16 : 0);
   cfg.stream = stream;
   cudaLaunchAttribute at[2];
   unsigned na = 0;
@@ -441,7 +523,7 @@ Status preload_gemm(cudaStream_t stream, const PreloadGemm& g, int sms, const vo
   }
   cfg.attrs = at;
   cfg.numAttrs = na;
-  (void)cudaLaunchKernelEx(&cfg, kernel, a);
+  (void)cudaLaunchKernelEx(&cfg, kernel, a, wmap);
   return launch_status(name.c_str());
 }
 

@@ -36,6 +36,9 @@ struct PreloadGemm {
   bool bias = false;
   bool accumulate = false;  // y = y + x·Wᵀ (+ bias)
   int64_t ldx = 0, ldy = 0;  // row strides in elements (0: k, n)
+  /// W by TMA (one thread issues the tile's 64-column boxes onto an mbarrier) instead of cp.async
+  /// from every thread: 1 on, 0 off, -1 as VLAC_PRELOAD_TMA=1 says (opt-in, not yet measured).
+  int tma = -1;
 };
 
 /// One block's share: `rows` of W (Nt) over K / `parts` columns; parts blocks form a cluster.
