@@ -2,7 +2,7 @@
 # On the GPU machine: the preload GEMM (src/backends/cuda/preload_gemm.h) against cuBLASLt with
 # bench/preload_gemm_bench, once per setting (each NAME or NAME:VAR=VALUE[,VAR=VALUE...]), one
 # JSON each under $OUT/preload_NAME.json and a line per shape. DIR holds the bundle of
-# tools/make_cuda_bench_bundle.sh. Example (session 29):
+# tools/make_cuda_bench_bundle.sh. TEST=1 runs the kernel's tests first. Example (session 29):
 #   bash tools/device_preload_bench.sh .devcarry base p4:VLAC_PRELOAD_MAX_PARTS=4 nomath:VLAC_PRELOAD_PROBE=1
 set -uo pipefail
 d="${1:?usage: device_preload_bench.sh DIR [NAME[:VAR=VALUE,...]]...}"
@@ -12,6 +12,11 @@ mkdir -p /tmp/vb "$out"
 [ -x /tmp/vb/bin/preload_gemm_bench ] || tar xJf "$d/bundle.tar.xz" -C /tmp/vb
 lt="$(find /usr/local /opt /usr/lib -name 'libcublasLt.so.13' 2>/dev/null | head -1)"
 export LD_LIBRARY_PATH="/tmp/vb/lib:${lt:+$(dirname "$lt"):}/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+# TEST=1: the kernel's tests first (test_cuda --gtest_filter='*Preload*'), their log under $OUT.
+if [ "${TEST:-0}" = 1 ]; then
+  timeout 120 /tmp/vb/bin/test_cuda --gtest_filter='*Preload*' > "$out/test_preload.log" 2>&1
+  echo "test_cuda *Preload* rc=$?"; grep -E '^\[  (FAILED|PASSED) |Failure|Expected|actual|left to cuBLASLt' "$out/test_preload.log" | head -20
+fi
 for spec in "$@"; do
   name="${spec%%:*}"; envs=(); [[ "$spec" == *:* ]] && IFS=',' read -r -a envs <<< "${spec#*:}"
   echo "== $name ${envs[*]}"
