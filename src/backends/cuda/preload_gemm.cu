@@ -463,11 +463,12 @@ static bool set_early_edge(cudaStream_t stream) {
 
 Status preload_gemm(cudaStream_t stream, const PreloadGemm& g, int sms, const void* x, const void* w,
                     const void* bias, void* y) {
-  const std::string name = "preload_gemm " + std::to_string(g.m) + "x" + std::to_string(g.k) + "x" + std::to_string(g.n);
-  if (!preload_gemm_fits(g, sms)) return unsupported(name + ": shape, strides or GPU not supported");
-  if (g.bias != (bias != nullptr)) return invalid_argument(name + ": a bias is given iff g.bias");
+  // The name only where an error needs it: this runs once per GEMM launch.
+  auto name = [&] { return "preload_gemm " + std::to_string(g.m) + "x" + std::to_string(g.k) + "x" + std::to_string(g.n); };
+  if (!preload_gemm_fits(g, sms)) return unsupported(name() + ": shape, strides or GPU not supported");
+  if (g.bias != (bias != nullptr)) return invalid_argument(name() + ": a bias is given iff g.bias");
   for (const void* ptr : {x, w, static_cast<const void*>(y), bias})
-    if ((reinterpret_cast<uintptr_t>(ptr) & 15u) != 0) return invalid_argument(name + ": pointers must be 16-byte aligned");
+    if ((reinterpret_cast<uintptr_t>(ptr) & 15u) != 0) return invalid_argument(name() + ": pointers must be 16-byte aligned");
   const PreloadTiles t = tiles_for(g, sms);
   const bool bf = g.out == DType::BF16;
   auto* kernel = bf ? preload_gemm_kernel<uint16_t> : preload_gemm_kernel<float>;  // both void(Args)
@@ -478,7 +479,7 @@ Status preload_gemm(cudaStream_t stream, const PreloadGemm& g, int sms, const vo
     (void)cudaGetLastError();
     return e;
   }();
-  if (attr != cudaSuccess) return Status(StatusCode::Backend, name + ": " + cudaGetErrorString(attr));
+  if (attr != cudaSuccess) return Status(StatusCode::Backend, name() + ": " + cudaGetErrorString(attr));
   Args a{};
   a.x = static_cast<const uint16_t*>(x), a.w = static_cast<const uint16_t*>(w), a.bias = bias, a.y = y;
   a.m = int(g.m), a.n = int(g.n), a.k = int(g.k);
@@ -524,7 +525,7 @@ Status preload_gemm(cudaStream_t stream, const PreloadGemm& g, int sms, const vo
   cfg.attrs = at;
   cfg.numAttrs = na;
   (void)cudaLaunchKernelEx(&cfg, kernel, a, wmap);
-  return launch_status(name.c_str());
+  return launch_status("preload_gemm");
 }
 
 PreloadTiles preload_gemm_plan(const PreloadGemm& g, int sms) { return tiles_for(g, sms); }
