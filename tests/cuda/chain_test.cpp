@@ -628,6 +628,42 @@ TEST_F(CudaChain, TimingSkipLeavesOnlyTheNamedNodesUnlaunched) {
   EXPECT_GT(moved, 0u) << "the expert's attentions still ran";
 }
 
+// VLAC_KV_PERSIST_MIB (executor.h, plan_kv_window): the expert attentions launch with an L2
+// window over the kept prefix K/V. A cache policy cannot change a result: eager, warm-up,
+// recorded and replayed chunks give the same bits with and without it, and the window is there.
+TEST_F(CudaChain, KvPersistWindowKeepsTheActions) {
+  TinyBf16Package t;
+  ASSERT_NO_FATAL_FAILURE(make_tiny_bf16_package(&t, 0));
+  int dev = 0, max_persist = 0;
+  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&max_persist, cudaDevAttrMaxPersistingL2CacheSize, dev), cudaSuccess);
+  std::vector<float> actions[2];
+  uint64_t windows[2] = {0, 0};
+  for (int on = 0; on < 2; ++on) {
+    if (on) setenv("VLAC_KV_PERSIST_MIB", "8", 1);
+    Pi05PackageOptions po;
+    po.backend = "cuda";
+    auto pkg = Pi05PackagePolicy::open(t.path, po);
+    ASSERT_TRUE(pkg.is_ok()) << pkg.status().message();
+    const uint64_t before = cuda::l2_window_launches();
+    for (int i = 0; i < 4; ++i) {  // eager, warm-up, recorded, replayed
+      std::vector<float> c(t.noise.size());
+      const Status st = pkg->run_chunk(*t.obs, t.noise.data(), c.data());
+      ASSERT_TRUE(st.is_ok()) << "window " << on << ", chunk " << i << ": " << st.message();
+      if (i == 0) actions[on] = c;
+      else EXPECT_EQ(max_abs_diff(c, actions[on]), 0.0) << "window " << on << ", chunk " << i;
+    }
+    windows[on] = cuda::l2_window_launches() - before;
+    unsetenv("VLAC_KV_PERSIST_MIB");
+  }
+  EXPECT_EQ(max_abs_diff(actions[1], actions[0]), 0.0);
+  EXPECT_EQ(windows[0], 0u);
+  if (max_persist > 0) EXPECT_GT(windows[1], 0u) << "no attention launched with the window";
+  else std::printf("[ cuda     ] this GPU has no persisting L2: the window is not set\n");
+  (void)cudaCtxResetPersistingL2Cache();
+  (void)cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, 0);
+}
+
 // The expert's MLP in one launch (VLAC_EXPERT_MLP=1, expert_mlp.h) inside whole package runs: a
 // random demo-sized policy whose expert is 512 wide with an MLP of 1024 (the kernel's smallest
 // shape), compiled bf16-all for CUDA. With it, eager, warm-up, recorded and replayed chunks give

@@ -12,6 +12,7 @@
 
 #include "core/dtype.h"
 #include "core/status.h"
+#include "backends/cuda/kernels.h"
 
 namespace vlac::cuda {
 
@@ -52,13 +53,23 @@ inline void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cud
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attr[2];
+  unsigned na = 0;
   if (pdl_enabled()) {
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    attr[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[na++].val.programmaticStreamSerializationAllowed = 1;
   }
+  if (const L2Window& w = current_l2_window(); w.bytes) {
+    attr[na].id = cudaLaunchAttributeAccessPolicyWindow;
+    attr[na].val.accessPolicyWindow.base_ptr = const_cast<void*>(w.base);
+    attr[na].val.accessPolicyWindow.num_bytes = w.bytes;
+    attr[na].val.accessPolicyWindow.hitRatio = w.hit_ratio;
+    attr[na].val.accessPolicyWindow.hitProp = cudaAccessPropertyPersisting;
+    attr[na++].val.accessPolicyWindow.missProp = cudaAccessPropertyStreaming;
+    note_l2_window_launch();
+  }
+  cfg.attrs = na ? attr : nullptr;
+  cfg.numAttrs = na;
   (void)cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...);  // an error stays for launch_status
 }
 

@@ -631,14 +631,23 @@ Status CudaExecutable::plan(const CudaWeights& weights) {
   VLAC_RETURN_IF_ERROR(plan_rope_attention());
   plan_timing_skip();
   plan_prefetches();
-  for (NodeId id : order_) {
-    const Node& n = g.node(id);
-    if (!plans_[size_t(id)].stable_pieces) continue;
-    const ValueId o = n.outputs[0];
-    const uint64_t bytes = uint64_t(g.info(o).numel()) * (bf16_stored(o) ? 2 : dtype_size(g.info(o).dtype));
-    VLAC_ASSIGN_OR_RETURN(void* b, device_alloc(bytes, where(n) + ": its output kept between runs"));
-    own_blocks_.push_back(b);
-    ptr_[size_t(o)] = b;
+  // The Concats kept between runs (pi0.5's prefix keys and values, each with the step's own rows
+  // after them) share one block, so one L2 window covers them all (plan_kv_window).
+  {
+    std::vector<std::pair<ValueId, uint64_t>> kept;  // (output, offset in the block)
+    uint64_t total = 0;
+    for (NodeId id : order_) {
+      if (!plans_[size_t(id)].stable_pieces) continue;
+      const ValueId o = g.node(id).outputs[0];
+      kept.push_back({o, total});
+      total += exec::align_up(uint64_t(g.info(o).numel()) * (bf16_stored(o) ? 2 : dtype_size(g.info(o).dtype)), 256);
+    }
+    if (total) {
+      VLAC_ASSIGN_OR_RETURN(void* b, device_alloc(total, "engine '" + label + "': the Concat outputs kept between runs"));
+      own_blocks_.push_back(b);
+      for (const auto& [o, off] : kept) ptr_[size_t(o)] = static_cast<uint8_t*>(b) + off;
+      plan_kv_window(b, total);
+    }
   }
   for (const auto& [v, elem] : inplace_views)
     view_off_[size_t(v)] = uint64_t(elem) * (bf16_stored(v) ? 2 : dtype_size(g.info(v).dtype));
@@ -1555,6 +1564,33 @@ void CudaExecutable::keep_fused_k_parts() {
     if (n.op != OpKind::Linear || plans_[size_t(id)].gemm.k_parts < 2) continue;
     if (!summed[size_t(root_[size_t(n.outputs[0])])]) plans_[size_t(id)].gemm.k_parts = 0;
   }
+}
+
+void CudaExecutable::plan_kv_window(void* base, uint64_t bytes) {
+  kv_window_ = {};
+  const int64_t mib = env_count("VLAC_KV_PERSIST_MIB", 0);  // read per executable: tests take both ways
+  if (mib <= 0) return;
+  int dev = 0, max_persist = 0, max_window = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&max_persist, cudaDevAttrMaxPersistingL2CacheSize, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&max_window, cudaDevAttrMaxAccessPolicyWindowSize, dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return;
+  }
+  const uint64_t limit = std::min<uint64_t>(uint64_t(mib) << 20, uint64_t(std::max(max_persist, 0)));
+  if (limit == 0 || max_window <= 0 || cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, limit) != cudaSuccess) {
+    (void)cudaGetLastError();
+    std::fprintf(stderr, "vlac cuda: engine '%s': VLAC_KV_PERSIST_MIB: no persisting L2 on this GPU (max %d bytes)\n",
+                 options_.label.c_str(), max_persist);
+    return;
+  }
+  kv_window_.base = base;
+  kv_window_.bytes = size_t(std::min<uint64_t>(bytes, uint64_t(max_window)));
+  // The set-aside is shared by every engine's window; a window larger than it persists a part.
+  kv_window_.hit_ratio = float(std::min(1.0, double(limit) / double(kv_window_.bytes)));
+  std::fprintf(stderr, "vlac cuda: engine '%s': L2 window over %.2f MiB kept between runs, set-aside %.2f MiB, hit ratio %.2f\n",
+               options_.label.c_str(), double(kv_window_.bytes) / 1048576.0, double(limit) / 1048576.0,
+               double(kv_window_.hit_ratio));
 }
 
 MemoryPlan CudaExecutable::memory() const {
@@ -2474,6 +2510,13 @@ Status CudaExecutable::run_node(NodeId id) {
       }
       const float sc = float(n.attrs.get_float("scale", 1.0 / std::sqrt(double(sh.dh))));
       void* split = p.split_bytes ? scratch_at(p.split_off) : nullptr;
+      // plan_kv_window: this engine's attentions read their kept K/V through a persisting window.
+      struct WindowScope {
+        L2Window was;
+        bool set;
+        WindowScope(const L2Window& w) : set(w.bytes != 0) { if (set) was = set_l2_window(w); }
+        ~WindowScope() { if (set) set_l2_window(was); }
+      } window_scope(kv_window_);
       if (p.bf16) {
         // lerobot's bf16 attention: q, k, v rounded to bf16, fp32 scores and softmax, the
         // probabilities rounded to bf16 before P·V, fp32 out (the CPU's DnnlAttention).

@@ -105,6 +105,12 @@ class CudaExecutable final : public Executable {
   void rope_attention_lifetimes(std::vector<int64_t>& at) const;
   float* rope_table_ = nullptr;  // rope_sincos of the folded attentions' positions (own_blocks_)
   int64_t rope_folds_ = 0;
+  /// VLAC_KV_PERSIST_MIB=N (a measurement, off by default): the attentions of an engine with
+  /// Concats kept between runs (the expert's prefix K/V) launch with an L2 window over their
+  /// block, lines read marked persisting, in an L2 set-aside of N MiB (capped by the device), so
+  /// the 0.6 GB of weights a step streams do not evict them between steps. kv_window_.bytes 0: off.
+  void plan_kv_window(void* base, uint64_t bytes);
+  L2Window kv_window_;
   /// L2 prefetches of the small-M GEMMs' weights ahead of them (l2_prefetch.h), by run position.
   void plan_prefetches();
   std::vector<PrefetchLaunch> prefetches_;  // sorted by `before`

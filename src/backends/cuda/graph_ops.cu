@@ -1,6 +1,7 @@
 // The few IR ops the pi0.5 graphs use that the kernel layer did not have: broadcast add/sub/mul,
 // scale, SiLU and the sin-cos time embedding. fp32, grid-stride loops, the CPU kernels' formulas
 // (backends/cpu/elementwise.cpp) so the op-by-op harness compares them tightly.
+#include <atomic>
 #include <cstdlib>
 #include <string>
 
@@ -22,6 +23,19 @@ bool pdl_enabled() {
   }();
   return on;
 }
+
+namespace {
+thread_local L2Window tl_l2_window;
+std::atomic<uint64_t> l2_window_launch_count{0};
+}  // namespace
+const L2Window& current_l2_window() { return tl_l2_window; }
+L2Window set_l2_window(const L2Window& w) {
+  const L2Window was = tl_l2_window;
+  tl_l2_window = w;
+  return was;
+}
+uint64_t l2_window_launches() { return l2_window_launch_count.load(std::memory_order_relaxed); }
+void note_l2_window_launch() { l2_window_launch_count.fetch_add(1, std::memory_order_relaxed); }
 
 namespace {
 

@@ -23,6 +23,22 @@
 
 namespace vlac::cuda {
 
+// An L2 access-policy window that the launches made while it is set carry (a launch attribute,
+// so recorded graphs keep it): what they read inside it is kept in L2's persisting part, which
+// the streaming of other data does not evict. The executor sets it around the expert attention
+// (VLAC_KV_PERSIST_MIB, executor.cpp): the prefix keys and values every step reads again.
+struct L2Window {
+  const void* base = nullptr;
+  size_t bytes = 0;  // 0: no window
+  float hit_ratio = 1.0f;
+};
+const L2Window& current_l2_window();
+/// Sets the window for this thread's launches; returns the one it replaces.
+L2Window set_l2_window(const L2Window& w);
+/// Launches that carried a window so far (tests, the breakdown).
+uint64_t l2_window_launches();
+void note_l2_window_launch();
+
 /// lerobot/openpi's additive mask value (the CPU backend's kMaskValue).
 constexpr float kMaskValue = -2.3819763e38f;
 
