@@ -35,7 +35,7 @@ struct L2Window {
 const L2Window& current_l2_window();
 /// Sets the window for this thread's launches; returns the one it replaces.
 L2Window set_l2_window(const L2Window& w);
-/// Launches that carried a window so far (tests, the breakdown).
+/// Launches that carried a window so far (for tests).
 uint64_t l2_window_launches();
 void note_l2_window_launch();
 
