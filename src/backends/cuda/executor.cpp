@@ -2511,12 +2511,7 @@ Status CudaExecutable::run_node(NodeId id) {
       const float sc = float(n.attrs.get_float("scale", 1.0 / std::sqrt(double(sh.dh))));
       void* split = p.split_bytes ? scratch_at(p.split_off) : nullptr;
       // plan_kv_window: this engine's attentions read their kept K/V through a persisting window.
-      struct WindowScope {
-        L2Window was;
-        bool set;
-        WindowScope(const L2Window& w) : set(w.bytes != 0) { if (set) was = set_l2_window(w); }
-        ~WindowScope() { if (set) set_l2_window(was); }
-      } window_scope(kv_window_);
+      const ScopedL2Window window_scope(kv_window_);
       if (p.bf16) {
         // lerobot's bf16 attention: q, k, v rounded to bf16, fp32 scores and softmax, the
         // probabilities rounded to bf16 before P·V, fp32 out (the CPU's DnnlAttention).

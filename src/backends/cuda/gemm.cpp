@@ -688,16 +688,12 @@ static bool runs_small_f32(const GemmDesc& d) {
 // kernel, which reads its weights before it waits for x. No plan and no timing: what it is for
 // (weights streaming while earlier kernels run) shows only inside a recorded chain, not alone.
 // Measured slower in whole chunks so far (session 29).
-static int preload_sms() {
-  static const int sms = device_sm_count();
-  return sms;
-}
-static bool runs_preload(const GemmDesc& d, PreloadGemm* g) {
+static bool runs_preload(const GemmDesc& d, int sms, PreloadGemm* g) {
   if (!preload_gemm_enabled() || d.in != DType::BF16 || d.tf32 || d.k_parts > 1 ||
       (d.epilogue != Epilogue::None && d.epilogue != Epilogue::Bias))
     return false;
   *g = PreloadGemm{d.m, d.n, d.k, d.out, d.epilogue == Epilogue::Bias, d.accumulate, d.ldx, d.ldy};
-  return preload_gemm_fits(*g, preload_sms());
+  return preload_gemm_fits(*g, sms);
 }
 
 Status GemmRunner::run_scaled(cudaStream_t stream, const GemmDesc& d, const void* x, const float* x_scales,
@@ -714,7 +710,7 @@ Status GemmRunner::run_scaled(cudaStream_t stream, const GemmDesc& d, const void
   if (runs_small_f32(d))
     return small_f32_gemm(stream, d.m, d.n, d.k, static_cast<const float*>(x), static_cast<const float*>(w),
                           static_cast<const float*>(bias), static_cast<float*>(y));
-  if (PreloadGemm pg; !fp8 && runs_preload(d, &pg)) return preload_gemm(stream, pg, preload_sms(), x, w, bias, y);
+  if (PreloadGemm pg; !fp8 && runs_preload(d, impl_->sms, &pg)) return preload_gemm(stream, pg, impl_->sms, x, w, bias, y);
   VLAC_RETURN_IF_ERROR(plan(d));
   if (impl_->workspace > 0 && workspace == nullptr) return invalid_argument(name + ": no workspace given");
   Plan& p = impl_->plans.at(d.key());

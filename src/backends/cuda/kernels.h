@@ -35,6 +35,22 @@ struct L2Window {
 const L2Window& current_l2_window();
 /// Sets the window for this thread's launches; returns the one it replaces.
 L2Window set_l2_window(const L2Window& w);
+/// Sets w (when it has bytes) for the launches of its lifetime, then restores the one before.
+class ScopedL2Window {
+ public:
+  explicit ScopedL2Window(const L2Window& w) : set_(w.bytes != 0) {
+    if (set_) was_ = set_l2_window(w);
+  }
+  ~ScopedL2Window() {
+    if (set_) set_l2_window(was_);
+  }
+  ScopedL2Window(const ScopedL2Window&) = delete;
+  ScopedL2Window& operator=(const ScopedL2Window&) = delete;
+
+ private:
+  L2Window was_;
+  bool set_;
+};
 /// Launches that carried a window so far (for tests).
 uint64_t l2_window_launches();
 void note_l2_window_launch();

@@ -361,7 +361,6 @@ static Status weight_map(const void* w, int64_t n, int64_t k, int rows, CUtensor
 static unsigned long long* g_stamps = nullptr;
 void preload_gemm_set_stamps(unsigned long long* stamps) { g_stamps = stamps; }
 
-// The tiles under the environment's settings.
 // How many clusters of t can be resident at once on this GPU (-1: unknown).
 static int resident_clusters(DType out, const PreloadTiles& t) {
   auto* kernel = out == DType::BF16 ? preload_gemm_kernel<uint16_t> : preload_gemm_kernel<float>;
@@ -502,8 +501,10 @@ Status preload_gemm(cudaStream_t stream, const PreloadGemm& g, int sms, const vo
   CUtensorMap wmap{};
   static const bool tma_env = env_on("VLAC_PRELOAD_TMA");
   a.tma = (g.tma < 0 ? tma_env : g.tma > 0) ? 1 : 0;
-  if (a.tma) VLAC_RETURN_IF_ERROR(weight_map(w, g.n, g.k, t.rows, &wmap));
-  if (a.tma) a.pipe = 1;
+  if (a.tma) {
+    VLAC_RETURN_IF_ERROR(weight_map(w, g.n, g.k, t.rows, &wmap));
+    a.pipe = 1;
+  }
   a.bar_off = int(t.smem);
 
   const bool early = set_early_edge(stream);

@@ -37,7 +37,7 @@ struct PreloadGemm {
   bool accumulate = false;  // y = y + x·Wᵀ (+ bias)
   int64_t ldx = 0, ldy = 0;  // row strides in elements (0: k, n)
   /// W by TMA (one thread issues the tile's 64-column boxes onto an mbarrier) instead of cp.async
-  /// from every thread: 1 on, 0 off, -1 as VLAC_PRELOAD_TMA=1 says (opt-in, not yet measured).
+  /// from every thread: 1 on, 0 off, -1 as VLAC_PRELOAD_TMA=1 says (opt-in; no faster, session 30).
   int tma = -1;
 };
 
