@@ -664,6 +664,31 @@ TEST_F(CudaChain, KvPersistWindowKeepsTheActions) {
   (void)cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, 0);
 }
 
+// VLAC_GEMM_PDL=1 (gemm.h, set_programmatic_edges): the recorded chunks' cuBLASLt GEMMs whose
+// kernels passed the wait probe start on programmatic edges. Eager, warm-up, recorded and replayed
+// chunks give the same bits with and without it.
+TEST_F(CudaChain, GemmProgrammaticEdgesKeepTheActions) {
+  TinyBf16Package t;
+  ASSERT_NO_FATAL_FAILURE(make_tiny_bf16_package(&t, 0));
+  std::vector<float> actions[2];
+  for (int on = 0; on < 2; ++on) {
+    if (on) setenv("VLAC_GEMM_PDL", "1", 1);
+    Pi05PackageOptions po;
+    po.backend = "cuda";
+    auto pkg = Pi05PackagePolicy::open(t.path, po);
+    ASSERT_TRUE(pkg.is_ok()) << pkg.status().message();
+    for (int i = 0; i < 4; ++i) {  // eager, warm-up, recorded, replayed
+      std::vector<float> c(t.noise.size());
+      const Status st = pkg->run_chunk(*t.obs, t.noise.data(), c.data());
+      ASSERT_TRUE(st.is_ok()) << "edges " << on << ", chunk " << i << ": " << st.message();
+      if (i == 0) actions[on] = c;
+      else EXPECT_EQ(max_abs_diff(c, actions[on]), 0.0) << "edges " << on << ", chunk " << i;
+    }
+    unsetenv("VLAC_GEMM_PDL");
+  }
+  EXPECT_EQ(max_abs_diff(actions[1], actions[0]), 0.0);
+}
+
 // The expert's MLP in one launch (VLAC_EXPERT_MLP=1, expert_mlp.h) inside whole package runs: a
 // random demo-sized policy whose expert is 512 wide with an MLP of 1024 (the kernel's smallest
 // shape), compiled bf16-all for CUDA. With it, eager, warm-up, recorded and replayed chunks give

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "backends/cpu/kernels.h"
+#include "backends/cuda/capture_edge.h"
 #include "backends/cuda/cublaslt_api.h"
 #include "backends/cuda/gemm.h"
 #include "backends/cuda/kernels.h"
@@ -196,6 +197,85 @@ TEST_F(CudaGemm, ColumnSlicesOfYMatchTheWholeProduct) {
   GemmDesc bad{m, n, k, DType::BF16, DType::F32, Epilogue::None, false};
   bad.ldy = n - 1;
   EXPECT_FALSE(runner->plan(bad).is_ok()) << "ldy below n";
+}
+
+// The premise of the programmatic-edge probe (capture_edge.h): inside a graph, a kernel on a
+// programmatic edge after late_copy reads the copy's destination before it is written unless it
+// waits (late_copy does not wait: zeros); a vlac kernel, which waits first (pdl_wait), reads the
+// copied values.
+TEST_F(CudaGemm, ProgrammaticEdgeRacesUnlessTheKernelWaits) {
+  if (!pdl_enabled()) GTEST_SKIP() << "programmatic dependent launch needs sm_90 (and VLAC_CUDA_PDL not 0)";
+  const size_t n = 4096;
+  std::vector<float> src(n);
+  for (size_t i = 0; i < n; ++i) src[i] = float(i + 1);
+  DevBuf s(n * 4), mid(n * 4), out(n * 4);
+  upload(s, src);
+  for (int waits = 0; waits < 2; ++waits) {
+    cudaGraph_t g = nullptr;
+    cudaGraphExec_t ge = nullptr;
+    VLAC_CUDART_OK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    VLAC_CUDART_OK(cudaMemsetAsync(mid.get(), 0, n * 4, stream_));
+    VLAC_CUDART_OK(cudaMemsetAsync(out.get(), 0xFF, n * 4, stream_));
+    const bool ok = late_copy(stream_, s.get(), mid.get(), n * 4, 200000).is_ok();
+    const bool edge = set_capture_edge(stream_, EdgePort::Programmatic);
+    const Status second = waits ? cast(stream_, mid.get(), DType::F32, out.get(), DType::F32, int64_t(n))
+                                : late_copy(stream_, mid.get(), out.get(), n * 4, 0);
+    VLAC_CUDART_OK(cudaStreamEndCapture(stream_, &g));
+    ASSERT_TRUE(ok && edge && second.is_ok()) << second.message();
+    VLAC_CUDART_OK(cudaGraphInstantiate(&ge, g, 0));
+    VLAC_CUDART_OK(cudaGraphLaunch(ge, stream_));
+    sync();
+    const auto got = download<float>(out, n);
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(g);
+    if (waits) EXPECT_EQ(got, src) << "a kernel that waits read before its predecessor's end";
+    else EXPECT_EQ(got, std::vector<float>(n, 0.0f)) << "the kernel that does not wait was not started early";
+  }
+  EXPECT_FALSE(set_capture_edge(stream_, EdgePort::Programmatic)) << "set while not capturing";
+}
+
+// VLAC_GEMM_PDL: the expert's four GEMM shapes (M = 50) with programmatic edges on. Each is run
+// plainly first (tuned, then probed), then captured after late_copy as x's producer; the recorded
+// GEMM gives the plain run's bits whether its probe passed (programmatic edge) or not.
+TEST_F(CudaGemm, ProgrammaticEdgesKeepTheResults) {
+  auto runner = GemmRunner::create();
+  ASSERT_TRUE(runner.is_ok()) << runner.status().message();
+  runner->set_programmatic_edges(true);
+  DevBuf ws(runner->workspace_bytes());
+  const Case shapes[] = {{50, 1024, 2560, "q|k|v"}, {50, 2048, 1024, "o"}, {50, 1024, 8192, "gate|up"},
+                         {50, 4096, 1024, "down"}};
+  uint32_t seed = 700;
+  for (const Case& c : shapes) {
+    for (DType out : {DType::BF16, DType::F32}) {
+      const GemmDesc d{c.m, c.n, c.k, DType::BF16, out};
+      const size_t xn = size_t(c.m * c.k), yn = size_t(c.m * c.n), yb = yn * dtype_size(out);
+      auto xs = to_device(to_bf16(randn(xn, seed++))), w = to_device(to_bf16(randn(size_t(c.n * c.k), seed++, 0.03f)));
+      DevBuf xt(xn * 2), y0(yb), y1(yb);
+      ASSERT_TRUE(runner->run(stream_, d, xs->get(), w->get(), nullptr, y0.get(), ws.get()).is_ok());
+      sync();
+      const uint64_t safe = runner->pdl_safe_shapes();
+      cudaGraph_t g = nullptr;
+      cudaGraphExec_t ge = nullptr;
+      VLAC_CUDART_OK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+      VLAC_CUDART_OK(cudaMemsetAsync(xt.get(), 0, xn * 2, stream_));
+      VLAC_CUDART_OK(cudaMemsetAsync(y1.get(), 0, yb, stream_));
+      const bool ok = late_copy(stream_, xs->get(), xt.get(), xn * 2, 40000).is_ok();
+      const Status r = runner->run(stream_, d, xt.get(), w->get(), nullptr, y1.get(), ws.get());
+      VLAC_CUDART_OK(cudaStreamEndCapture(stream_, &g));
+      ASSERT_TRUE(ok && r.is_ok()) << r.message();
+      VLAC_CUDART_OK(cudaGraphInstantiate(&ge, g, 0));
+      for (int rep = 0; rep < 3; ++rep) {
+        VLAC_CUDART_OK(cudaGraphLaunch(ge, stream_));
+        sync();
+        EXPECT_EQ(download<uint8_t>(y1, yb), download<uint8_t>(y0, yb)) << c.what << " " << dtype_name(out);
+      }
+      cudaGraphExecDestroy(ge);
+      cudaGraphDestroy(g);
+      std::printf("[ cuda     ] %s -> %s: cuBLASLt's kernel %s\n", c.what, dtype_name(out),
+                  runner->pdl_safe_shapes() > safe ? "waits (programmatic edge)" : "not admitted (plain edge)");
+    }
+  }
+  EXPECT_EQ(runner->pdl_probed_shapes(), 8u);
 }
 
 TEST_F(CudaGemm, PlanIsCachedAndArgumentsAreChecked) {

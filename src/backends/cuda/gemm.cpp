@@ -5,6 +5,7 @@
 
 #include <cublasLt.h>
 
+#include "backends/cuda/capture_edge.h"
 #include "backends/cuda/context.h"
 #include "backends/cuda/cublaslt_api.h"
 #include "backends/cuda/env.h"
@@ -60,6 +61,7 @@ struct Plan {
   size_t chosen = 0;                              // index of algo in candidates
   int splitk_added = 0;                           // FP8 split-K variants among them (fp8_splitk)
   bool tuned = false;
+  int pdl = -1;  // programmatic edge into it when captured: -1 not probed, 0 unsafe or untried, 1 safe
   void destroy() {
     if (op) lt().MatmulDescDestroy(op);
     if (a) lt().MatrixLayoutDestroy(a);
@@ -265,7 +267,8 @@ std::string tune_identity(uint64_t workspace, int sms) {
 struct GemmRunner::Impl {
   cublasLtHandle_t handle = nullptr;
   uint64_t workspace = 0;
-  uint64_t tuned = 0, switched = 0, skinny_shapes = 0, cached = 0;
+  uint64_t tuned = 0, switched = 0, skinny_shapes = 0, cached = 0, pdl_probed = 0, pdl_safe = 0;
+  bool pdl_edges = false;  // set_programmatic_edges
   TuneCache cache;
   unsigned* counters = nullptr;  // the skinny kernel's tile counters (zero between GEMMs)
   // FP8 plans carry this as their scale pointers until a call sets its own. With the pointers
@@ -303,6 +306,7 @@ struct GemmRunner::Impl {
   }
   void tune(cudaStream_t stream, const GemmDesc& d, Plan& p, const void* x, const void* w, const void* bias, void* y,
             void* ws);
+  bool probe_pdl(cudaStream_t stream, const GemmDesc& d, Plan& p, const void* w, void* ws);
 };
 
 void GemmRunner::Impl::tune(cudaStream_t stream, const GemmDesc& d, Plan& p, const void* x, const void* w,
@@ -392,6 +396,56 @@ void GemmRunner::Impl::tune(cudaStream_t stream, const GemmDesc& d, Plan& p, con
   // pages back now (a loading step, context.h), not only when the chunk is done, so the first
   // chunk's host peak does not hold the code of every candidate of every shape at once.
   trim_clean_pages();
+}
+
+// Whether the plan's kernel may be captured on a programmatic edge (Plan::pdl): a graph of a
+// memset of xt, late_copy (lets dependents launch at once, spins 40 us, then copies xs into xt)
+// and the GEMM of xt on a programmatic edge must give the bits of the same GEMM of xs run plainly.
+// A kernel that does not wait for late_copy reads xt's zeros. Twice, since a pass could be luck
+// only if the GEMM happened to start late. The weights are the plan's own (read only); x and the
+// two outputs are temporary, so only plans whose x and y take at most 8 MiB together are probed
+// (M <= 64 shapes, whose launches are what a programmatic edge can hide); bf16 or fp32, no
+// accumulation, K parts or strides. Runs outside a capture, on the run's stream, synchronously.
+bool GemmRunner::Impl::probe_pdl(cudaStream_t stream, const GemmDesc& d, Plan& p, const void* w, void* ws) {
+  const uint64_t xb = uint64_t(d.m * d.k) * dtype_size(d.in), yb = uint64_t(d.m * d.n) * dtype_size(d.out);
+  if (d.in == DType::F8_E4M3 || d.accumulate || d.k_parts > 1 || (d.ldx != 0 && d.ldx != d.k) ||
+      (d.ldy != 0 && d.ldy != d.n) || xb + 2 * yb > (8ull << 20) || xb % 16 != 0 || !pdl_enabled())
+    return false;
+  ++pdl_probed;
+  void *xs = nullptr, *xt = nullptr, *y0 = nullptr, *y1 = nullptr;
+  cudaGraph_t g = nullptr;
+  cudaGraphExec_t ge = nullptr;
+  const float alpha = 1.0f, beta = 0.0f;
+  auto gemm = [&](const void* x, void* y) {
+    return lt().Matmul(handle, p.op, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &p.algo, ws, workspace, stream) ==
+           CUBLAS_STATUS_SUCCESS;
+  };
+  bool safe = false;
+  if (cudaMalloc(&xs, xb) == cudaSuccess && cudaMalloc(&xt, xb) == cudaSuccess && cudaMalloc(&y0, yb) == cudaSuccess &&
+      cudaMalloc(&y1, yb) == cudaSuccess && cudaMemsetAsync(xs, 0x3c, xb, stream) == cudaSuccess && gemm(xs, y0) &&
+      cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess) {
+    const bool built = cudaMemsetAsync(xt, 0, xb, stream) == cudaSuccess && cudaMemsetAsync(y1, 0, yb, stream) == cudaSuccess &&
+                       late_copy(stream, xs, xt, xb, 40000).is_ok() && set_capture_edge(stream, EdgePort::Programmatic) &&
+                       gemm(xt, y1);
+    const cudaError_t ce = cudaStreamEndCapture(stream, &g);
+    safe = built && ce == cudaSuccess && cudaGraphInstantiate(&ge, g, 0) == cudaSuccess;
+    std::vector<unsigned char> a(yb), b(yb);
+    for (int r = 0; r < 2 && safe; ++r)
+      safe = cudaGraphLaunch(ge, stream) == cudaSuccess && cudaStreamSynchronize(stream) == cudaSuccess &&
+             cudaMemcpy(a.data(), y0, yb, cudaMemcpyDeviceToHost) == cudaSuccess &&
+             cudaMemcpy(b.data(), y1, yb, cudaMemcpyDeviceToHost) == cudaSuccess && a == b;
+  }
+  (void)cudaStreamSynchronize(stream);
+  (void)cudaGetLastError();
+  if (ge) (void)cudaGraphExecDestroy(ge);
+  if (g) (void)cudaGraphDestroy(g);
+  for (void* q : {xs, xt, y0, y1})
+    if (q) (void)cudaFree(q);
+  (void)cudaGetLastError();
+  if (safe) ++pdl_safe;
+  std::fprintf(stderr, "vlac gemm: %s: cuBLASLt's kernel %s (VLAC_GEMM_PDL)\n", shape_name(d).c_str(),
+               safe ? "waits for its predecessor: captured on a programmatic edge" : "failed the wait probe: plain edge");
+  return safe;
 }
 
 // cuBLASLt may offer an algorithm for an FP8 combination it then refuses at the call (an
@@ -641,6 +695,7 @@ Result<GemmRunner> GemmRunner::create(uint64_t workspace_bytes) {
   VLAC_LT(lt().Create(&impl->handle), "create");
   impl->workspace = workspace_bytes;
   impl->sms = device_sm_count();
+  impl->pdl_edges = env_on("VLAC_GEMM_PDL");
   if (tuning_enabled()) impl->cache.open(tune_identity(workspace_bytes, impl->sms));
   if (skinny_mode() != SkinnyMode::Off) {
     VLAC_ASSIGN_OR_RETURN(void* c, device_alloc(kSkinnyCounters * sizeof(unsigned), "the skinny GEMM's tile counters"));
@@ -747,6 +802,12 @@ Status GemmRunner::run_scaled(cudaStream_t stream, const GemmDesc& d, const void
     }
   }
   if (p.skinny > 0) return impl_->run_skinny(stream, d, p.skinny, x, w, bias, y, workspace);
+  if (impl_->pdl_edges && p.pdl < 0 && p.tuned) {
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream, &cs) != cudaSuccess) (void)cudaGetLastError();
+    if (cs == cudaStreamCaptureStatusNone) p.pdl = impl_->probe_pdl(stream, d, p, w, workspace) ? 1 : 0;
+  }
+  if (p.pdl == 1) (void)set_capture_edge(stream, EdgePort::Programmatic);  // only while capturing
   const float alpha = 1.0f, beta = d.accumulate ? 1.0f : 0.0f;
   VLAC_LT(lt().Matmul(impl_->handle, p.op, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &p.algo, workspace,
                          impl_->workspace, stream),
@@ -760,5 +821,8 @@ uint64_t GemmRunner::switched_shapes() const { return impl_->switched; }
 uint64_t GemmRunner::skinny_shapes() const { return impl_->skinny_shapes; }
 uint64_t GemmRunner::cached_shapes() const { return impl_->cached; }
 size_t GemmRunner::plans() const { return impl_->plans.size(); }
+void GemmRunner::set_programmatic_edges(bool on) { impl_->pdl_edges = on; }
+uint64_t GemmRunner::pdl_probed_shapes() const { return impl_->pdl_probed; }
+uint64_t GemmRunner::pdl_safe_shapes() const { return impl_->pdl_safe; }
 
 }  // namespace vlac::cuda

@@ -76,6 +76,14 @@ class GemmRunner {
   uint64_t cached_shapes() const;
   /// Number of cached plans (shapes seen).
   size_t plans() const;
+  /// Programmatic edges into cuBLASLt's kernels inside captures (VLAC_GEMM_PDL=1 at create, off by
+  /// default; capture_edge.h): each plan's chosen kernel is probed once, at its first run outside a
+  /// capture, for whether it waits for its predecessor itself; only plans whose probe passed are
+  /// then captured on a programmatic edge. Plans probed before a change keep their verdict.
+  void set_programmatic_edges(bool on);
+  /// Plans probed, and those whose kernel was seen to wait (so captured on a programmatic edge).
+  uint64_t pdl_probed_shapes() const;
+  uint64_t pdl_safe_shapes() const;
   /// Read-only device memory the cold timing (VLAC_GEMM_TUNE_COLD=1) may read to evict the L2
   /// cache between timed runs: the uploaded weight blocks register here and leave before they
   /// are freed. The largest registered is used.

@@ -15,6 +15,7 @@
 #include <string>
 #include <tuple>
 
+#include "backends/cuda/capture_edge.h"
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/env.h"
 #include "backends/cuda/kernels.h"
@@ -424,42 +425,6 @@ static bool early_edges() {
   return v;
 }
 
-// Inside a capture: the edge from the kernel before into this one leaves at that kernel's launch
-// completion (all of its blocks started), with programmatic type, so griddepcontrol.wait still
-// waits for its end. Returns whether the edge was set (then the launch carries no PDL attribute,
-// which would replace it).
-static bool set_early_edge(cudaStream_t stream) {
-  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &cs) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  if (cs != cudaStreamCaptureStatusActive || !early_edges() || !pdl_enabled()) return false;
-  const cudaGraphNode_t* deps = nullptr;
-  const cudaGraphEdgeData* edges = nullptr;
-  size_t nd = 0;
-  if (cudaStreamGetCaptureInfo(stream, &cs, nullptr, nullptr, &deps, &edges, &nd) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  if (nd != 1) return false;
-  cudaGraphNodeType type{};
-  if (cudaGraphNodeGetType(deps[0], &type) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  if (type != cudaGraphNodeTypeKernel) return false;
-  cudaGraphNode_t node = deps[0];
-  cudaGraphEdgeData e{};
-  e.from_port = cudaGraphKernelNodePortLaunchCompletion;
-  e.type = cudaGraphDependencyTypeProgrammatic;
-  if (cudaStreamUpdateCaptureDependencies(stream, &node, &e, 1, cudaStreamSetCaptureDependencies) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  return true;
-}
-
 Status preload_gemm(cudaStream_t stream, const PreloadGemm& g, int sms, const void* x, const void* w,
                     const void* bias, void* y) {
   // The name only where an error needs it: this runs once per GEMM launch.
@@ -507,7 +472,10 @@ Status preload_gemm(cudaStream_t stream, const PreloadGemm& g, int sms, const vo
   }
   a.bar_off = int(t.smem);
 
-  const bool early = set_early_edge(stream);
+  // Inside a capture, the edge from the kernel before leaves at its launch completion (all of its
+  // blocks started), so griddepcontrol.wait still waits for its end; the launch then carries no
+  // PDL attribute, which would replace that edge.
+  const bool early = early_edges() && set_capture_edge(stream, EdgePort::LaunchCompletion);
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(unsigned(t.blocks));
   cfg.blockDim = dim3(unsigned(t.threads));
