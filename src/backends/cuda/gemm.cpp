@@ -269,6 +269,7 @@ struct GemmRunner::Impl {
   uint64_t workspace = 0;
   uint64_t tuned = 0, switched = 0, skinny_shapes = 0, cached = 0, pdl_probed = 0, pdl_safe = 0;
   bool pdl_edges = false;  // set_programmatic_edges
+  EdgePort pdl_port = EdgePort::Programmatic;  // VLAC_GEMM_PDL=2: launch completion
   TuneCache cache;
   unsigned* counters = nullptr;  // the skinny kernel's tile counters (zero between GEMMs)
   // FP8 plans carry this as their scale pointers until a call sets its own. With the pointers
@@ -425,7 +426,7 @@ bool GemmRunner::Impl::probe_pdl(cudaStream_t stream, const GemmDesc& d, Plan& p
       cudaMalloc(&y1, yb) == cudaSuccess && cudaMemsetAsync(xs, 0x3c, xb, stream) == cudaSuccess && gemm(xs, y0) &&
       cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess) {
     const bool built = cudaMemsetAsync(xt, 0, xb, stream) == cudaSuccess && cudaMemsetAsync(y1, 0, yb, stream) == cudaSuccess &&
-                       late_copy(stream, xs, xt, xb, 40000).is_ok() && set_capture_edge(stream, EdgePort::Programmatic) &&
+                       late_copy(stream, xs, xt, xb, 40000).is_ok() && set_capture_edge(stream, pdl_port) &&
                        gemm(xt, y1);
     const cudaError_t ce = cudaStreamEndCapture(stream, &g);
     safe = built && ce == cudaSuccess && cudaGraphInstantiate(&ge, g, 0) == cudaSuccess;
@@ -695,7 +696,9 @@ Result<GemmRunner> GemmRunner::create(uint64_t workspace_bytes) {
   VLAC_LT(lt().Create(&impl->handle), "create");
   impl->workspace = workspace_bytes;
   impl->sms = device_sm_count();
-  impl->pdl_edges = env_on("VLAC_GEMM_PDL");
+  const std::string pdl = env_str("VLAC_GEMM_PDL");
+  impl->pdl_edges = pdl == "1" || pdl == "2";
+  if (pdl == "2") impl->pdl_port = EdgePort::LaunchCompletion;
   if (tuning_enabled()) impl->cache.open(tune_identity(workspace_bytes, impl->sms));
   if (skinny_mode() != SkinnyMode::Off) {
     VLAC_ASSIGN_OR_RETURN(void* c, device_alloc(kSkinnyCounters * sizeof(unsigned), "the skinny GEMM's tile counters"));
@@ -807,7 +810,7 @@ Status GemmRunner::run_scaled(cudaStream_t stream, const GemmDesc& d, const void
     if (cudaStreamIsCapturing(stream, &cs) != cudaSuccess) (void)cudaGetLastError();
     if (cs == cudaStreamCaptureStatusNone) p.pdl = impl_->probe_pdl(stream, d, p, w, workspace) ? 1 : 0;
   }
-  if (p.pdl == 1) (void)set_capture_edge(stream, EdgePort::Programmatic);  // only while capturing
+  if (p.pdl == 1) (void)set_capture_edge(stream, impl_->pdl_port);  // only while capturing
   const float alpha = 1.0f, beta = d.accumulate ? 1.0f : 0.0f;
   VLAC_LT(lt().Matmul(impl_->handle, p.op, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &p.algo, workspace,
                          impl_->workspace, stream),

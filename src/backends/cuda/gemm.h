@@ -77,7 +77,8 @@ class GemmRunner {
   /// Number of cached plans (shapes seen).
   size_t plans() const;
   /// Programmatic edges into cuBLASLt's kernels inside captures (VLAC_GEMM_PDL=1 at create, off by
-  /// default; capture_edge.h): each plan's chosen kernel is probed once, at its first run outside a
+  /// default; =2 has the edge leave at the predecessor's launch completion instead of its end;
+  /// capture_edge.h): each plan's chosen kernel is probed once, at its first run outside a
   /// capture, for whether it waits for its predecessor itself; only plans whose probe passed are
   /// then captured on a programmatic edge. Plans probed before a change keep their verdict.
   void set_programmatic_edges(bool on);
