@@ -422,6 +422,10 @@ bool GemmRunner::Impl::probe_pdl(cudaStream_t stream, const GemmDesc& d, Plan& p
            CUBLAS_STATUS_SUCCESS;
   };
   bool safe = false;
+  // What the probe saw, for the note below: the graph could not be made, or the GEMM's output
+  // was all zeros (it read x before late_copy wrote it), partly right, or right both times.
+  std::string seen = "could not be allocated or run plainly";
+  size_t nodes = 0;
   if (cudaMalloc(&xs, xb) == cudaSuccess && cudaMalloc(&xt, xb) == cudaSuccess && cudaMalloc(&y0, yb) == cudaSuccess &&
       cudaMalloc(&y1, yb) == cudaSuccess && cudaMemsetAsync(xs, 0x3c, xb, stream) == cudaSuccess && gemm(xs, y0) &&
       cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess) {
@@ -429,12 +433,29 @@ bool GemmRunner::Impl::probe_pdl(cudaStream_t stream, const GemmDesc& d, Plan& p
                        late_copy(stream, xs, xt, xb, 40000).is_ok() && set_capture_edge(stream, pdl_port) &&
                        gemm(xt, y1);
     const cudaError_t ce = cudaStreamEndCapture(stream, &g);
-    safe = built && ce == cudaSuccess && cudaGraphInstantiate(&ge, g, 0) == cudaSuccess;
-    std::vector<unsigned char> a(yb), b(yb);
-    for (int r = 0; r < 2 && safe; ++r)
-      safe = cudaGraphLaunch(ge, stream) == cudaSuccess && cudaStreamSynchronize(stream) == cudaSuccess &&
-             cudaMemcpy(a.data(), y0, yb, cudaMemcpyDeviceToHost) == cudaSuccess &&
-             cudaMemcpy(b.data(), y1, yb, cudaMemcpyDeviceToHost) == cudaSuccess && a == b;
+    if (g) (void)cudaGraphGetNodes(g, nullptr, &nodes);
+    seen = "could not be captured on a programmatic edge";
+    if (built && ce == cudaSuccess && cudaGraphInstantiate(&ge, g, 0) == cudaSuccess) {
+      std::vector<unsigned char> a(yb), b(yb);
+      int right = 0;
+      for (int r = 0; r < 2; ++r) {
+        if (cudaGraphLaunch(ge, stream) != cudaSuccess || cudaStreamSynchronize(stream) != cudaSuccess ||
+            cudaMemcpy(a.data(), y0, yb, cudaMemcpyDeviceToHost) != cudaSuccess ||
+            cudaMemcpy(b.data(), y1, yb, cudaMemcpyDeviceToHost) != cudaSuccess) {
+          seen = "failed to run on a programmatic edge";
+          right = -1;
+          break;
+        }
+        if (a == b) {
+          ++right;
+          continue;
+        }
+        const bool zeros = std::all_of(b.begin(), b.end(), [](unsigned char c) { return c == 0; });
+        seen = zeros ? "read x before its predecessor wrote it (all zeros)" : "gave other values (it read x while it was written)";
+        break;
+      }
+      safe = right == 2;
+    }
   }
   (void)cudaStreamSynchronize(stream);
   (void)cudaGetLastError();
@@ -444,8 +465,9 @@ bool GemmRunner::Impl::probe_pdl(cudaStream_t stream, const GemmDesc& d, Plan& p
     if (q) (void)cudaFree(q);
   (void)cudaGetLastError();
   if (safe) ++pdl_safe;
-  std::fprintf(stderr, "vlac gemm: %s: cuBLASLt's kernel %s (VLAC_GEMM_PDL)\n", shape_name(d).c_str(),
-               safe ? "waits for its predecessor: captured on a programmatic edge" : "failed the wait probe: plain edge");
+  std::fprintf(stderr, "vlac gemm: %s: cuBLASLt's kernel %s (VLAC_GEMM_PDL; probe graph of %zu nodes)\n",
+               shape_name(d).c_str(),
+               safe ? "waits for its predecessor: captured on a programmatic edge" : (seen + ": plain edge").c_str(), nodes);
   return safe;
 }
 
