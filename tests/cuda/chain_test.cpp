@@ -664,29 +664,19 @@ TEST_F(CudaChain, KvPersistWindowKeepsTheActions) {
   (void)cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, 0);
 }
 
-// VLAC_GEMM_PDL=1 (gemm.h, set_programmatic_edges): the recorded chunks' cuBLASLt GEMMs whose
-// kernels passed the wait probe start on programmatic edges. Eager, warm-up, recorded and replayed
-// chunks give the same bits with and without it.
+// VLAC_GEMM_PDL=1 (gemm.h, set_programmatic_edges): the package's GEMM plans are probed, and the
+// recorded chunks' cuBLASLt GEMMs whose kernels passed start on programmatic edges. Eager, warm-up,
+// recorded and replayed chunks give the same bits with and without it.
 TEST_F(CudaChain, GemmProgrammaticEdgesKeepTheActions) {
   TinyBf16Package t;
   ASSERT_NO_FATAL_FAILURE(make_tiny_bf16_package(&t, 0));
-  std::vector<float> actions[2];
-  for (int on = 0; on < 2; ++on) {
-    if (on) setenv("VLAC_GEMM_PDL", "1", 1);
-    Pi05PackageOptions po;
-    po.backend = "cuda";
-    auto pkg = Pi05PackagePolicy::open(t.path, po);
-    ASSERT_TRUE(pkg.is_ok()) << pkg.status().message();
-    for (int i = 0; i < 4; ++i) {  // eager, warm-up, recorded, replayed
-      std::vector<float> c(t.noise.size());
-      const Status st = pkg->run_chunk(*t.obs, t.noise.data(), c.data());
-      ASSERT_TRUE(st.is_ok()) << "edges " << on << ", chunk " << i << ": " << st.message();
-      if (i == 0) actions[on] = c;
-      else EXPECT_EQ(max_abs_diff(c, actions[on]), 0.0) << "edges " << on << ", chunk " << i;
-    }
-    unsetenv("VLAC_GEMM_PDL");
-  }
-  EXPECT_EQ(max_abs_diff(actions[1], actions[0]), 0.0);
+  SwitchRuns r;
+  ASSERT_NO_FATAL_FAILURE(run_with_switch(t.path, *t.obs, t.noise, "VLAC_GEMM_PDL", "0", "1", "gemm_pdl_probed_shapes", &r));
+  EXPECT_EQ(r.counted[0], 0);
+  EXPECT_GT(r.counted[1], 0) << "no GEMM plan was probed";
+  EXPECT_EQ(max_abs_diff(r.actions[0], r.actions[1]), 0.0);
+  std::printf("[ cuda     ] GEMM plans probed for programmatic edges: %lld, same actions\n",
+              static_cast<long long>(r.counted[1]));
 }
 
 // The expert's MLP in one launch (VLAC_EXPERT_MLP=1, expert_mlp.h) inside whole package runs: a

@@ -295,6 +295,8 @@ std::vector<std::pair<std::string, int64_t>> CudaContext::breakdown() const {
           {"printf_fifo_limit_bytes", printf_fifo_},
           {"cublaslt_handle_bytes", handle_bytes_},
           {"cublaslt_workspace_bytes", gemm_ ? int64_t(gemm_->workspace_bytes()) : -1},
+          {"gemm_pdl_probed_shapes", gemm_ ? int64_t(gemm_->pdl_probed_shapes()) : -1},
+          {"gemm_pdl_safe_shapes", gemm_ ? int64_t(gemm_->pdl_safe_shapes()) : -1},
           {"graph_bytes", graph_bytes_},
           {"host_trimmed_clean_file_bytes", int64_t(trimmed_clean_pages_total())},
           {"on_demand_weight_bytes", int64_t(g_on_demand.load())},
