@@ -62,6 +62,7 @@ struct Plan {
   int splitk_added = 0;                           // FP8 split-K variants among them (fp8_splitk)
   bool tuned = false;
   int pdl = -1;  // programmatic edge into it when captured: -1 not probed, 0 unsafe or untried, 1 safe
+  EdgePort pdl_port = EdgePort::Programmatic;  // where that edge leaves (VLAC_GEMM_PDL=2: launch completion)
   void destroy() {
     if (op) lt().MatmulDescDestroy(op);
     if (a) lt().MatrixLayoutDestroy(a);
@@ -162,6 +163,14 @@ static bool fp8_splitk() {
 
 // VLAC_GEMM_REPORT=1: one stderr line per timed shape (candidates, the choice, its split-K, the
 // first and best times), to read what the timing chose inside a benchmark.
+// VLAC_GEMM_PDL: 1 probes each plan for programmatic edges (GemmRunner::set_programmatic_edges),
+// 2 the same with the edge leaving at the predecessor's launch completion, else off. Read at each
+// launch of a plan not yet probed, so a process can turn it on between packages.
+static int gemm_pdl_mode() {
+  const std::string v = env_str("VLAC_GEMM_PDL");
+  return v == "1" ? 1 : v == "2" ? 2 : 0;
+}
+
 static bool gemm_report() {
   static const bool on = env_on("VLAC_GEMM_REPORT");
   return on;
@@ -268,8 +277,7 @@ struct GemmRunner::Impl {
   cublasLtHandle_t handle = nullptr;
   uint64_t workspace = 0;
   uint64_t tuned = 0, switched = 0, skinny_shapes = 0, cached = 0, pdl_probed = 0, pdl_safe = 0;
-  bool pdl_edges = false;  // set_programmatic_edges
-  EdgePort pdl_port = EdgePort::Programmatic;  // VLAC_GEMM_PDL=2: launch completion
+  int pdl_mode = -1;  // set_programmatic_edges: 0 off, 1 on; -1: VLAC_GEMM_PDL (gemm_pdl_mode)
   TuneCache cache;
   unsigned* counters = nullptr;  // the skinny kernel's tile counters (zero between GEMMs)
   // FP8 plans carry this as their scale pointers until a call sets its own. With the pointers
@@ -307,7 +315,7 @@ struct GemmRunner::Impl {
   }
   void tune(cudaStream_t stream, const GemmDesc& d, Plan& p, const void* x, const void* w, const void* bias, void* y,
             void* ws);
-  bool probe_pdl(cudaStream_t stream, const GemmDesc& d, Plan& p, const void* w, void* ws);
+  bool probe_pdl(cudaStream_t stream, const GemmDesc& d, Plan& p, const void* w, void* ws, EdgePort port);
 };
 
 void GemmRunner::Impl::tune(cudaStream_t stream, const GemmDesc& d, Plan& p, const void* x, const void* w,
@@ -407,7 +415,8 @@ void GemmRunner::Impl::tune(cudaStream_t stream, const GemmDesc& d, Plan& p, con
 // two outputs are temporary, so only plans whose x and y take at most 8 MiB together are probed
 // (M <= 64 shapes, whose launches are what a programmatic edge can hide); bf16 or fp32, no
 // accumulation, K parts or strides. Runs outside a capture, on the run's stream, synchronously.
-bool GemmRunner::Impl::probe_pdl(cudaStream_t stream, const GemmDesc& d, Plan& p, const void* w, void* ws) {
+bool GemmRunner::Impl::probe_pdl(cudaStream_t stream, const GemmDesc& d, Plan& p, const void* w, void* ws,
+                                 EdgePort port) {
   const uint64_t xb = uint64_t(d.m * d.k) * dtype_size(d.in), yb = uint64_t(d.m * d.n) * dtype_size(d.out);
   if (d.in == DType::F8_E4M3 || d.accumulate || d.k_parts > 1 || (d.ldx != 0 && d.ldx != d.k) ||
       (d.ldy != 0 && d.ldy != d.n) || xb + 2 * yb > (8ull << 20) || xb % 16 != 0 || !pdl_enabled())
@@ -430,7 +439,7 @@ bool GemmRunner::Impl::probe_pdl(cudaStream_t stream, const GemmDesc& d, Plan& p
       cudaMalloc(&y1, yb) == cudaSuccess && cudaMemsetAsync(xs, 0x3c, xb, stream) == cudaSuccess && gemm(xs, y0) &&
       cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess) {
     const bool built = cudaMemsetAsync(xt, 0, xb, stream) == cudaSuccess && cudaMemsetAsync(y1, 0, yb, stream) == cudaSuccess &&
-                       late_copy(stream, xs, xt, xb, 40000).is_ok() && set_capture_edge(stream, pdl_port) &&
+                       late_copy(stream, xs, xt, xb, 40000).is_ok() && set_capture_edge(stream, port) &&
                        gemm(xt, y1);
     const cudaError_t ce = cudaStreamEndCapture(stream, &g);
     if (g) (void)cudaGraphGetNodes(g, nullptr, &nodes);
@@ -718,9 +727,6 @@ Result<GemmRunner> GemmRunner::create(uint64_t workspace_bytes) {
   VLAC_LT(lt().Create(&impl->handle), "create");
   impl->workspace = workspace_bytes;
   impl->sms = device_sm_count();
-  const std::string pdl = env_str("VLAC_GEMM_PDL");
-  impl->pdl_edges = pdl == "1" || pdl == "2";
-  if (pdl == "2") impl->pdl_port = EdgePort::LaunchCompletion;
   if (tuning_enabled()) impl->cache.open(tune_identity(workspace_bytes, impl->sms));
   if (skinny_mode() != SkinnyMode::Off) {
     VLAC_ASSIGN_OR_RETURN(void* c, device_alloc(kSkinnyCounters * sizeof(unsigned), "the skinny GEMM's tile counters"));
@@ -827,12 +833,16 @@ Status GemmRunner::run_scaled(cudaStream_t stream, const GemmDesc& d, const void
     }
   }
   if (p.skinny > 0) return impl_->run_skinny(stream, d, p.skinny, x, w, bias, y, workspace);
-  if (impl_->pdl_edges && p.pdl < 0 && p.tuned) {
+  if (p.pdl < 0 && p.tuned) {  // the switch is read until the plan is probed: one getenv a launch
+    const int mode = impl_->pdl_mode >= 0 ? impl_->pdl_mode : gemm_pdl_mode();
     cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(stream, &cs) != cudaSuccess) (void)cudaGetLastError();
-    if (cs == cudaStreamCaptureStatusNone) p.pdl = impl_->probe_pdl(stream, d, p, w, workspace) ? 1 : 0;
+    if (mode > 0 && cudaStreamIsCapturing(stream, &cs) != cudaSuccess) (void)cudaGetLastError();
+    if (mode > 0 && cs == cudaStreamCaptureStatusNone) {
+      p.pdl_port = mode == 2 ? EdgePort::LaunchCompletion : EdgePort::Programmatic;
+      p.pdl = impl_->probe_pdl(stream, d, p, w, workspace, p.pdl_port) ? 1 : 0;
+    }
   }
-  if (p.pdl == 1) (void)set_capture_edge(stream, impl_->pdl_port);  // only while capturing
+  if (p.pdl == 1) (void)set_capture_edge(stream, p.pdl_port);  // only while capturing
   const float alpha = 1.0f, beta = d.accumulate ? 1.0f : 0.0f;
   VLAC_LT(lt().Matmul(impl_->handle, p.op, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &p.algo, workspace,
                          impl_->workspace, stream),
@@ -846,7 +856,7 @@ uint64_t GemmRunner::switched_shapes() const { return impl_->switched; }
 uint64_t GemmRunner::skinny_shapes() const { return impl_->skinny_shapes; }
 uint64_t GemmRunner::cached_shapes() const { return impl_->cached; }
 size_t GemmRunner::plans() const { return impl_->plans.size(); }
-void GemmRunner::set_programmatic_edges(bool on) { impl_->pdl_edges = on; }
+void GemmRunner::set_programmatic_edges(bool on) { impl_->pdl_mode = on ? 1 : 0; }
 uint64_t GemmRunner::pdl_probed_shapes() const { return impl_->pdl_probed; }
 uint64_t GemmRunner::pdl_safe_shapes() const { return impl_->pdl_safe; }
 

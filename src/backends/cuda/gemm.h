@@ -76,11 +76,12 @@ class GemmRunner {
   uint64_t cached_shapes() const;
   /// Number of cached plans (shapes seen).
   size_t plans() const;
-  /// Programmatic edges into cuBLASLt's kernels inside captures (VLAC_GEMM_PDL=1 at create, off by
-  /// default; =2 has the edge leave at the predecessor's launch completion instead of its end;
-  /// capture_edge.h): each plan's chosen kernel is probed once, at its first run outside a
-  /// capture, for whether it waits for its predecessor itself; only plans whose probe passed are
-  /// then captured on a programmatic edge. Plans probed before a change keep their verdict.
+  /// Programmatic edges into cuBLASLt's kernels inside captures (capture_edge.h), on or off for
+  /// this runner; without a call, VLAC_GEMM_PDL=1 (=2: the edge leaves at the predecessor's launch
+  /// completion instead of its end) as read at each plan's first run after its tuning, outside a
+  /// capture, off by default. Each such plan's chosen kernel is probed once for whether it waits
+  /// for its predecessor itself; only plans whose probe passed are then captured on a programmatic
+  /// edge. Plans probed keep their verdict.
   void set_programmatic_edges(bool on);
   /// Plans probed, and those whose kernel was seen to wait (so captured on a programmatic edge).
   uint64_t pdl_probed_shapes() const;
