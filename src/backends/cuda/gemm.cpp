@@ -161,8 +161,6 @@ static bool fp8_splitk() {
   return on;
 }
 
-// VLAC_GEMM_REPORT=1: one stderr line per timed shape (candidates, the choice, its split-K, the
-// first and best times), to read what the timing chose inside a benchmark.
 // VLAC_GEMM_PDL: 1 probes each plan for programmatic edges (GemmRunner::set_programmatic_edges),
 // 2 the same with the edge leaving at the predecessor's launch completion, else off. Read at each
 // launch of a plan not yet probed, so a process can turn it on between packages.
@@ -171,6 +169,8 @@ static int gemm_pdl_mode() {
   return v == "1" ? 1 : v == "2" ? 2 : 0;
 }
 
+// VLAC_GEMM_REPORT=1: one stderr line per timed shape (candidates, the choice, its split-K, the
+// first and best times), to read what the timing chose inside a benchmark.
 static bool gemm_report() {
   static const bool on = env_on("VLAC_GEMM_REPORT");
   return on;
