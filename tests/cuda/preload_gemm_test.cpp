@@ -15,10 +15,6 @@
 #include "backends/cuda/preload_gemm.h"
 #include "cuda_test_util.h"
 
-namespace vlac::cuda {
-bool pdl_enabled();  // common.cuh (a CUDA header)
-}  // namespace vlac::cuda
-
 namespace vlac::cuda::testing {
 namespace {
 

@@ -17,17 +17,13 @@
 
 namespace vlac::cuda {
 
-/// Whether vlac's kernels launch with programmatic dependent launch: sm_90 and later, unless
-/// VLAC_CUDA_PDL=0 (common.cuh, graph_ops.cu).
-bool pdl_enabled();
-
 /// Where a programmatic edge leaves its kernel: when all its blocks have let dependents launch
 /// (griddepcontrol.launch_dependents) or exited, or as soon as all its blocks have started.
 enum class EdgePort { Programmatic, LaunchCompletion };
 
 /// While `stream` is being captured and its one dependency is a kernel node: makes the edge from
 /// that node into the stream's next launch a programmatic one leaving at `port`. False, with
-/// nothing changed, when not capturing, when PDL is off (VLAC_CUDA_PDL=0 or before sm_90) or when
+/// nothing changed, when not capturing, when PDL is off (pdl_enabled, kernels.h) or when
 /// the dependency is not a single kernel node.
 bool set_capture_edge(cudaStream_t stream, EdgePort port);
 

@@ -37,7 +37,6 @@ inline Status launch_status(const char* kernel) {
 #ifndef VLAC_CUDA_PDL_TRIGGER
 #define VLAC_CUDA_PDL_TRIGGER 0
 #endif
-bool pdl_enabled();
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");

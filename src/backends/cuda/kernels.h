@@ -23,6 +23,10 @@
 
 namespace vlac::cuda {
 
+/// Whether vlac's kernels launch with programmatic dependent launch (common.cuh's launch()):
+/// sm_90 and later, unless VLAC_CUDA_PDL=0.
+bool pdl_enabled();
+
 // An L2 access-policy window that the launches made while it is set carry (a launch attribute,
 // so recorded graphs keep it): what they read inside it is kept in L2's persisting part, which
 // the streaming of other data does not evict. The executor sets it around the expert attention
