@@ -38,7 +38,7 @@ struct Args {
   int m, n, k, ldx, ldy;
   int rows, kc, parts;  // the block's W tile: rows × kc; parts blocks a row tile (a cluster)
   int kg, mwarps;       // warps: mwarps of 16 rows each × kg groups of the K steps
-  int nt, ntr;          // token tiles of 8 with an MMA; token rows in shared memory (zero past m)
+  int ntr;              // token rows in shared memory (zero past m; the kernel's NT tiles of 8 use them)
   int accumulate;
   int pipe;   // W in this many groups of columns (1, 2, 4), the math following them
   int bar_off;  // bytes: where the TMA barrier sits in shared memory
@@ -81,7 +81,7 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, i
 #endif
 }
 
-template <typename To>
+template <typename To, int NT>
 __global__ void __launch_bounds__(kMaxThreads) preload_gemm_kernel(Args a, const __grid_constant__ CUtensorMap wmap) {
   // 1024-byte aligned: TMA's 128-byte swizzle follows address bits 7-9, which the XOR below assumes.
   extern __shared__ __align__(1024) uint4 smem_raw[];
@@ -108,10 +108,14 @@ __global__ void __launch_bounds__(kMaxThreads) preload_gemm_kernel(Args a, const
       for (int sg = 0; sg < a.kc / 64; ++sg) tma_load_2d(ws + size_t(sg) * a.rows * 64, &wmap, k0 + sg * 64, n0, wbar);
     }
   }
+  // (Row and chunk are stepped, not divided out of a flat index: a runtime division is ~20
+  // instructions per 16 bytes, and the stamps had this issue loop at 0.8–1.4 µs.)
   for (int gi = 0; gi < (a.tma ? 0 : groups); ++gi) {
-    for (int i = tid; i < (load_w ? a.rows * cprg : 0); i += nthreads) {
-      const int r = i / cprg, c = gi * cprg + (i - r * cprg);
-      cp_async16(ws + size_t(r) * pitch + ((c ^ (r & 7)) * 8), a.w + size_t(n0 + r) * a.k + k0 + c * 8);
+    int r = tid / cprg, c = tid - r * cprg;
+    while (load_w && r < a.rows) {
+      const int cc = gi * cprg + c;
+      cp_async16(ws + size_t(r) * pitch + ((cc ^ (r & 7)) * 8), a.w + size_t(n0 + r) * a.k + k0 + cc * 8);
+      for (c += nthreads; c >= cprg; c -= cprg) ++r;
     }
     cp_async_commit();
   }
@@ -124,8 +128,7 @@ __global__ void __launch_bounds__(kMaxThreads) preload_gemm_kernel(Args a, const
   VLAC_STAMP(2);
   // 3. x's rows of this K part; token rows past m are zero. With one W group by cp.async (its
   //    group is then waited for with W's); with more, by loads, so W's groups complete alone.
-  for (int i = tid; i < a.ntr * cpr; i += nthreads) {
-    const int r = i / cpr, c = i - r * cpr;
+  for (int r = tid / cpr, c = tid - (tid / cpr) * cpr; r < a.ntr;) {
     uint16_t* dst = xs + size_t(r) * pitch + ((c ^ (r & 7)) * 8);
     const uint16_t* src = a.x + size_t(r) * a.ldx + k0 + c * 8;
     if (r >= a.m || (a.probe & 2))
@@ -134,10 +137,14 @@ __global__ void __launch_bounds__(kMaxThreads) preload_gemm_kernel(Args a, const
       cp_async16(dst, src);
     else
       *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+    for (c += nthreads; c >= cpr; c -= cpr) ++r;
   }
   if (groups == 1) cp_async_commit();
 
-  // 4. Each warp: 16 rows of W × every token over its group of K steps, W group by W group.
+  // 4. Each warp: 16 rows of W × every token over its group of K steps, W group by W group. The
+  //    token tiles are a compile-time count (NT), so a step's loads carry no branch: its W
+  //    fragment and all of its x fragments are loaded one step ahead (two register sets), and
+  //    a step's NT MMAs wait on nothing but the loads issued during the step before.
   const int warp = tid >> 5, lane = tid & 31;
   const int mw = warp % a.mwarps, g = warp / a.mwarps;
   const int spg = a.kc / 16 / a.kg, spw = a.kc / 16 / groups;
@@ -147,8 +154,28 @@ __global__ void __launch_bounds__(kMaxThreads) preload_gemm_kernel(Args a, const
   const int wrow = mw * 16 + l7 + hb * 8;
   const uint16_t* wa = ws + size_t(wrow) * (a.tma ? 64 : pitch);
   const uint16_t* xb = xs + size_t(ha * 8 + l7) * pitch;
-  float acc[8][4] = {};
-  const int nt = (a.probe & 1) ? 0 : a.nt;
+  constexpr int NP = (NT + 1) / 2;  // an x ldmatrix holds two token tiles (the odd one's rows are zero)
+  struct Frag {
+    uint32_t a[4];
+    uint32_t b[NP][4];
+  };
+  auto load = [&](int s, Frag& f) {
+    // W's chunk: in the row (cp.async), or in the row of 64-column segment s / 4 (TMA).
+    const int ca = a.tma ? (s >> 2) * a.rows * 64 + ((((s & 3) * 2 + ha) ^ l7) * 8) : ((2 * s + ha) ^ l7) * 8;
+    const int cb = ((2 * s + hb) ^ l7) * 8;
+    ldsm_x4(wa + ca, f.a[0], f.a[1], f.a[2], f.a[3]);
+#pragma unroll
+    for (int jp = 0; jp < NP; ++jp) ldsm_x4(xb + size_t(jp) * 16 * pitch + cb, f.b[jp][0], f.b[jp][1], f.b[jp][2], f.b[jp][3]);
+  };
+  float acc[NT][4] = {};
+  auto math = [&](const Frag& f) {
+#pragma unroll
+    for (int jp = 0; jp < NP; ++jp) {
+      mma(acc[2 * jp], f.a[0], f.a[1], f.a[2], f.a[3], f.b[jp][0], f.b[jp][1]);
+      if (2 * jp + 1 < NT) mma(acc[2 * jp + 1], f.a[0], f.a[1], f.a[2], f.a[3], f.b[jp][2], f.b[jp][3]);
+    }
+  };
+  const bool do_math = !(a.probe & 1);
   for (int gi = 0; gi < groups; ++gi) {
     switch (groups - 1 - gi) {  // W's groups still allowed in flight
       case 0: cp_async_wait<0>(); break;
@@ -160,51 +187,51 @@ __global__ void __launch_bounds__(kMaxThreads) preload_gemm_kernel(Args a, const
     if (a.tma && load_w && gi == 0) mbar_wait(wbar, 0);  // (x's barrier above ordered the init)
     if (gi == 0) VLAC_STAMP(3);
     const int lo = max(g * spg, gi * spw), hi = min((g + 1) * spg, (gi + 1) * spw);
-#pragma unroll 2
-    for (int s = lo; s < hi; ++s) {
-      // W's chunk: in the row (cp.async), or in the row of 64-column segment s / 4 (TMA).
-      const int ca = a.tma ? (s >> 2) * a.rows * 64 + ((((s & 3) * 2 + ha) ^ l7) * 8) : ((2 * s + ha) ^ l7) * 8;
-      const int cb = ((2 * s + hb) ^ l7) * 8;
-      uint32_t a0, a1, a2, a3;
-      ldsm_x4(wa + ca, a0, a1, a2, a3);
-#pragma unroll
-      for (int jp = 0; jp < 4; ++jp) {
-        if (2 * jp < nt) {
-          uint32_t b0, b1, b2, b3;
-          ldsm_x4(xb + size_t(jp) * 16 * pitch + cb, b0, b1, b2, b3);
-          mma(acc[2 * jp], a0, a1, a2, a3, b0, b1);
-          if (2 * jp + 1 < nt) mma(acc[2 * jp + 1], a0, a1, a2, a3, b2, b3);
-        }
-      }
+    if (!do_math || lo >= hi) continue;
+    Frag f0, f1;
+    load(lo, f0);
+    int s = lo;
+    for (; s + 1 < hi; s += 2) {
+      load(s + 1, f1);
+      math(f0);
+      if (s + 2 < hi) load(s + 2, f0);
+      math(f1);
     }
+    if (s < hi) math(f0);
   }
 
-  // 5. The block's partial [token][row] in shared memory (over W and x, now read), K groups
-  //    added in order.
+  // 5. The block's partial [token][row] in shared memory (over W and x, now read): each K group
+  //    writes its own slice in one pass; the groups are added in order below (in the output pass
+  //    with one part, into slice 0 before the cluster reads it with more).
   float* p = reinterpret_cast<float*>(smem_raw);
   const int pp = a.rows + 4;  // padded: the 4 tokens of a quad fall on other banks
+  const int slice = 8 * NT * pp;  // floats of one group's partial
   __syncthreads();
   VLAC_STAMP(4);
-  for (int gg = 0; gg < a.kg; ++gg) {
-    if (g == gg) {
+  {
+    float* pg = p + size_t(g) * slice;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        if (j >= nt) break;
+    for (int j = 0; j < NT; ++j) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int r = mw * 16 + (lane >> 2) + h * 8, t = 8 * j + 2 * (lane & 3);
-          float* p0 = p + size_t(t) * pp + r;
-          float* p1 = p0 + pp;
-          if (gg == 0) {
-            *p0 = acc[j][2 * h], *p1 = acc[j][2 * h + 1];
-          } else {
-            *p0 += acc[j][2 * h], *p1 += acc[j][2 * h + 1];
-          }
-        }
+      for (int h = 0; h < 2; ++h) {
+        const int r = mw * 16 + (lane >> 2) + h * 8, t = 8 * j + 2 * (lane & 3);
+        pg[size_t(t) * pp + r] = acc[j][2 * h];
+        pg[size_t(t + 1) * pp + r] = acc[j][2 * h + 1];
       }
     }
-    __syncthreads();
   }
+  __syncthreads();
+  const int v = a.rows / 4, total = a.m * v;
+  if (a.parts > 1 && a.kg > 1) {
+    for (int i = tid; i < total; i += nthreads) {
+      const int t = i / v, c = (i - t * v) * 4;
+      float* d = p + size_t(t) * pp + c;
+      float4 sum = load4(d);
+      for (int gg = 1; gg < a.kg; ++gg) add4(sum, load4(d + size_t(gg) * slice));
+      store4(d, sum);
+    }
+  }
+  const int kg_out = a.parts > 1 ? 1 : a.kg;  // groups the output pass adds
 
   // 6. The cluster's parts summed in rank order over distributed shared memory; each rank
   //    finishes a slice of the tile's outputs (+ bias, + y) and stores it.
@@ -216,7 +243,6 @@ __global__ void __launch_bounds__(kMaxThreads) preload_gemm_kernel(Args a, const
 #else
 #define VLAC_PART(q) p  // (launched on sm_90 and later only: preload_gemm_fits)
 #endif
-  const int v = a.rows / 4, total = a.m * v;
   const int per = (total + a.parts - 1) / a.parts;
   const int lo = part * per, hi = min(total, lo + per);
   const To* bias = static_cast<const To*>(a.bias);
@@ -231,6 +257,7 @@ __global__ void __launch_bounds__(kMaxThreads) preload_gemm_kernel(Args a, const
 #pragma unroll
     for (int q = 1; q < 8; ++q)
       if (q < a.parts) add4(s, part_sum[q]);
+    for (int gg = 1; gg < kg_out; ++gg) add4(s, load4(p + size_t(gg) * slice + size_t(t) * pp + c));
     const int n = n0 + c;
     if (bias) add4(s, load4(bias + n));
     To* dst = y + size_t(t) * a.ldy + n;
@@ -251,13 +278,6 @@ int token_rows(int64_t m) {
   return 16 * ((nt + 1) / 2);
 }
 
-uint64_t tile_smem(int64_t m, int rows, int64_t kc) {
-  const uint64_t ntr = uint64_t(token_rows(m));
-  const uint64_t operands = (uint64_t(rows) + ntr) * uint64_t(kc) * 2;
-  const uint64_t partial = ntr * uint64_t(rows + 4) * 4;
-  return std::max(operands, partial);
-}
-
 // Warps of a tile: rows / 16 along W, and K groups up to 8 warps in all (fewer where the K steps
 // do not divide).
 void tile_warps(int rows, int64_t kc, int* mwarps, int* kg) {
@@ -265,6 +285,54 @@ void tile_warps(int rows, int64_t kc, int* mwarps, int* kg) {
   int g = std::max(1, 8 / *mwarps);
   while (g > 1 && (kc / 16) % g != 0) g /= 2;
   *kg = g;
+}
+
+// Shared memory of a block: W's and x's tiles, which the K groups' partials (one slice of 8·NT
+// tokens × rows + 4 each) later overwrite.
+uint64_t tile_smem(int64_t m, int rows, int64_t kc) {
+  const uint64_t ntr = uint64_t(token_rows(m));
+  const uint64_t operands = (uint64_t(rows) + ntr) * uint64_t(kc) * 2;
+  int mw = 0, kg = 0;
+  tile_warps(rows, kc, &mw, &kg);
+  const uint64_t partial = uint64_t(kg) * uint64_t(8 * ((m + 7) / 8)) * uint64_t(rows + 4) * 4;
+  return std::max(operands, partial);
+}
+
+using KernelFn = void (*)(Args, const CUtensorMap);
+
+// The kernel for an output dtype and NT = ceil(m / 8) token tiles (1..8).
+template <typename To>
+KernelFn kernel_nt(int nt) {
+  switch (nt) {
+    case 1: return preload_gemm_kernel<To, 1>;
+    case 2: return preload_gemm_kernel<To, 2>;
+    case 3: return preload_gemm_kernel<To, 3>;
+    case 4: return preload_gemm_kernel<To, 4>;
+    case 5: return preload_gemm_kernel<To, 5>;
+    case 6: return preload_gemm_kernel<To, 6>;
+    case 7: return preload_gemm_kernel<To, 7>;
+    default: return preload_gemm_kernel<To, 8>;
+  }
+}
+KernelFn kernel_for(DType out, int64_t m) {
+  const int nt = int(std::clamp<int64_t>((m + 7) / 8, 1, 8));
+  return out == DType::BF16 ? kernel_nt<uint16_t>(nt) : kernel_nt<float>(nt);
+}
+
+// Every instantiation may take all of a multiprocessor's shared memory (set once).
+cudaError_t allow_full_smem() {
+  static const cudaError_t e = [] {
+    for (DType out : {DType::BF16, DType::F32})
+      for (int m = 8; m <= 64; m += 8) {
+        const cudaError_t r = cudaFuncSetAttribute(kernel_for(out, m), cudaFuncAttributeMaxDynamicSharedMemorySize, 227 << 10);
+        if (r != cudaSuccess) {
+          (void)cudaGetLastError();
+          return r;
+        }
+      }
+    return cudaSuccess;
+  }();
+  return e;
 }
 
 }  // namespace
@@ -363,12 +431,9 @@ static unsigned long long* g_stamps = nullptr;
 void preload_gemm_set_stamps(unsigned long long* stamps) { g_stamps = stamps; }
 
 // How many clusters of t can be resident at once on this GPU (-1: unknown).
-static int resident_clusters(DType out, const PreloadTiles& t) {
-  auto* kernel = out == DType::BF16 ? preload_gemm_kernel<uint16_t> : preload_gemm_kernel<float>;
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 << 10) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return -1;
-  }
+static int resident_clusters(const PreloadGemm& g, const PreloadTiles& t) {
+  const KernelFn kernel = kernel_for(g.out, g.m);
+  if (allow_full_smem() != cudaSuccess) return -1;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(unsigned(t.blocks));
   cfg.blockDim = dim3(unsigned(t.threads));
@@ -396,7 +461,7 @@ static PreloadTiles tiles_for(const PreloadGemm& g, int sms) {
   std::lock_guard<std::mutex> lock(mu);
   if (auto it = cache.find(key); it != cache.end()) return it->second;
   std::function<int(const PreloadTiles&)> resident;
-  if (one_wave) resident = [&g](const PreloadTiles& t) { return resident_clusters(g.out, t); };
+  if (one_wave) resident = [&g](const PreloadTiles& t) { return resident_clusters(g, t); };
   const PreloadTiles t = preload_gemm_tiles(g.m, g.n, g.k, sms * preload_gemm_waves(), preload_gemm_smem_limit(),
                                             preload_gemm_max_parts(), resident);
   cache.emplace(key, t);
@@ -434,15 +499,8 @@ Status preload_gemm(cudaStream_t stream, const PreloadGemm& g, int sms, const vo
   for (const void* ptr : {x, w, static_cast<const void*>(y), bias})
     if ((reinterpret_cast<uintptr_t>(ptr) & 15u) != 0) return invalid_argument(name() + ": pointers must be 16-byte aligned");
   const PreloadTiles t = tiles_for(g, sms);
-  const bool bf = g.out == DType::BF16;
-  auto* kernel = bf ? preload_gemm_kernel<uint16_t> : preload_gemm_kernel<float>;  // both void(Args)
-  static const cudaError_t attr = [] {
-    cudaError_t e = cudaFuncSetAttribute(preload_gemm_kernel<uint16_t>, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 << 10);
-    if (e == cudaSuccess)
-      e = cudaFuncSetAttribute(preload_gemm_kernel<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 << 10);
-    (void)cudaGetLastError();
-    return e;
-  }();
+  const KernelFn kernel = kernel_for(g.out, g.m);
+  const cudaError_t attr = allow_full_smem();
   if (attr != cudaSuccess) return Status(StatusCode::Backend, name() + ": " + cudaGetErrorString(attr));
   Args a{};
   a.x = static_cast<const uint16_t*>(x), a.w = static_cast<const uint16_t*>(w), a.bias = bias, a.y = y;
@@ -450,7 +508,7 @@ Status preload_gemm(cudaStream_t stream, const PreloadGemm& g, int sms, const vo
   a.ldx = int(g.ldx ? g.ldx : g.k), a.ldy = int(g.ldy ? g.ldy : g.n);
   a.rows = t.rows, a.kc = int(g.k / t.parts), a.parts = t.parts;
   tile_warps(t.rows, a.kc, &a.mwarps, &a.kg);
-  a.nt = int((g.m + 7) / 8), a.ntr = token_rows(g.m);
+  a.ntr = token_rows(g.m);
   a.accumulate = g.accumulate ? 1 : 0;
   static const int probe = int(env_count("VLAC_PRELOAD_PROBE", 0));
   a.probe = probe;
@@ -501,7 +559,7 @@ PreloadTiles preload_gemm_plan(const PreloadGemm& g, int sms) { return tiles_for
 
 int preload_gemm_active_clusters(const PreloadGemm& g, int sms) {
   const PreloadTiles t = tiles_for(g, sms);
-  return t.rows == 0 ? 0 : resident_clusters(g.out, t);
+  return t.rows == 0 ? 0 : resident_clusters(g, t);
 }
 
 }  // namespace vlac::cuda
