@@ -14,7 +14,12 @@ bins=("$build/vlac" "$build/vlac_write_pi05" "$build/bench/pi05_chunk_bench")
 for b in "${bins[@]}"; do [ -x "$b" ] || { echo "make_cuda_bench_bundle: $b missing (build vlac vlac_write_pi05 pi05_chunk_bench)" >&2; exit 2; }; done
 # The GPU test harness and the kernel bench travel too where they are built, so one call can test
 # and benchmark (.devcarry-s7-style drivers run bin/test_cuda before the benchmark).
-for b in "$build/tests/test_cuda" "$build/bench/cuda_bench" "$build/bench/expert_mlp_bench" "$build/bench/expert_stream_bench" "$build/bench/preload_gemm_bench" "$build/bench/fp8_scale_modes_bench"; do [ -x "$b" ] && bins+=("$b"); done
+# BUNDLE_SKIP names those to leave out (e.g. "expert_mlp_bench expert_stream_bench": a call
+# carries 64 MiB in all).
+for b in "$build/tests/test_cuda" "$build/bench/cuda_bench" "$build/bench/expert_mlp_bench" "$build/bench/expert_stream_bench" "$build/bench/preload_gemm_bench" "$build/bench/fp8_scale_modes_bench"; do
+  [[ " ${BUNDLE_SKIP:-} " == *" $(basename "$b") "* ]] && continue
+  [ -x "$b" ] && bins+=("$b")
+done
 stage="$(mktemp -d "${TMPDIR:-/tmp}/vlac_cuda_bench.XXXXXX")"
 trap 'rm -rf "$stage"' EXIT
 chmod 755 "$stage"

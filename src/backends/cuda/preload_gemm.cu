@@ -53,6 +53,8 @@ struct Args {
     if (a.stamps && threadIdx.x == 0) a.stamps[size_t(blockIdx.x) * kPreloadStamps + (i)] = globaltimer(); \
   } while (0)
 
+// (The kernel has code for sm_90 and later only, so neither have these below it.)
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 __device__ __forceinline__ void add4(float4& s, float4 t) { s.x += t.x, s.y += t.y, s.z += t.z, s.w += t.w; }
 __device__ __forceinline__ float4 load4(const float* p) { return *reinterpret_cast<const float4*>(p); }
 __device__ __forceinline__ float4 load4(const uint16_t* p) {
@@ -81,8 +83,14 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, i
 #endif
 }
 
+#endif
+
 template <typename To, int NT>
 __global__ void __launch_bounds__(kMaxThreads) preload_gemm_kernel(Args a, const __grid_constant__ CUtensorMap wmap) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  (void)a, (void)wmap;  // launched on sm_90 and later only (preload_gemm_fits): no code for sm_80/87
+#else
+
   // 1024-byte aligned: TMA's 128-byte swizzle follows address bits 7-9, which the XOR below assumes.
   extern __shared__ __align__(1024) uint4 smem_raw[];
   // The TMA boxes' barrier, past the tile (the launch adds 16 bytes when a.tma).
@@ -270,6 +278,7 @@ __global__ void __launch_bounds__(kMaxThreads) preload_gemm_kernel(Args a, const
   if (a.parts > 1) cluster.sync();  // no block leaves while another reads its partial
 #endif
   VLAC_STAMP(7);
+#endif
 }
 #undef VLAC_STAMP
 
