@@ -85,8 +85,10 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, i
 
 #endif
 
-template <typename To, int NT>
-__global__ void __launch_bounds__(kMaxThreads) preload_gemm_kernel(Args a, const __grid_constant__ CUtensorMap wmap) {
+// NT token tiles of 8 (ceil(m / 8)); RW row tiles of 16 a warp (2: each x fragment a warp
+// loads from shared memory feeds twice the MMAs, and the block's x is read half as often).
+template <typename To, int NT, int RW>
+__global__ void __launch_bounds__(RW == 2 ? kMaxThreads / 2 : kMaxThreads) preload_gemm_kernel(Args a, const __grid_constant__ CUtensorMap wmap) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   (void)a, (void)wmap;  // launched on sm_90 and later only (preload_gemm_fits): no code for sm_80/87
 #else
@@ -118,12 +120,14 @@ __global__ void __launch_bounds__(kMaxThreads) preload_gemm_kernel(Args a, const
   }
   // (Row and chunk are stepped, not divided out of a flat index: a runtime division is ~20
   // instructions per 16 bytes, and the stamps had this issue loop at 0.8–1.4 µs.)
+  const int wdr = nthreads / cprg, wdc = nthreads - wdr * cprg;
   for (int gi = 0; gi < (a.tma ? 0 : groups); ++gi) {
     int r = tid / cprg, c = tid - r * cprg;
     while (load_w && r < a.rows) {
       const int cc = gi * cprg + c;
       cp_async16(ws + size_t(r) * pitch + ((cc ^ (r & 7)) * 8), a.w + size_t(n0 + r) * a.k + k0 + cc * 8);
-      for (c += nthreads; c >= cprg; c -= cprg) ++r;
+      r += wdr, c += wdc;
+      if (c >= cprg) c -= cprg, ++r;
     }
     cp_async_commit();
   }
@@ -136,6 +140,7 @@ __global__ void __launch_bounds__(kMaxThreads) preload_gemm_kernel(Args a, const
   VLAC_STAMP(2);
   // 3. x's rows of this K part; token rows past m are zero. With one W group by cp.async (its
   //    group is then waited for with W's); with more, by loads, so W's groups complete alone.
+  const int xdr = nthreads / cpr, xdc = nthreads - xdr * cpr;
   for (int r = tid / cpr, c = tid - (tid / cpr) * cpr; r < a.ntr;) {
     uint16_t* dst = xs + size_t(r) * pitch + ((c ^ (r & 7)) * 8);
     const uint16_t* src = a.x + size_t(r) * a.ldx + k0 + c * 8;
@@ -145,7 +150,8 @@ __global__ void __launch_bounds__(kMaxThreads) preload_gemm_kernel(Args a, const
       cp_async16(dst, src);
     else
       *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
-    for (c += nthreads; c >= cpr; c -= cpr) ++r;
+    r += xdr, c += xdc;
+    if (c >= cpr) c -= cpr, ++r;
   }
   if (groups == 1) cp_async_commit();
 
@@ -159,28 +165,34 @@ __global__ void __launch_bounds__(kMaxThreads) preload_gemm_kernel(Args a, const
   // A lane's row address: its row's 16-byte chunk 2s + ha (A) or 2s + hb (B), swizzled by the
   // row's low three bits, which are lane % 8 for both.
   const int l7 = lane & 7, ha = lane >> 4, hb = (lane >> 3) & 1;
-  const int wrow = mw * 16 + l7 + hb * 8;
-  const uint16_t* wa = ws + size_t(wrow) * (a.tma ? 64 : pitch);
+  const int wrow = mw * 16 * RW + l7 + hb * 8;
+  const int wpitch = a.tma ? 64 : pitch;  // elements between W's rows
+  const uint16_t* wa = ws + size_t(wrow) * wpitch;
   const uint16_t* xb = xs + size_t(ha * 8 + l7) * pitch;
   constexpr int NP = (NT + 1) / 2;  // an x ldmatrix holds two token tiles (the odd one's rows are zero)
   struct Frag {
-    uint32_t a[4];
+    uint32_t a[RW][4];
     uint32_t b[NP][4];
   };
   auto load = [&](int s, Frag& f) {
     // W's chunk: in the row (cp.async), or in the row of 64-column segment s / 4 (TMA).
     const int ca = a.tma ? (s >> 2) * a.rows * 64 + ((((s & 3) * 2 + ha) ^ l7) * 8) : ((2 * s + ha) ^ l7) * 8;
     const int cb = ((2 * s + hb) ^ l7) * 8;
-    ldsm_x4(wa + ca, f.a[0], f.a[1], f.a[2], f.a[3]);
+#pragma unroll
+    for (int rr = 0; rr < RW; ++rr) ldsm_x4(wa + size_t(rr) * 16 * wpitch + ca, f.a[rr][0], f.a[rr][1], f.a[rr][2], f.a[rr][3]);
 #pragma unroll
     for (int jp = 0; jp < NP; ++jp) ldsm_x4(xb + size_t(jp) * 16 * pitch + cb, f.b[jp][0], f.b[jp][1], f.b[jp][2], f.b[jp][3]);
   };
-  float acc[NT][4] = {};
+  float acc[RW][NT][4] = {};
   auto math = [&](const Frag& f) {
 #pragma unroll
-    for (int jp = 0; jp < NP; ++jp) {
-      mma(acc[2 * jp], f.a[0], f.a[1], f.a[2], f.a[3], f.b[jp][0], f.b[jp][1]);
-      if (2 * jp + 1 < NT) mma(acc[2 * jp + 1], f.a[0], f.a[1], f.a[2], f.a[3], f.b[jp][2], f.b[jp][3]);
+    for (int rr = 0; rr < RW; ++rr) {
+      const uint32_t(&fa)[4] = f.a[rr];
+#pragma unroll
+      for (int jp = 0; jp < NP; ++jp) {
+        mma(acc[rr][2 * jp], fa[0], fa[1], fa[2], fa[3], f.b[jp][0], f.b[jp][1]);
+        if (2 * jp + 1 < NT) mma(acc[rr][2 * jp + 1], fa[0], fa[1], fa[2], fa[3], f.b[jp][2], f.b[jp][3]);
+      }
     }
   };
   const bool do_math = !(a.probe & 1);
@@ -219,12 +231,15 @@ __global__ void __launch_bounds__(kMaxThreads) preload_gemm_kernel(Args a, const
   {
     float* pg = p + size_t(g) * slice;
 #pragma unroll
-    for (int j = 0; j < NT; ++j) {
+    for (int rr = 0; rr < RW; ++rr) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = mw * 16 + (lane >> 2) + h * 8, t = 8 * j + 2 * (lane & 3);
-        pg[size_t(t) * pp + r] = acc[j][2 * h];
-        pg[size_t(t + 1) * pp + r] = acc[j][2 * h + 1];
+      for (int j = 0; j < NT; ++j) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = (mw * RW + rr) * 16 + (lane >> 2) + h * 8, t = 8 * j + 2 * (lane & 3);
+          pg[size_t(t) * pp + r] = acc[rr][j][2 * h];
+          pg[size_t(t + 1) * pp + r] = acc[rr][j][2 * h + 1];
+        }
       }
     }
   }
@@ -287,10 +302,17 @@ int token_rows(int64_t m) {
   return 16 * ((nt + 1) / 2);
 }
 
-// Warps of a tile: rows / 16 along W, and K groups up to 8 warps in all (fewer where the K steps
+// Warps of a tile: rows / (16 · tile_rw) along W, and K groups up to 8 warps in all (fewer where the K steps
 // do not divide).
+// Row tiles of 16 a warp: 2 where the tile's rows allow it (VLAC_PRELOAD_RW=1: always 1, to
+// compare).
+int tile_rw(int rows) {
+  static const bool one = env_count("VLAC_PRELOAD_RW", 2) == 1;
+  return rows % 32 == 0 && !one ? 2 : 1;
+}
+
 void tile_warps(int rows, int64_t kc, int* mwarps, int* kg) {
-  *mwarps = rows / 16;
+  *mwarps = rows / (16 * tile_rw(rows));
   int g = std::max(1, 8 / *mwarps);
   while (g > 1 && (kc / 16) % g != 0) g /= 2;
   *kg = g;
@@ -309,36 +331,39 @@ uint64_t tile_smem(int64_t m, int rows, int64_t kc) {
 
 using KernelFn = void (*)(Args, const CUtensorMap);
 
-// The kernel for an output dtype and NT = ceil(m / 8) token tiles (1..8).
-template <typename To>
+// The kernel for an output dtype, NT = ceil(m / 8) token tiles (1..8) and RW row tiles a warp.
+template <typename To, int RW>
 KernelFn kernel_nt(int nt) {
   switch (nt) {
-    case 1: return preload_gemm_kernel<To, 1>;
-    case 2: return preload_gemm_kernel<To, 2>;
-    case 3: return preload_gemm_kernel<To, 3>;
-    case 4: return preload_gemm_kernel<To, 4>;
-    case 5: return preload_gemm_kernel<To, 5>;
-    case 6: return preload_gemm_kernel<To, 6>;
-    case 7: return preload_gemm_kernel<To, 7>;
-    default: return preload_gemm_kernel<To, 8>;
+    case 1: return preload_gemm_kernel<To, 1, RW>;
+    case 2: return preload_gemm_kernel<To, 2, RW>;
+    case 3: return preload_gemm_kernel<To, 3, RW>;
+    case 4: return preload_gemm_kernel<To, 4, RW>;
+    case 5: return preload_gemm_kernel<To, 5, RW>;
+    case 6: return preload_gemm_kernel<To, 6, RW>;
+    case 7: return preload_gemm_kernel<To, 7, RW>;
+    default: return preload_gemm_kernel<To, 8, RW>;
   }
 }
-KernelFn kernel_for(DType out, int64_t m) {
+KernelFn kernel_for(DType out, int64_t m, int rw) {
   const int nt = int(std::clamp<int64_t>((m + 7) / 8, 1, 8));
-  return out == DType::BF16 ? kernel_nt<uint16_t>(nt) : kernel_nt<float>(nt);
+  if (out == DType::BF16) return rw == 2 ? kernel_nt<uint16_t, 2>(nt) : kernel_nt<uint16_t, 1>(nt);
+  return rw == 2 ? kernel_nt<float, 2>(nt) : kernel_nt<float, 1>(nt);
 }
 
 // Every instantiation may take all of a multiprocessor's shared memory (set once).
 cudaError_t allow_full_smem() {
   static const cudaError_t e = [] {
     for (DType out : {DType::BF16, DType::F32})
-      for (int m = 8; m <= 64; m += 8) {
-        const cudaError_t r = cudaFuncSetAttribute(kernel_for(out, m), cudaFuncAttributeMaxDynamicSharedMemorySize, 227 << 10);
-        if (r != cudaSuccess) {
-          (void)cudaGetLastError();
-          return r;
+      for (int m = 8; m <= 64; m += 8)
+        for (int rw : {1, 2}) {
+          const cudaError_t r =
+              cudaFuncSetAttribute(kernel_for(out, m, rw), cudaFuncAttributeMaxDynamicSharedMemorySize, 227 << 10);
+          if (r != cudaSuccess) {
+            (void)cudaGetLastError();
+            return r;
+          }
         }
-      }
     return cudaSuccess;
   }();
   return e;
@@ -441,7 +466,7 @@ void preload_gemm_set_stamps(unsigned long long* stamps) { g_stamps = stamps; }
 
 // How many clusters of t can be resident at once on this GPU (-1: unknown).
 static int resident_clusters(const PreloadGemm& g, const PreloadTiles& t) {
-  const KernelFn kernel = kernel_for(g.out, g.m);
+  const KernelFn kernel = kernel_for(g.out, g.m, tile_rw(t.rows));
   if (allow_full_smem() != cudaSuccess) return -1;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(unsigned(t.blocks));
@@ -508,7 +533,7 @@ Status preload_gemm(cudaStream_t stream, const PreloadGemm& g, int sms, const vo
   for (const void* ptr : {x, w, static_cast<const void*>(y), bias})
     if ((reinterpret_cast<uintptr_t>(ptr) & 15u) != 0) return invalid_argument(name() + ": pointers must be 16-byte aligned");
   const PreloadTiles t = tiles_for(g, sms);
-  const KernelFn kernel = kernel_for(g.out, g.m);
+  const KernelFn kernel = kernel_for(g.out, g.m, tile_rw(t.rows));
   const cudaError_t attr = allow_full_smem();
   if (attr != cudaSuccess) return Status(StatusCode::Backend, name() + ": " + cudaGetErrorString(attr));
   Args a{};
