@@ -4,6 +4,7 @@
 // only after the kernel that writes x has finished.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -61,6 +62,28 @@ TEST(PreloadGemmTiles, PassOverCandidatesThatWouldLoadInTwoWaves) {
   const PreloadTiles u = preload_gemm_tiles(50, 1024, 2048, 132, 160 << 10, 8, unknown);
   EXPECT_EQ(u.rows, free_o.rows) << "an unknown count passes";
   EXPECT_EQ(u.parts, free_o.parts);
+}
+
+// K parts written as partials (PreloadGemm::k_parts): exactly that many blocks a row tile, no
+// cluster, so the GPU's cluster limit is asked about clusters of one block; the expert's down
+// then has a one-wave tile where the cluster sum has none (above).
+TEST(PreloadGemmTiles, SplitPartsAreExactAndNeedNoCluster) {
+  const PreloadTiles down = preload_gemm_tiles(50, 1024, 4096, 132, 160 << 10, 8, {}, 8);
+  ASSERT_GT(down.rows, 0) << "expert down in 8 K parts";
+  EXPECT_EQ(down.parts, 8);
+  EXPECT_EQ(down.blocks, (1024 / down.rows) * 8);
+  EXPECT_LE(down.blocks, 132);
+  EXPECT_GE(down.blocks, 64) << "most multiprocessors hold a tile";
+  EXPECT_LE(down.smem, uint64_t(160) << 10);
+  // A GPU that holds 100 one-block clusters at once: every block must be resident.
+  auto hundred = [](const PreloadTiles&) { return 100; };
+  const PreloadTiles few = preload_gemm_tiles(50, 1024, 4096, 132, 227 << 10, 8, hundred, 8);
+  ASSERT_GT(few.rows, 0);
+  EXPECT_LE(few.blocks, 100) << "blocks, not clusters of 8, are counted";
+  const PreloadTiles two = preload_gemm_tiles(50, 2560, 1024, 132, 227 << 10, 1, {}, 2);
+  EXPECT_EQ(two.parts, 2) << "split parts ignore the cluster limit on parts";
+  EXPECT_EQ(preload_gemm_tiles(50, 1024, 4096, 132, 160 << 10, 8, {}, 3).rows, 0) << "3 parts do not divide K";
+  EXPECT_EQ(preload_gemm_tiles(50, 1024, 4096, 132, 160 << 10, 8, {}, 128).rows, 0) << "K parts under 64 columns";
 }
 
 class CudaPreloadGemm : public CudaTest {
@@ -144,6 +167,56 @@ TEST_F(CudaPreloadGemm, MatchesCpu) {
   EXPECT_GE(ran, 60) << "most shapes run the kernel";
 }
 
+// K parts as partials: part q of y is x[:, q·kc, kc]·W[:, q·kc, kc]ᵀ, each within fp32 rounding of
+// the CPU's product of those columns, the same on a second run, and nothing past n written.
+TEST_F(CudaPreloadGemm, KPartsMatchCpu) {
+  struct Case { Shape s; int parts; int64_t pad; };
+  const Case cases[] = {{kExpert[3], 8, 0}, {kExpert[3], 4, 64}, {kExpert[0], 4, 0}, {{9, 512, 96, "odd M"}, 2, 8}};
+  const int sms = device_sm_count();
+  uint32_t seed = 71;
+  int ran = 0;
+  for (const auto& cs : cases) {
+    const Shape& c = cs.s;
+    const int64_t ldy = c.n + cs.pad, kc = c.k / cs.parts;
+    PreloadGemm g{c.m, c.n, c.k, DType::F32, false, false, 0, ldy};
+    g.k_parts = cs.parts;
+    if (!preload_gemm_fits(g, sms)) {
+      std::printf("%s in %d parts: left to cuBLASLt on this GPU\n", c.what, cs.parts);
+      continue;
+    }
+    ++ran;
+    auto x = bf16_values(randn(size_t(c.m * c.k), ++seed));
+    auto w = bf16_values(randn(size_t(c.n * c.k), ++seed, 1.0f / std::sqrt(float(c.k))));
+    const size_t yn = size_t(cs.parts * c.m * ldy);
+    const std::vector<float> y0(yn, 7.0f);
+    auto dx = to_device(to_bf16(x)), dw = to_device(to_bf16(w));
+    auto dy = to_device(y0), dy2 = to_device(y0);
+    VLAC_CUDA_OK(preload_gemm(stream_, g, sms, dx->get(), dw->get(), nullptr, dy->get()));
+    VLAC_CUDA_OK(preload_gemm(stream_, g, sms, dx->get(), dw->get(), nullptr, dy2->get()));
+    sync();
+    const auto got = download<float>(*dy, yn);
+    EXPECT_EQ(got, download<float>(*dy2, yn)) << c.what << ": a second run differs";
+    for (int q = 0; q < cs.parts; ++q) {
+      std::vector<float> xq(size_t(c.m * kc)), wq(size_t(c.n * kc)), ref(size_t(c.m * c.n)), part(ref.size());
+      for (int64_t i = 0; i < c.m; ++i)
+        std::copy_n(x.begin() + i * c.k + q * kc, kc, xq.begin() + i * kc);
+      for (int64_t j = 0; j < c.n; ++j)
+        std::copy_n(w.begin() + j * c.k + q * kc, kc, wq.begin() + j * kc);
+      cpu::linear_f32(xq.data(), wq.data(), nullptr, ref.data(), c.m, kc, c.n);
+      for (int64_t i = 0; i < c.m; ++i)
+        for (int64_t j = 0; j < ldy; ++j) {
+          const float v = got[size_t((q * c.m + i) * ldy + j)];
+          if (j < c.n)
+            part[size_t(i * c.n + j)] = v;
+          else
+            ASSERT_EQ(v, 7.0f) << c.what << " part " << q << ": a column past n was written";
+        }
+      EXPECT_LT(rel_err(part, ref), 1e-4) << c.what << " part " << q << " of " << cs.parts;
+    }
+  }
+  EXPECT_GE(ran, 3) << "most cases run the kernel";
+}
+
 TEST_F(CudaPreloadGemm, RefusesWhatItCannotRun) {
   const int sms = device_sm_count();
   DevBuf a(1 << 20), b(1 << 20), c(1 << 20);
@@ -151,6 +224,12 @@ TEST_F(CudaPreloadGemm, RefusesWhatItCannotRun) {
             StatusCode::Unsupported);
   EXPECT_EQ(preload_gemm(stream_, PreloadGemm{8, 64, 64, DType::F32, true}, sms, a.get(), b.get(), nullptr, c.get()).code(),
             StatusCode::InvalidArgument);
+  PreloadGemm parts_bf16{8, 64, 256, DType::BF16};
+  parts_bf16.k_parts = 2;
+  EXPECT_FALSE(preload_gemm_fits(parts_bf16, sms)) << "K parts are fp32";
+  PreloadGemm parts_bias{8, 64, 256, DType::F32, true};
+  parts_bias.k_parts = 2;
+  EXPECT_FALSE(preload_gemm_fits(parts_bias, sms)) << "K parts take no bias";
   EXPECT_EQ(preload_gemm(stream_, PreloadGemm{8, 64, 64}, sms, static_cast<char*>(a.get()) + 2, b.get(), nullptr,
                          c.get()).code(),
             StatusCode::InvalidArgument);

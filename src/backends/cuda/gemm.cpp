@@ -770,15 +770,17 @@ static bool runs_small_f32(const GemmDesc& d) {
          (d.ldy == 0 || d.ldy == d.n) && small_f32_gemm_fits(d.m, d.n, d.k) && small_f32_gemm_enabled();
 }
 
-// bf16 with few rows (the expert's GEMMs), opt-in with VLAC_PRELOAD_GEMM=1: preload_gemm.h's
-// kernel, which reads its weights before it waits for x. No plan and no timing: what it is for
-// (weights streaming while earlier kernels run) shows only inside a recorded chain, not alone.
-// Measured slower in whole chunks so far (session 29).
+// bf16 with few rows (the expert's GEMMs), opt-in with VLAC_PRELOAD_GEMM=1 (=2: only GEMMs that
+// write K parts): preload_gemm.h's kernel, which reads its weights before it waits for x. No plan
+// and no timing: what it is for (weights streaming while earlier kernels run) shows only inside a
+// recorded chain, not alone. Measured slower in whole chunks so far (sessions 29-32).
 static bool runs_preload(const GemmDesc& d, int sms, PreloadGemm* g) {
-  if (!preload_gemm_enabled() || d.in != DType::BF16 || d.tf32 || d.k_parts > 1 ||
+  const int mode = preload_gemm_mode();
+  if (mode == 0 || (mode == 2 && d.k_parts < 2) || d.in != DType::BF16 || d.tf32 ||
       (d.epilogue != Epilogue::None && d.epilogue != Epilogue::Bias))
     return false;
   *g = PreloadGemm{d.m, d.n, d.k, d.out, d.epilogue == Epilogue::Bias, d.accumulate, d.ldx, d.ldy};
+  g->k_parts = d.k_parts > 1 ? d.k_parts : 0;
   return preload_gemm_fits(*g, sms);
 }
 

@@ -14,6 +14,7 @@
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "backends/cuda/capture_edge.h"
 #include "backends/cuda/common.cuh"
@@ -37,6 +38,7 @@ struct Args {
   void* y;
   int m, n, k, ldx, ldy;
   int rows, kc, parts;  // the block's W tile: rows × kc; parts blocks a row tile (a cluster)
+  int split;            // 1: no cluster; part q's block writes fp32 partial q at y + q · m · ldy
   int kg, mwarps;       // warps: mwarps of 16 rows each × kg groups of the K steps
   int ntr;              // token rows in shared memory (zero past m; the kernel's NT tiles of 8 use them)
   int accumulate;
@@ -245,7 +247,8 @@ __global__ void __launch_bounds__(RW == 2 ? kMaxThreads / 2 : kMaxThreads) prelo
   }
   __syncthreads();
   const int v = a.rows / 4, total = a.m * v;
-  if (a.parts > 1 && a.kg > 1) {
+  const int cparts = a.split ? 1 : a.parts;  // blocks of a cluster
+  if (cparts > 1 && a.kg > 1) {
     for (int i = tid; i < total; i += nthreads) {
       const int t = i / v, c = (i - t * v) * 4;
       float* d = p + size_t(t) * pp + c;
@@ -254,32 +257,33 @@ __global__ void __launch_bounds__(RW == 2 ? kMaxThreads / 2 : kMaxThreads) prelo
       store4(d, sum);
     }
   }
-  const int kg_out = a.parts > 1 ? 1 : a.kg;  // groups the output pass adds
+  const int kg_out = cparts > 1 ? 1 : a.kg;  // groups the output pass adds
 
   // 6. The cluster's parts summed in rank order over distributed shared memory; each rank
-  //    finishes a slice of the tile's outputs (+ bias, + y) and stores it.
+  //    finishes a slice of the tile's outputs (+ bias, + y) and stores it. Split: each block
+  //    stores its whole partial.
   VLAC_STAMP(5);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   cg::cluster_group cluster = cg::this_cluster();
-  if (a.parts > 1) cluster.sync();
-#define VLAC_PART(q) (a.parts > 1 ? cluster.map_shared_rank(p, q) : p)
+  if (cparts > 1) cluster.sync();
+#define VLAC_PART(q) (cparts > 1 ? cluster.map_shared_rank(p, q) : p)
 #else
 #define VLAC_PART(q) p  // (launched on sm_90 and later only: preload_gemm_fits)
 #endif
-  const int per = (total + a.parts - 1) / a.parts;
-  const int lo = part * per, hi = min(total, lo + per);
+  const int per = (total + cparts - 1) / cparts;
+  const int lo = a.split ? 0 : part * per, hi = min(total, lo + per);
   const To* bias = static_cast<const To*>(a.bias);
-  To* y = static_cast<To*>(a.y);
+  To* y = static_cast<To*>(a.y) + (a.split ? size_t(part) * a.m * a.ldy : 0);
   for (int i = lo + tid; i < hi; i += nthreads) {
     const int t = i / v, c = (i - t * v) * 4;
     float4 part_sum[8];  // every part's load issued before the first add
 #pragma unroll
     for (int q = 0; q < 8; ++q)
-      if (q < a.parts) part_sum[q] = load4(VLAC_PART(q) + size_t(t) * pp + c);
+      if (q < cparts) part_sum[q] = load4(VLAC_PART(q) + size_t(t) * pp + c);
     float4 s = part_sum[0];
 #pragma unroll
     for (int q = 1; q < 8; ++q)
-      if (q < a.parts) add4(s, part_sum[q]);
+      if (q < cparts) add4(s, part_sum[q]);
     for (int gg = 1; gg < kg_out; ++gg) add4(s, load4(p + size_t(gg) * slice + size_t(t) * pp + c));
     const int n = n0 + c;
     if (bias) add4(s, load4(bias + n));
@@ -290,7 +294,7 @@ __global__ void __launch_bounds__(RW == 2 ? kMaxThreads / 2 : kMaxThreads) prelo
 #undef VLAC_PART
   VLAC_STAMP(6);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (a.parts > 1) cluster.sync();  // no block leaves while another reads its partial
+  if (cparts > 1) cluster.sync();  // no block leaves while another reads its partial
 #endif
   VLAC_STAMP(7);
 #endif
@@ -372,14 +376,16 @@ cudaError_t allow_full_smem() {
 }  // namespace
 
 PreloadTiles preload_gemm_tiles(int64_t m, int64_t n, int64_t k, int sms, uint64_t smem_limit, int max_parts,
-                                const std::function<int(const PreloadTiles&)>& resident_clusters) {
+                                const std::function<int(const PreloadTiles&)>& resident_clusters, int split_parts) {
   PreloadTiles best;
   uint64_t best_x = 0;
   if (m < 1 || m > 64 || n < 16 || k < 64 || sms < 1) return best;
+  const bool split = split_parts > 1;  // exactly these parts, each a block of its own
+  const std::vector<int> part_options = split ? std::vector<int>{split_parts} : std::vector<int>{1, 2, 4, 8};
   for (int rows : {16, 32, 64, 128, 256}) {
     if (n % rows != 0) continue;
-    for (int parts : {1, 2, 4, 8}) {
-      if (parts > max_parts || k % parts != 0 || (k / parts) % 64 != 0) continue;
+    for (int parts : part_options) {
+      if ((!split && parts > max_parts) || k % parts != 0 || (k / parts) % 64 != 0) continue;
       const int64_t kc = k / parts;
       const int64_t blocks = (n / rows) * parts;
       const uint64_t smem = tile_smem(m, rows, kc);
@@ -393,7 +399,7 @@ PreloadTiles preload_gemm_tiles(int64_t m, int64_t n, int64_t k, int sms, uint64
       const PreloadTiles t{rows, parts, int(blocks), 32 * mw * kg, smem};
       if (resident_clusters) {  // every cluster resident at once, or the weights load in waves
         const int r = resident_clusters(t);
-        if (r >= 0 && blocks / parts > r) continue;
+        if (r >= 0 && blocks / (split ? 1 : parts) > r) continue;
       }
       best = t;
       best_x = xbytes;
@@ -474,7 +480,7 @@ static int resident_clusters(const PreloadGemm& g, const PreloadTiles& t) {
   cfg.dynamicSmemBytes = t.smem;
   cudaLaunchAttribute at[1];
   at[0].id = cudaLaunchAttributeClusterDimension;
-  at[0].val.clusterDim.x = unsigned(t.parts), at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
+  at[0].val.clusterDim.x = g.k_parts > 1 ? 1u : unsigned(t.parts), at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
   cfg.attrs = at;
   cfg.numAttrs = 1;
   int n = 0;
@@ -489,15 +495,16 @@ static int resident_clusters(const PreloadGemm& g, const PreloadTiles& t) {
 // (VLAC_PRELOAD_ONE_WAVE=0: not checked); cached per shape (a query per candidate costs µs).
 static PreloadTiles tiles_for(const PreloadGemm& g, int sms) {
   static std::mutex mu;
-  static std::map<std::tuple<int64_t, int64_t, int64_t, int, int>, PreloadTiles> cache;
+  static std::map<std::tuple<int64_t, int64_t, int64_t, int, int, int>, PreloadTiles> cache;
   static const bool one_wave = !env_off("VLAC_PRELOAD_ONE_WAVE");
-  const auto key = std::make_tuple(g.m, g.n, g.k, int(g.out), sms);
+  const int split = g.k_parts > 1 ? g.k_parts : 0;
+  const auto key = std::make_tuple(g.m, g.n, g.k, int(g.out), sms, split);
   std::lock_guard<std::mutex> lock(mu);
   if (auto it = cache.find(key); it != cache.end()) return it->second;
   std::function<int(const PreloadTiles&)> resident;
   if (one_wave) resident = [&g](const PreloadTiles& t) { return resident_clusters(g, t); };
   const PreloadTiles t = preload_gemm_tiles(g.m, g.n, g.k, sms * preload_gemm_waves(), preload_gemm_smem_limit(),
-                                            preload_gemm_max_parts(), resident);
+                                            preload_gemm_max_parts(), resident, split);
   cache.emplace(key, t);
   return t;
 }
@@ -511,13 +518,18 @@ bool preload_gemm_fits(const PreloadGemm& g, int sms) {
   const int64_t ldx = g.ldx ? g.ldx : g.k, ldy = g.ldy ? g.ldy : g.n;
   if ((g.out != DType::BF16 && g.out != DType::F32) || ldx < g.k || ldy < g.n || ldx % 8 != 0 || ldy % 8 != 0)
     return false;
+  if (g.k_parts > 1 && (g.out != DType::F32 || g.bias || g.accumulate)) return false;
   return sm90() && tiles_for(g, sms).rows > 0;  // (the tiles query this GPU: sm_90 first)
 }
 
-bool preload_gemm_enabled() {
-  static const bool v = env_on("VLAC_PRELOAD_GEMM");
+int preload_gemm_mode() {
+  static const int v = [] {
+    const int64_t n = env_count("VLAC_PRELOAD_GEMM", 0);
+    return n == 1 || n == 2 ? int(n) : 0;
+  }();
   return v;
 }
+
 
 static bool early_edges() {
   static const bool v = !env_off("VLAC_PRELOAD_EARLY");
@@ -540,7 +552,7 @@ Status preload_gemm(cudaStream_t stream, const PreloadGemm& g, int sms, const vo
   a.x = static_cast<const uint16_t*>(x), a.w = static_cast<const uint16_t*>(w), a.bias = bias, a.y = y;
   a.m = int(g.m), a.n = int(g.n), a.k = int(g.k);
   a.ldx = int(g.ldx ? g.ldx : g.k), a.ldy = int(g.ldy ? g.ldy : g.n);
-  a.rows = t.rows, a.kc = int(g.k / t.parts), a.parts = t.parts;
+  a.rows = t.rows, a.kc = int(g.k / t.parts), a.parts = t.parts, a.split = g.k_parts > 1 ? 1 : 0;
   tile_warps(t.rows, a.kc, &a.mwarps, &a.kg);
   a.ntr = token_rows(g.m);
   a.accumulate = g.accumulate ? 1 : 0;
@@ -576,7 +588,7 @@ Status preload_gemm(cudaStream_t stream, const PreloadGemm& g, int sms, const vo
   cudaLaunchAttribute at[2];
   unsigned na = 0;
   at[na].id = cudaLaunchAttributeClusterDimension;
-  at[na].val.clusterDim.x = unsigned(t.parts), at[na].val.clusterDim.y = 1, at[na].val.clusterDim.z = 1;
+  at[na].val.clusterDim.x = a.split ? 1u : unsigned(t.parts), at[na].val.clusterDim.y = 1, at[na].val.clusterDim.z = 1;
   ++na;
   if (!early && pdl_enabled()) {
     at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;

@@ -39,6 +39,10 @@ struct PreloadGemm {
   /// W by TMA (one thread issues the tile's 64-column boxes onto an mbarrier) instead of cp.async
   /// from every thread: 1 on, 0 off, -1 as VLAC_PRELOAD_TMA=1 says (opt-in; no faster, session 30).
   int tma = -1;
+  /// ≥ 2: y holds k_parts fp32 partial products [k_parts][m][ldy] over equal K chunks, as
+  /// GemmDesc::k_parts (the next kernel adds them in order): each part a block of its own, no
+  /// cluster and no sum here. F32 out, no bias, no accumulation.
+  int k_parts = 0;
 };
 
 /// One block's share: `rows` of W (Nt) over K / `parts` columns; parts blocks form a cluster.
@@ -55,8 +59,11 @@ struct PreloadTiles {
 /// (< 0: unknown); candidates with more clusters than that are passed over, since their weights
 /// would load in two waves (the GPU's clusters live within one GPC: 8 blocks of 128 KiB need 8
 /// free multiprocessors of one GPC, and GPCs differ in size from chip to chip).
+/// With `split_parts` ≥ 2 the parts are exactly that many blocks with no cluster (PreloadGemm::k_parts),
+/// and `resident_clusters` is asked about clusters of one block.
 PreloadTiles preload_gemm_tiles(int64_t m, int64_t n, int64_t k, int sms, uint64_t smem_limit, int max_parts = 8,
-                                const std::function<int(const PreloadTiles&)>& resident_clusters = {});
+                                const std::function<int(const PreloadTiles&)>& resident_clusters = {},
+                                int split_parts = 0);
 /// The shared-memory limit the executor plans with: VLAC_PRELOAD_SMEM_KIB, 160 KiB by default
 /// (two of the expert's GEMMs then fit one multiprocessor together where the pair allows it).
 uint64_t preload_gemm_smem_limit();
@@ -75,9 +82,11 @@ PreloadTiles preload_gemm_plan(const PreloadGemm& g, int sms);
 /// Whether the kernel takes `g` on this GPU (sm_90 or later: clusters and griddepcontrol): bf16
 /// x and W, 1 ≤ m ≤ 64, tiles found, strides multiples of 8 elements.
 bool preload_gemm_fits(const PreloadGemm& g, int sms);
-/// VLAC_PRELOAD_GEMM=1 routes every GEMM that fits through this kernel instead of cuBLASLt
-/// (opt-in until measured). VLAC_PRELOAD_EARLY=0 keeps the capture's edges as they are.
-bool preload_gemm_enabled();
+/// VLAC_PRELOAD_GEMM: 0 (default) off; 1 routes every GEMM that fits through this kernel instead
+/// of cuBLASLt (opt-in until measured); 2 only those that write K parts (GemmDesc::k_parts, e.g.
+/// the expert's down with VLAC_DOWN_KPARTS=8). VLAC_PRELOAD_EARLY=0 keeps the capture's edges as
+/// they are.
+int preload_gemm_mode();
 
 /// Benches only (not thread-safe): while `stamps` is not null, every launch's blocks write
 /// kPreloadStamps %globaltimer values each to stamps[block · kPreloadStamps + i]: 0 start, 1 W
