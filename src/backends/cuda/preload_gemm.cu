@@ -306,8 +306,6 @@ int token_rows(int64_t m) {
   return 16 * ((nt + 1) / 2);
 }
 
-// Warps of a tile: rows / (16 · tile_rw) along W, and K groups up to 8 warps in all (fewer where the K steps
-// do not divide).
 // Row tiles of 16 a warp: 2 where the tile's rows allow it (VLAC_PRELOAD_RW=1: always 1, to
 // compare).
 int tile_rw(int rows) {
@@ -315,6 +313,8 @@ int tile_rw(int rows) {
   return rows % 32 == 0 && !one ? 2 : 1;
 }
 
+// Warps of a tile: rows / (16 · tile_rw) along W, and K groups up to 8 warps in all (fewer where
+// the K steps do not divide).
 void tile_warps(int rows, int64_t kc, int* mwarps, int* kg) {
   *mwarps = rows / (16 * tile_rw(rows));
   int g = std::max(1, 8 / *mwarps);

@@ -18,6 +18,8 @@
 // grid is at most one block a multiprocessor); the C blocks of one row tile form a thread-block
 // cluster and add their fp32 partial sums over distributed shared memory, in rank order, so the
 // result is the same on every run (not bit-identical to cuBLASLt's order).
+// With PreloadGemm::k_parts they form no cluster: each writes its partial, and the GEMM's reader
+// adds them.
 #pragma once
 
 #include <cstdint>
