@@ -97,7 +97,7 @@ int main(int argc, char** argv) {
     const PreloadTiles t = preload_gemm_plan(pg, sms);
     nlohmann::json r;
     r["tiles"] = {{"rows", t.rows}, {"parts", t.parts}, {"blocks", t.blocks}, {"threads", t.threads}, {"smem", t.smem}};
-    r["clusters"] = t.parts ? t.blocks / t.parts : 0;
+    r["clusters"] = t.cluster ? t.blocks / t.cluster : 0;
     r["clusters_resident"] = preload_gemm_active_clusters(pg, sms);
     const double mb = double(sh.n * sh.k * 2) / 1e6;
     for (bool pre : {false, true}) {
@@ -120,7 +120,7 @@ int main(int argc, char** argv) {
     if (t.rows == 0) std::printf("%-8s no one-wave tile on this GPU: the preload rows below are cuBLASLt's\n", sh.name);
     std::printf("%-8s rows %3d parts %d blocks %3d threads %3d smem %6.1f KiB clusters %d (resident %d): "
                 "cuBLASLt %6.2f us, preload %6.2f us\n",
-                sh.name, t.rows, t.parts, t.blocks, t.threads, double(t.smem) / 1024, t.parts ? t.blocks / t.parts : 0,
+                sh.name, t.rows, t.parts, t.blocks, t.threads, double(t.smem) / 1024, t.cluster ? t.blocks / t.cluster : 0,
                 r["clusters_resident"].get<int>(), r["cublaslt_us"].get<double>(), r["preload_us"].get<double>());
     j["shapes"][sh.name] = r;
   }

@@ -36,6 +36,7 @@ TEST(PreloadGemmTiles, ExpertShapesFillTheGpuWithinTheLimit) {
     EXPECT_GE(t.blocks, 80) << s.what << ": most multiprocessors hold a tile";
     EXPECT_LE(t.smem, uint64_t(160) << 10) << s.what;
     EXPECT_LE(t.parts, 8) << s.what << ": a portable cluster";
+    EXPECT_EQ(t.cluster, t.parts) << s.what;
     EXPECT_GE(t.threads, 128) << s.what;
     EXPECT_LE(t.threads, 512) << s.what;
   }
@@ -71,6 +72,7 @@ TEST(PreloadGemmTiles, SplitPartsAreExactAndNeedNoCluster) {
   const PreloadTiles down = preload_gemm_tiles(50, 1024, 4096, 132, 160 << 10, 8, {}, 8);
   ASSERT_GT(down.rows, 0) << "expert down in 8 K parts";
   EXPECT_EQ(down.parts, 8);
+  EXPECT_EQ(down.cluster, 1) << "no cluster";
   EXPECT_EQ(down.blocks, (1024 / down.rows) * 8);
   EXPECT_LE(down.blocks, 132);
   EXPECT_GE(down.blocks, 64) << "most multiprocessors hold a tile";

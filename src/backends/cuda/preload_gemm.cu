@@ -38,7 +38,7 @@ struct Args {
   void* y;
   int m, n, k, ldx, ldy;
   int rows, kc, parts;  // the block's W tile: rows × kc; parts blocks a row tile (a cluster)
-  int split;            // 1: no cluster; part q's block writes fp32 partial q at y + q · m · ldy
+  int cluster;          // parts, or 1: no cluster, and part q's block writes fp32 partial q at y + q · m · ldy
   int kg, mwarps;       // warps: mwarps of 16 rows each × kg groups of the K steps
   int ntr;              // token rows in shared memory (zero past m; the kernel's NT tiles of 8 use them)
   int accumulate;
@@ -247,7 +247,7 @@ __global__ void __launch_bounds__(RW == 2 ? kMaxThreads / 2 : kMaxThreads) prelo
   }
   __syncthreads();
   const int v = a.rows / 4, total = a.m * v;
-  const int cparts = a.split ? 1 : a.parts;  // blocks of a cluster
+  const int cparts = a.cluster;
   if (cparts > 1 && a.kg > 1) {
     for (int i = tid; i < total; i += nthreads) {
       const int t = i / v, c = (i - t * v) * 4;
@@ -271,9 +271,9 @@ __global__ void __launch_bounds__(RW == 2 ? kMaxThreads / 2 : kMaxThreads) prelo
 #define VLAC_PART(q) p  // (launched on sm_90 and later only: preload_gemm_fits)
 #endif
   const int per = (total + cparts - 1) / cparts;
-  const int lo = a.split ? 0 : part * per, hi = min(total, lo + per);
+  const int lo = cparts > 1 ? part * per : 0, hi = min(total, lo + per);
   const To* bias = static_cast<const To*>(a.bias);
-  To* y = static_cast<To*>(a.y) + (a.split ? size_t(part) * a.m * a.ldy : 0);
+  To* y = static_cast<To*>(a.y) + (cparts > 1 ? 0 : size_t(part) * a.m * a.ldy);
   for (int i = lo + tid; i < hi; i += nthreads) {
     const int t = i / v, c = (i - t * v) * 4;
     float4 part_sum[8];  // every part's load issued before the first add
@@ -396,10 +396,10 @@ PreloadTiles preload_gemm_tiles(int64_t m, int64_t n, int64_t k, int sms, uint64
       if (!better) continue;
       int mw = 0, kg = 0;
       tile_warps(rows, kc, &mw, &kg);
-      const PreloadTiles t{rows, parts, int(blocks), 32 * mw * kg, smem};
+      const PreloadTiles t{rows, parts, int(blocks), 32 * mw * kg, smem, split ? 1 : parts};
       if (resident_clusters) {  // every cluster resident at once, or the weights load in waves
         const int r = resident_clusters(t);
-        if (r >= 0 && blocks / (split ? 1 : parts) > r) continue;
+        if (r >= 0 && blocks / t.cluster > r) continue;
       }
       best = t;
       best_x = xbytes;
@@ -480,7 +480,7 @@ static int resident_clusters(const PreloadGemm& g, const PreloadTiles& t) {
   cfg.dynamicSmemBytes = t.smem;
   cudaLaunchAttribute at[1];
   at[0].id = cudaLaunchAttributeClusterDimension;
-  at[0].val.clusterDim.x = g.k_parts > 1 ? 1u : unsigned(t.parts), at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
+  at[0].val.clusterDim.x = unsigned(t.cluster), at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
   cfg.attrs = at;
   cfg.numAttrs = 1;
   int n = 0;
@@ -530,7 +530,6 @@ int preload_gemm_mode() {
   return v;
 }
 
-
 static bool early_edges() {
   static const bool v = !env_off("VLAC_PRELOAD_EARLY");
   return v;
@@ -552,7 +551,7 @@ Status preload_gemm(cudaStream_t stream, const PreloadGemm& g, int sms, const vo
   a.x = static_cast<const uint16_t*>(x), a.w = static_cast<const uint16_t*>(w), a.bias = bias, a.y = y;
   a.m = int(g.m), a.n = int(g.n), a.k = int(g.k);
   a.ldx = int(g.ldx ? g.ldx : g.k), a.ldy = int(g.ldy ? g.ldy : g.n);
-  a.rows = t.rows, a.kc = int(g.k / t.parts), a.parts = t.parts, a.split = g.k_parts > 1 ? 1 : 0;
+  a.rows = t.rows, a.kc = int(g.k / t.parts), a.parts = t.parts, a.cluster = t.cluster;
   tile_warps(t.rows, a.kc, &a.mwarps, &a.kg);
   a.ntr = token_rows(g.m);
   a.accumulate = g.accumulate ? 1 : 0;
@@ -588,7 +587,7 @@ Status preload_gemm(cudaStream_t stream, const PreloadGemm& g, int sms, const vo
   cudaLaunchAttribute at[2];
   unsigned na = 0;
   at[na].id = cudaLaunchAttributeClusterDimension;
-  at[na].val.clusterDim.x = a.split ? 1u : unsigned(t.parts), at[na].val.clusterDim.y = 1, at[na].val.clusterDim.z = 1;
+  at[na].val.clusterDim.x = unsigned(t.cluster), at[na].val.clusterDim.y = 1, at[na].val.clusterDim.z = 1;
   ++na;
   if (!early && pdl_enabled()) {
     at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;

@@ -47,11 +47,13 @@ struct PreloadGemm {
   int k_parts = 0;
 };
 
-/// One block's share: `rows` of W (Nt) over K / `parts` columns; parts blocks form a cluster.
+/// One block's share: `rows` of W (Nt) over K / `parts` columns; parts blocks form a cluster,
+/// or, where they write partials (PreloadGemm::k_parts), none (cluster 1).
 struct PreloadTiles {
   int rows = 0, parts = 0;
   int blocks = 0, threads = 0;
   uint64_t smem = 0;  // dynamic shared memory of a block, bytes
+  int cluster = 0;    // blocks of a cluster: parts, or 1
 };
 
 /// The tiles for (m, n, k) on `sms` multiprocessors with at most `smem_limit` bytes of shared
