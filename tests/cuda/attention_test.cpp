@@ -275,6 +275,70 @@ TEST_F(CudaAttention, FusedRopeEqualsTheRopeLaunchesBitForBit) {
   }
 }
 
+// AttentionShape::stable_keys: key splits inside the stable rows load them before they wait, and
+// the RoPE pair launch before them lets them launch early (rope_pair_to's early_dependents). The
+// RoPE writes q and the step's own K/V rows just before, as in a denoising step; the output is
+// the same bits as with every load after the wait, whatever the splits, groups and out dtype.
+TEST_F(CudaAttention, StableKeysLoadedEarlyChangeNoBit) {
+  struct R { const char* what; int64_t t, h, hk, prefix, d; };
+  const R cases[] = {{"expert 50 x 8 heads vs 968 + 50", 50, 8, 1, 968, 256},
+                     {"odd 37 x 2 heads of 72 vs 300 + 37", 37, 2, 1, 300, 72}};
+  const int sms = device_sm_count();
+  uint32_t seed = 5000;
+  for (const R& c : cases) {
+    const int64_t s = c.prefix + c.t, qw = c.h * c.d, kw = c.hk * c.d, w = qw + 2 * kw + 8;
+    const auto fused = randn(size_t(c.t * w), seed += 10, 1.5f);
+    std::vector<int64_t> pos(size_t(c.t));
+    for (int64_t i = 0; i < c.t; ++i) pos[size_t(i)] = c.prefix + 2 * i;
+    const auto prefix_k = to_bf16(randn(size_t(c.prefix * kw), seed + 1));
+    const auto prefix_v = to_bf16(randn(size_t(c.prefix * kw), seed + 2));
+    auto dfused = to_device(fused);
+    auto dpos = to_device(pos);
+    const float* fq = dfused->as<float>();
+    DevBuf kb(size_t(s * kw) * 2), vb(size_t(s * kw) * 2), qb(size_t(c.t * qw) * 2);
+    for (DevBuf* b : {&kb, &vb, &qb}) b->poison();
+    ASSERT_EQ(cudaMemcpy(kb.get(), prefix_k.data(), prefix_k.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(vb.get(), prefix_v.data(), prefix_v.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    AttentionShape a;
+    a.t = c.t, a.h = c.h, a.hk = c.hk, a.s = s, a.dh = a.dv = c.d;
+    const float scale = 1.0f / std::sqrt(float(c.d));
+    const int auto_splits = attention_splits(a, DType::BF16, sms);
+    int runs = 0;
+    for (const char* sub : {"", "1"})
+      for (int splits : {auto_splits, 5})
+        for (DType ot : {DType::F32, DType::BF16}) {
+          const uint64_t sb = attention_scratch_bytes(a, DType::BF16, splits);
+          DevBuf scratch(sb), out[2] = {DevBuf(size_t(c.t * qw) * 4), DevBuf(size_t(c.t * qw) * 4)};
+          if (*sub) setenv("VLAC_ATTN_SUB", sub, 1); else unsetenv("VLAC_ATTN_SUB");
+          for (int early = 0; early < 2; ++early) {
+            out[early].poison();
+            // The step: q and the own keys rotated, the own values copied, then the attention.
+            const RopeJob jq{fq, w, qb.get(), qw, c.h};
+            const RopeJob jk{fq + qw, w, kb.as<uint16_t>() + c.prefix * kw, kw, c.hk};
+            const RowCopyJob cv{fq + qw + kw, w, vb.as<uint16_t>() + c.prefix * kw, kw, kw};
+            VLAC_CUDA_OK(rope_pair_to(stream_, jq, jk, DType::F32, DType::BF16, dpos->as<int64_t>(), c.t, c.d, 1e4f,
+                                      &cv, early == 1));
+            AttentionShape b = a;
+            b.stable_keys = early ? c.prefix : 0;
+            VLAC_CUDA_OK(attention(stream_, b, DType::BF16, qb.get(), kb.get(), vb.get(), {}, out[early].get(), ot,
+                                   scale, splits, scratch.get(), sb));
+            // The next step's RoPE rewrites the rows the attention just read: they must be its own.
+            VLAC_CUDA_OK(rope_pair_to(stream_, jq, jk, DType::F32, DType::BF16, dpos->as<int64_t>(), c.t, c.d, 1e4f,
+                                      &cv, early == 1));
+          }
+          unsetenv("VLAC_ATTN_SUB");
+          sync();
+          const size_t bytes = size_t(c.t * qw) * (ot == DType::F32 ? 4 : 2);
+          const auto h0 = download<uint8_t>(out[0], bytes), h1 = download<uint8_t>(out[1], bytes);
+          ASSERT_EQ(h0.size(), bytes);
+          EXPECT_EQ(h0, h1) << c.what << " splits " << splits << " groups '" << sub << "' -> " << dtype_name(ot);
+          ++runs;
+        }
+    std::printf("[attention] stable keys loaded early, %s: %d settings bit for bit (auto splits %d)\n", c.what, runs,
+                auto_splits);
+  }
+}
+
 TEST_F(CudaAttention, FusedRopeRefusesWhatItCannotRun) {
   AttentionShape a;
   a.t = 4, a.h = 2, a.hk = 1, a.s = 8, a.dh = a.dv = 72;

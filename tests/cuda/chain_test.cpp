@@ -602,6 +602,27 @@ TEST_F(CudaChain, RopeInsideTheExpertAttentionChangesNoAction) {
               static_cast<long long>(folds[1]));
 }
 
+// plan_attention_early (VLAC_ATTN_EARLY, on by default): the expert attentions load their kept
+// prefix keys before they wait and the RoPE pair before each lets them launch early. In a bf16-all
+// package with pi0.5's head dim the actions are the same bits without it: eager, warm-up,
+// recorded and replayed. (Whether a split lies wholly in the prefix at this size depends on the
+// GPU's splits; CudaAttention.StableKeysLoadedEarlyChangeNoBit runs the kernel's early path.)
+TEST_F(CudaChain, AttentionEarlyLoadsChangeNoAction) {
+  Pi05Dims dims = Pi05Dims::demo();
+  dims.head_dim = 256, dims.lm_heads = dims.expert_heads = 2;
+  TinyBf16Package t;
+  ASSERT_NO_FATAL_FAILURE(make_random_bf16_package(&t, dims, 29));
+  SwitchRuns r;
+  setenv("VLAC_CUDNN_ATTN", "0", 1);
+  run_with_switch(t.path, *t.obs, t.noise, "VLAC_ATTN_EARLY", "0", "1", "attention_early_loads", &r);
+  unsetenv("VLAC_CUDNN_ATTN");
+  ASSERT_FALSE(HasFatalFailure());
+  EXPECT_EQ(r.counted[0], 0);
+  EXPECT_GT(r.counted[1], 0) << "no expert attention read kept prefix keys";
+  EXPECT_EQ(max_abs_diff(r.actions[0], r.actions[1]), 0.0);
+  std::printf("[ cuda     ] early prefix-key loads: %lld attentions, same actions\n", static_cast<long long>(r.counted[1]));
+}
+
 // The timing probe (VLAC_TIMING_SKIP, executor.cpp): a pattern that names no node changes no
 // action; one that names the expert's attentions leaves them unlaunched, so the actions move.
 TEST_F(CudaChain, TimingSkipLeavesOnlyTheNamedNodesUnlaunched) {

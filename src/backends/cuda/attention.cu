@@ -87,6 +87,7 @@ struct Params {
   int64_t t, h, hk, s, group, rows;  // rows = t · group
   int64_t qs, ks, vs, os;
   int64_t keys_per_split;
+  int64_t early_keys;  // AttentionShape::stable_keys: a split inside [0, early_keys) loads K/V before pdl_wait
   int64_t kv_block;  // > 0: the keys of a row tile are its block's (splits == 1, tiles inside one block)
   int splits;
   bool allow_pairs;  // allow rows 2-byte aligned: mask bytes of a key pair in one 16-bit load
@@ -331,7 +332,6 @@ __device__ __forceinline__ void cluster_combine(const Params& p, uint16_t* smem,
 // others keep their registers (its loads in flight cost the accumulators some spills).
 template <int D, typename To, bool kCluster, int kSub = 1, bool kRope = false>
 __global__ void __launch_bounds__(kThreads * kSub) attn_bf16_kernel(Params p) {
-  pdl_wait();
   using G = Geom<D>;
   extern __shared__ __align__(16) uint16_t smem[];
   const int sub = kSub > 1 ? int(threadIdx.x) / kThreads : 0;
@@ -349,6 +349,21 @@ __global__ void __launch_bounds__(kThreads * kSub) attn_bf16_kernel(Params p) {
   constexpr int64_t kStep = int64_t(kBN) * kSub;
   const int64_t k_first = k_begin + int64_t(sub) * kBN;       // this group's first tile
   const int64_t iters = (k_end - k_begin + kStep - 1) / kStep;  // the same for every group
+  // The first K/V tiles of every group. Keys below early_keys do not depend on the kernel before
+  // this one: a split wholly inside them issues those loads before it waits (AttentionShape::
+  // stable_keys), Q after the wait in a group of its own; otherwise Q joins the K tile's group.
+  const auto first_kv = [&] {
+    const bool have = k_first < k_end;  // a group past the last tile loads zeros and reads nothing
+    const int64_t at = have ? k_first : 0;
+    const int nv = have ? int(min(k_end - k_first, int64_t(kBN))) : 0;
+    load_kv<D, true, kRope>(Ks, p, kvh, at, nv, tid);
+    cp_commit();
+    load_kv<D, false, kRope>(Vs, p, kvh, at, nv, tid);
+    cp_commit();
+  };
+  const bool early = !kRope && k_end <= p.early_keys;
+  if (early) first_kv();
+  pdl_wait();
 
   // Zero the padding columns [D, DK) of Q and of the group's K tile once (cp.async never writes them).
   if constexpr (G::DK > D) {
@@ -359,14 +374,11 @@ __global__ void __launch_bounds__(kThreads * kSub) attn_bf16_kernel(Params p) {
     }
   }
   if constexpr (!kRope) load_q<D, kThreads * kSub>(Qs, p, kvh, row0);
-  {
-    const bool have = k_first < k_end;  // a group past the last tile loads zeros and reads nothing
-    const int64_t at = have ? k_first : 0;
-    const int nv = have ? int(min(k_end - k_first, int64_t(kBN))) : 0;
-    load_kv<D, true, kRope>(Ks, p, kvh, at, nv, tid);
+  if (early) {
     cp_commit();
-    load_kv<D, false, kRope>(Vs, p, kvh, at, nv, tid);
-    cp_commit();
+    cp_wait<0>();  // Q and the early K/V: the loop's first wait then finds nothing in flight
+  } else {
+    first_kv();
   }
   if constexpr (kRope) {
     // The fused RoPE while the first K/V tiles are in flight: q, then the step's own keys of every
@@ -1043,6 +1055,8 @@ Status attention(cudaStream_t stream, const AttentionShape& a, DType io, const v
     p.qf = rope->q, p.kf = rope->k, p.vf = rope->v, p.sc = rope->sc;
     p.qfs = rope->q_stride, p.kfs = rope->k_stride, p.vfs = rope->v_stride, p.fresh0 = a.s - a.t;
   }
+  // (The fused RoPE's kernel loads its first tiles after the wait: its fresh rows come from q|k|v.)
+  p.early_keys = rope || a.kv_block > 0 ? 0 : std::clamp<int64_t>(a.stable_keys, 0, a.s);
   p.kv_block = a.kv_block;
   p.keys_per_split = a.kv_block > 0 ? a.s : keys_per_split(a.s, std::min(splits, kMaxSplits));
   p.splits = a.kv_block > 0 ? 1 : int(cdiv(a.s, p.keys_per_split));

@@ -45,6 +45,13 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 #endif
 }
+// Lets the next kernel in the stream launch now (it still waits for this grid's completion in its
+// own pdl_wait): for one edge at a time where the successor has independent loads to start.
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
 template <typename... P, typename... A>
 inline void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, A&&... args) {
   cudaLaunchConfig_t cfg = {};

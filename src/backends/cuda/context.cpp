@@ -155,9 +155,11 @@ std::atomic<uint64_t> g_trimmed{0};
 std::atomic<uint64_t> g_on_demand{0}, g_fetches{0}, g_fetched{0};
 std::atomic<uint64_t> g_prefetch_launches{0}, g_prefetch_bytes{0};
 std::atomic<uint64_t> g_rope_folds{0};
+std::atomic<uint64_t> g_early_attentions{0};
 }  // namespace
 
 void note_rope_attention_folds(uint64_t n) { g_rope_folds += n; }
+void note_attention_early_loads(uint64_t n) { g_early_attentions += n; }
 
 void note_l2_prefetch_plan(uint64_t launches, uint64_t bytes) {
   g_prefetch_launches += launches;
@@ -304,7 +306,8 @@ std::vector<std::pair<std::string, int64_t>> CudaContext::breakdown() const {
           {"on_demand_fetched_bytes", int64_t(g_fetched.load())},
           {"l2_prefetch_launches_per_run", int64_t(g_prefetch_launches.load())},
           {"l2_prefetch_bytes_per_run", int64_t(g_prefetch_bytes.load())},
-          {"rope_attention_folds", int64_t(g_rope_folds.load())}};
+          {"rope_attention_folds", int64_t(g_rope_folds.load())},
+          {"attention_early_loads", int64_t(g_early_attentions.load())}};
 }
 
 bool CudaContext::capturing() const {

@@ -69,6 +69,9 @@ void note_l2_prefetch_plan(uint64_t launches, uint64_t bytes);
 /// Attentions that run their RoPE themselves (executor's plan_rope_attention), summed over the
 /// executables made so far (breakdown: rope_attention_folds).
 void note_rope_attention_folds(uint64_t n);
+/// Attentions that load their kept prefix keys before they wait (executor's plan_attention_early),
+/// summed over the executables made so far (breakdown: attention_early_loads).
+void note_attention_early_loads(uint64_t n);
 
 class CudaContext {
  public:

@@ -212,10 +212,12 @@ struct RopeJobs {
   const void* cx;
   void* cy;
   int64_t cxs, cys, cc;
+  int early_dependents;  // rope_pair_to's: the next kernel may launch once these blocks have all started
 };
 template <typename Tx, typename Ty>
 __global__ void rope_pair_kernel(RopeJobs j, const int64_t* pos, int t, int dh, float base) {
   pdl_wait();
+  if (j.early_dependents) pdl_launch_dependents();
   const int half = dh / 2, nr = t * half, cc = int(j.cc), n = nr + t * cc;
   for (int idx = int(blockIdx.x * blockDim.x + threadIdx.x); idx < n; idx += int(gridDim.x * blockDim.x)) {
     if (idx >= nr) {  // the copy, after the rotations
@@ -467,7 +469,7 @@ Status rope_to(cudaStream_t stream, const void* x, DType xt, int64_t x_stride, v
 }
 
 Status rope_pair_to(cudaStream_t stream, const RopeJob& a, const RopeJob& b, DType xt, DType yt, const int64_t* pos,
-                    int64_t t, int64_t dh, float base, const RowCopyJob* copy) {
+                    int64_t t, int64_t dh, float base, const RowCopyJob* copy, bool early_dependents) {
   if (!is_act(xt) || !is_act(yt)) return bad_dtype("rope_pair");
   for (const RopeJob* r : {&a, &b})
     if (r->h <= 0 || r->x_stride < r->h * dh || r->y_stride < r->h * dh || r->x == r->y)
@@ -478,7 +480,7 @@ Status rope_pair_to(cudaStream_t stream, const RopeJob& a, const RopeJob& b, DTy
     return invalid_argument("rope_pair: bad copy job (cols > 0, row strides >= cols)");
   const RopeJobs j{a.x, b.x, a.y, b.y, a.x_stride, b.x_stride, a.y_stride, b.y_stride, a.h, b.h,
                    copy ? copy->x : nullptr, copy ? copy->y : nullptr, copy ? copy->x_stride : 0,
-                   copy ? copy->y_stride : 0, copy ? copy->cols : 0};
+                   copy ? copy->y_stride : 0, copy ? copy->cols : 0, early_dependents ? 1 : 0};
   const int64_t n = t * (dh / 2) + t * j.cc;
   if (n > INT32_MAX / 2 || (a.h + b.h) * dh > INT32_MAX / 2) return invalid_argument("rope_pair: sizes above 2^30");
   return dispatch2(xt, yt, [&]<typename Tx, typename Ty>() {

@@ -651,6 +651,7 @@ Status CudaExecutable::plan(const CudaWeights& weights) {
   }
   for (const auto& [v, elem] : inplace_views)
     view_off_[size_t(v)] = uint64_t(elem) * (bf16_stored(v) ? 2 : dtype_size(g.info(v).dtype));
+  plan_attention_early();
   // Memo results read in place from their slot (point_memo_results): those that own their
   // arena block (not graph outputs, whose pointers callers may keep).
   arena_off_.assign(nv, -1);
@@ -1054,6 +1055,43 @@ Status CudaExecutable::plan_rope_attention() {
   }
   if (rope_folds_) note_rope_attention_folds(uint64_t(rope_folds_));
   return Status::ok();
+}
+
+int64_t CudaExecutable::stable_rows(ValueId v) const {
+  const ir::Graph& g = graph_;
+  const ValueId r = root_[size_t(v)];
+  const Node& c = g.node(g.value(r).producer);
+  const uint32_t stable = c.op == OpKind::Concat ? plans_[size_t(g.value(r).producer)].stable_pieces : 0u;
+  if (!stable || !bf16_stored(v) || view_off_[size_t(v)] != 0) return 0;
+  int64_t rows = 0;  // the leading pieces that are stable (axis 0: a piece's rows are keys)
+  for (size_t i = 0; i < c.inputs.size() && ((stable >> i) & 1u); ++i) rows += g.info(c.inputs[i]).shape[0];
+  return rows;
+}
+
+void CudaExecutable::plan_attention_early() {
+  if (env_off("VLAC_ATTN_EARLY")) return;
+  const ir::Graph& g = graph_;
+  for (size_t i = 0; i < order_.size(); ++i) {
+    const NodeId id = order_[i];
+    const Node& n = g.node(id);
+    NodePlan& p = plans_[size_t(id)];
+    if (n.op != OpKind::Attention || !p.bf16 || p.rope_q >= 0 || p.att.kv_block > 0 || p.skip) continue;
+    const int64_t keys = std::min(stable_rows(n.inputs[1]), stable_rows(n.inputs[2]));
+    if (keys <= 0) continue;
+    p.stable_keys = keys;
+    ++early_attentions_;
+    // The launch before it in a run that keeps the stable pieces: the Concats then run nothing,
+    // nor do views, reshapes and the nodes another launch took over (skip).
+    for (size_t j = i; j-- > 0;) {
+      const NodeId m = order_[j];
+      const NodePlan& pm = plans_[size_t(m)];
+      if (runs_nothing(m) || pm.skip || (g.node(m).op == OpKind::Concat && pm.stable_pieces)) continue;
+      if (g.node(m).op == OpKind::RoPE && pm.rope_pair >= 0 && !memo_.node[size_t(m)])
+        plans_[size_t(m)].early_dependents = true;
+      break;
+    }
+  }
+  if (early_attentions_) note_attention_early_loads(uint64_t(early_attentions_));
 }
 
 // What plan_residual_norms may fold into a norm (h + gate·branch, then the norm of the sum) is
@@ -2493,7 +2531,8 @@ Status CudaExecutable::run_node(NodeId id) {
           cv = {static_cast<const float*>(ptr(nc.inputs[0])) + start, dim, ptr(nc.outputs[0]), end - start, end - start};
         }
         return rope_pair_to(s, ja, jb, DType::F32, od, static_cast<const int64_t*>(ptr(n.inputs[1])), x.shape[0],
-                            x.shape[2], float(n.attrs.get_float("base", 10000.0)), p.rope_copy >= 0 ? &cv : nullptr);
+                            x.shape[2], float(n.attrs.get_float("base", 10000.0)), p.rope_copy >= 0 ? &cv : nullptr,
+                            p.early_dependents && !stable_dirty_);
       }
       return rope_to(s, f(0), DType::F32, xs, out, od, row, static_cast<const int64_t*>(ptr(n.inputs[1])), x.shape[0],
                      x.shape[1], x.shape[2], float(n.attrs.get_float("base", 10000.0)));
@@ -2503,6 +2542,8 @@ Status CudaExecutable::run_node(NodeId id) {
       if (view_stride_[size_t(n.inputs[0])]) sh.q_stride = view_stride_[size_t(n.inputs[0])];
       if (view_stride_[size_t(n.inputs[1])]) sh.k_stride = view_stride_[size_t(n.inputs[1])];
       if (view_stride_[size_t(n.inputs[2])]) sh.v_stride = view_stride_[size_t(n.inputs[2])];
+      // plan_attention_early: the kept prefix rows, unless this run copies them in (its Concats).
+      if (!stable_dirty_) sh.stable_keys = p.stable_keys;
       AttentionMask mask;
       if (n.inputs.size() == 4) {
         if (info(n.inputs[3]).dtype == DType::F32) mask.add = f(3);

@@ -103,8 +103,16 @@ class CudaExecutable final : public Executable {
   /// attention (rope_attention_lifetimes, folded into the arena's lifetimes).
   Status plan_rope_attention();
   void rope_attention_lifetimes(std::vector<int64_t>& at) const;
+  /// The attentions whose K/V start with rows of a kept Concat's stable pieces (pi0.5's prefix
+  /// keys at a denoising step) load those before they wait (AttentionShape::stable_keys), and the
+  /// RoPE pair launch just before each lets them launch early (VLAC_ATTN_EARLY=0: neither).
+  void plan_attention_early();
+  /// Rows [0, n) of v (a K or V input of an attention) that only a kept Concat's stable pieces
+  /// write; 0 where v is not such a Concat's output read in place in bf16.
+  int64_t stable_rows(ir::ValueId v) const;
   float* rope_table_ = nullptr;  // rope_sincos of the folded attentions' positions (own_blocks_)
   int64_t rope_folds_ = 0;
+  int64_t early_attentions_ = 0;  // plan_attention_early's (breakdown: attention_early_loads)
   /// VLAC_KV_PERSIST_MIB=N (a measurement, off by default): the attentions of an engine with
   /// Concats kept between runs (the expert's prefix K/V) launch with an L2 window over their
   /// block, lines read marked persisting, in an L2 set-aside of N MiB (capped by the device), so
@@ -211,6 +219,11 @@ class CudaExecutable final : public Executable {
     // rope_table_ first (the first such attention of a run).
     int64_t rope_q = -1;
     bool rope_table = false;
+    // plan_attention_early: an attention's keys [0, stable_keys) are a kept Concat's stable rows,
+    // loaded before its wait in runs that do not rewrite them; a RoPE pair launch that lets the
+    // attention after it launch early in those runs.
+    int64_t stable_keys = 0;
+    bool early_dependents = false;
     // plan_k_parts: this fused norm's branch is a GEMM's K parts (GemmDesc::k_parts), summed here.
     int f_branch_parts = 1;
     int64_t f_part_stride = 0;

@@ -225,8 +225,11 @@ struct RowCopyJob {
 /// expert's q and k, both read from the fused q|k|v output): the same bits as the two calls.
 /// `copy` (may be null) adds a cast_rows of t rows in the same dtypes to the launch (the
 /// expert's v, from the same fused output into its K/V buffer).
+/// `early_dependents`: the next kernel in the stream may launch as soon as this one's blocks have
+/// all started (griddepcontrol.launch_dependents), for a successor with loads that do not depend
+/// on it (an attention with AttentionShape::stable_keys); it still waits for this one's results.
 Status rope_pair_to(cudaStream_t stream, const RopeJob& a, const RopeJob& b, DType xt, DType yt, const int64_t* pos,
-                    int64_t t, int64_t dh, float base, const RowCopyJob* copy = nullptr);
+                    int64_t t, int64_t dh, float base, const RowCopyJob* copy = nullptr, bool early_dependents = false);
 
 /// The prefix LM's q, k and v of one layer in one launch: q's heads rotated into bf16 (what the
 /// bf16 attention reads), k's rotated into f32 (the K cache the expert reads) and into a bf16
@@ -292,6 +295,11 @@ struct AttentionShape {
   /// Memory before speed (an engine of 8-bit weights): cuDNN's attention only where
   /// VLAC_CUDNN_ATTN asks for it (cudnn_attention.h), since loading cuDNN costs host memory.
   bool lean = false;
+  /// Keys [0, stable_keys) of k and v were written before the kernel that precedes this call in
+  /// the stream (pi0.5's prefix keys at a denoising step): a key split that lies wholly inside
+  /// them issues its K/V loads before it waits for that kernel (programmatic dependent launch),
+  /// so they overlap it. 0: every load waits. No effect on the result.
+  int64_t stable_keys = 0;
 };
 /// Mask as the CPU's AttentionMask: a boolean [T,S] (1 = may attend; 0 adds kMaskValue) or an
 /// additive fp32 [T,S], device pointers; `allow` wins when both are given, as on the CPU. A fully
