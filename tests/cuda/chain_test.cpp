@@ -602,8 +602,8 @@ TEST_F(CudaChain, RopeInsideTheExpertAttentionChangesNoAction) {
               static_cast<long long>(folds[1]));
 }
 
-// plan_attention_early (VLAC_ATTN_EARLY, on by default): the expert attentions load their kept
-// prefix keys before they wait and the RoPE pair before each lets them launch early. In a bf16-all
+// plan_attention_early (VLAC_ATTN_EARLY=3, opt-in): the expert attentions load their kept prefix
+// keys before they wait and the RoPE pair before each lets them launch early. In a bf16-all
 // package with pi0.5's head dim the actions are the same bits without it: eager, warm-up,
 // recorded and replayed. (Whether a split lies wholly in the prefix at this size depends on the
 // GPU's splits; CudaAttention.StableKeysLoadedEarlyChangeNoBit runs the kernel's early path.)
@@ -614,7 +614,7 @@ TEST_F(CudaChain, AttentionEarlyLoadsChangeNoAction) {
   ASSERT_NO_FATAL_FAILURE(make_random_bf16_package(&t, dims, 29));
   SwitchRuns r;
   setenv("VLAC_CUDNN_ATTN", "0", 1);
-  run_with_switch(t.path, *t.obs, t.noise, "VLAC_ATTN_EARLY", "0", "1", "attention_early_loads", &r);
+  run_with_switch(t.path, *t.obs, t.noise, "VLAC_ATTN_EARLY", "0", "3", "attention_early_loads", &r);
   unsetenv("VLAC_CUDNN_ATTN");
   ASSERT_FALSE(HasFatalFailure());
   EXPECT_EQ(r.counted[0], 0);

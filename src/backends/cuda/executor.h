@@ -105,7 +105,8 @@ class CudaExecutable final : public Executable {
   void rope_attention_lifetimes(std::vector<int64_t>& at) const;
   /// The attentions whose K/V start with rows of a kept Concat's stable pieces (pi0.5's prefix
   /// keys at a denoising step) load those before they wait (AttentionShape::stable_keys), and the
-  /// RoPE pair launch just before each lets them launch early (VLAC_ATTN_EARLY=0: neither).
+  /// RoPE pair launch just before each lets them launch early (opt-in: VLAC_ATTN_EARLY=1 the
+  /// loads, 2 the trigger, 3 both).
   void plan_attention_early();
   /// Rows [0, n) of v (a K or V input of an attention) that only a kept Concat's stable pieces
   /// write; 0 where v is not such a Concat's output read in place in bf16.
