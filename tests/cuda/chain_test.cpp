@@ -578,49 +578,47 @@ TEST_F(CudaChain, L2PrefetchChangesNoAction) {
   std::printf("[ cuda     ] L2 prefetch: %lld launches a run of the engines, same actions\n", static_cast<long long>(launches[1]));
 }
 
-// The expert's RoPE inside its attention (plan_rope_attention, opt-in: VLAC_ROPE_ATTENTION=1): in
-// a bf16-all package of a random policy with pi0.5's head dim, every expert layer's attention
-// rotates q and its own keys itself, and the actions are the same bits as with the rope launches
-// (the default): eager, warm-up, recorded and replayed.
-TEST_F(CudaChain, RopeInsideTheExpertAttentionChangesNoAction) {
-  Pi05Dims dims = Pi05Dims::demo();  // head dim 256: the bf16 attention kernel's (the fixtures' is 16)
-  dims.head_dim = 256, dims.lm_heads = dims.expert_heads = 2;
-  TinyBf16Package t;
-  ASSERT_NO_FATAL_FAILURE(make_random_bf16_package(&t, dims, 23));
-  SwitchRuns r;
-  // Both runs on the own attention kernel: at this tiny size the expert's attention has no key
-  // splits, so cuDNN (on by default, cudnn_attention.h) would take the unfused run's.
-  setenv("VLAC_CUDNN_ATTN", "0", 1);
-  run_with_switch(t.path, *t.obs, t.noise, "VLAC_ROPE_ATTENTION", "0", "1", "rope_attention_folds", &r);
-  unsetenv("VLAC_CUDNN_ATTN");
-  ASSERT_FALSE(HasFatalFailure());
-  const int64_t* folds = r.counted;
-  EXPECT_EQ(folds[0], 0);
-  EXPECT_GT(folds[1], 0) << "no expert attention took its RoPE";
-  EXPECT_EQ(max_abs_diff(r.actions[0], r.actions[1]), 0.0);
-  std::printf("[ cuda     ] RoPE inside the expert attention: %lld attentions, same actions\n",
-              static_cast<long long>(folds[1]));
-}
-
-// plan_attention_early (VLAC_ATTN_EARLY=3, opt-in): the expert attentions load their kept prefix
-// keys before they wait and the RoPE pair before each lets them launch early. In a bf16-all
-// package with pi0.5's head dim the actions are the same bits without it: eager, warm-up,
-// recorded and replayed. (Whether a split lies wholly in the prefix at this size depends on the
-// GPU's splits; CudaAttention.StableKeysLoadedEarlyChangeNoBit runs the kernel's early path.)
-TEST_F(CudaChain, AttentionEarlyLoadsChangeNoAction) {
+// A plan switch of the expert attention, off ("0") against `on`, in a bf16-all package of a
+// random policy with pi0.5's head dim (the bf16 attention kernel's; the fixtures' is 16): the
+// counter `key` moves only with it on, and the actions are the same bits either way (eager,
+// warm-up, recorded and replayed). Both runs on the own attention kernel: at this tiny size the
+// expert's attention has no key splits, so cuDNN (on by default, cudnn_attention.h) would take it.
+void expect_attention_switch_keeps_actions(uint32_t seed, const char* var, const char* on, const char* key,
+                                           const char* none_moved, int64_t* counted) {
   Pi05Dims dims = Pi05Dims::demo();
   dims.head_dim = 256, dims.lm_heads = dims.expert_heads = 2;
   TinyBf16Package t;
-  ASSERT_NO_FATAL_FAILURE(make_random_bf16_package(&t, dims, 29));
+  ASSERT_NO_FATAL_FAILURE(make_random_bf16_package(&t, dims, seed));
   SwitchRuns r;
   setenv("VLAC_CUDNN_ATTN", "0", 1);
-  run_with_switch(t.path, *t.obs, t.noise, "VLAC_ATTN_EARLY", "0", "3", "attention_early_loads", &r);
+  run_with_switch(t.path, *t.obs, t.noise, var, "0", on, key, &r);
   unsetenv("VLAC_CUDNN_ATTN");
-  ASSERT_FALSE(HasFatalFailure());
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
   EXPECT_EQ(r.counted[0], 0);
-  EXPECT_GT(r.counted[1], 0) << "no expert attention read kept prefix keys";
+  EXPECT_GT(r.counted[1], 0) << none_moved;
   EXPECT_EQ(max_abs_diff(r.actions[0], r.actions[1]), 0.0);
-  std::printf("[ cuda     ] early prefix-key loads: %lld attentions, same actions\n", static_cast<long long>(r.counted[1]));
+  *counted = r.counted[1];
+}
+
+// The expert's RoPE inside its attention (plan_rope_attention, opt-in: VLAC_ROPE_ATTENTION=1):
+// every expert layer's attention rotates q and its own keys itself, with the rope launches' bits.
+TEST_F(CudaChain, RopeInsideTheExpertAttentionChangesNoAction) {
+  int64_t folds = 0;
+  expect_attention_switch_keeps_actions(23, "VLAC_ROPE_ATTENTION", "1", "rope_attention_folds",
+                                        "no expert attention took its RoPE", &folds);
+  std::printf("[ cuda     ] RoPE inside the expert attention: %lld attentions, same actions\n",
+              static_cast<long long>(folds));
+}
+
+// plan_attention_early (VLAC_ATTN_EARLY=3, opt-in): the expert attentions load their kept prefix
+// keys before they wait and the RoPE pair before each lets them launch early. (Whether a split
+// lies wholly in the prefix at this size depends on the GPU's splits;
+// CudaAttention.StableKeysLoadedEarlyChangeNoBit runs the kernel's early path.)
+TEST_F(CudaChain, AttentionEarlyLoadsChangeNoAction) {
+  int64_t early = 0;
+  expect_attention_switch_keeps_actions(29, "VLAC_ATTN_EARLY", "3", "attention_early_loads",
+                                        "no expert attention read kept prefix keys", &early);
+  std::printf("[ cuda     ] early prefix-key loads: %lld attentions, same actions\n", static_cast<long long>(early));
 }
 
 // The timing probe (VLAC_TIMING_SKIP, executor.cpp): a pattern that names no node changes no
