@@ -21,6 +21,9 @@ shift
 out="${OUT:-/tmp/vlac_ab_out}"
 t0=$(date +%s)
 el() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
+# The machine's /tmp can hold an earlier session's bundle, work folder and A/B files (session 33
+# found another session's ab_*.json there): start from none of them.
+rm -rf /tmp/vb /tmp/bw /tmp/ab_*
 mkdir -p /tmp/vb "$out"
 tar xJf "$d/bundle.tar.xz" -C /tmp/vb
 lt="$(find /usr/local /opt /usr/lib -name 'libcublasLt.so.13' 2>/dev/null | head -1)"

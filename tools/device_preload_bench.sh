@@ -9,7 +9,7 @@ d="${1:?usage: device_preload_bench.sh DIR [NAME[:VAR=VALUE,...]]...}"
 shift
 out="${OUT:-/tmp/vlac_preload_out}"
 mkdir -p /tmp/vb "$out"
-[ -x /tmp/vb/bin/preload_gemm_bench ] || tar xJf "$d/bundle.tar.xz" -C /tmp/vb
+tar xJf "$d/bundle.tar.xz" -C /tmp/vb  # always: /tmp may hold an earlier session's binaries
 lt="$(find /usr/local /opt /usr/lib -name 'libcublasLt.so.13' 2>/dev/null | head -1)"
 export LD_LIBRARY_PATH="/tmp/vb/lib:${lt:+$(dirname "$lt"):}/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 # TEST=1: the kernel's tests first (test_cuda --gtest_filter='*Preload*'), their log under $OUT.
