@@ -39,9 +39,7 @@ bool set_capture_edge(cudaStream_t stream, EdgePort port) {
 }
 
 __global__ void late_copy_kernel(const uint4* src, uint4* dst, uint64_t n, uint64_t spin_ns) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
+  pdl_launch_dependents();
   if (threadIdx.x == 0) {
     uint64_t t0 = 0, t = 0;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));

@@ -37,19 +37,19 @@ inline Status launch_status(const char* kernel) {
 #ifndef VLAC_CUDA_PDL_TRIGGER
 #define VLAC_CUDA_PDL_TRIGGER 0
 #endif
-__device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#if VLAC_CUDA_PDL_TRIGGER
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-#endif
-}
 // Lets the next kernel in the stream launch now (it still waits for this grid's completion in its
 // own pdl_wait): for one edge at a time where the successor has independent loads to start.
 __device__ __forceinline__ void pdl_launch_dependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#if VLAC_CUDA_PDL_TRIGGER
+  pdl_launch_dependents();
+#endif
 #endif
 }
 template <typename... P, typename... A>

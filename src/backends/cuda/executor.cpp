@@ -1074,6 +1074,7 @@ void CudaExecutable::plan_attention_early() {
   const int64_t mode = env_count("VLAC_ATTN_EARLY", 0);
   if (mode <= 0) return;
   const ir::Graph& g = graph_;
+  uint64_t early = 0;
   for (size_t i = 0; i < order_.size(); ++i) {
     const NodeId id = order_[i];
     const Node& n = g.node(id);
@@ -1081,7 +1082,7 @@ void CudaExecutable::plan_attention_early() {
     if (n.op != OpKind::Attention || !p.bf16 || p.rope_q >= 0 || p.att.kv_block > 0 || p.skip) continue;
     const int64_t keys = std::min(stable_rows(n.inputs[1]), stable_rows(n.inputs[2]));
     if (keys <= 0) continue;
-    if (mode & 1) p.stable_keys = keys, ++early_attentions_;
+    if (mode & 1) p.stable_keys = keys, ++early;
     if (!(mode & 2)) continue;
     // The launch before it in a run that keeps the stable pieces: the Concats then run nothing,
     // nor do views, reshapes and the nodes another launch took over (skip).
@@ -1094,7 +1095,7 @@ void CudaExecutable::plan_attention_early() {
       break;
     }
   }
-  if (early_attentions_) note_attention_early_loads(uint64_t(early_attentions_));
+  if (early) note_attention_early_loads(early);
 }
 
 // What plan_residual_norms may fold into a norm (h + gate·branch, then the norm of the sum) is

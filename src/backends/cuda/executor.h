@@ -113,7 +113,6 @@ class CudaExecutable final : public Executable {
   int64_t stable_rows(ir::ValueId v) const;
   float* rope_table_ = nullptr;  // rope_sincos of the folded attentions' positions (own_blocks_)
   int64_t rope_folds_ = 0;
-  int64_t early_attentions_ = 0;  // plan_attention_early's (breakdown: attention_early_loads)
   /// VLAC_KV_PERSIST_MIB=N (a measurement, off by default): the attentions of an engine with
   /// Concats kept between runs (the expert's prefix K/V) launch with an L2 window over their
   /// block, lines read marked persisting, in an L2 set-aside of N MiB (capped by the device), so

@@ -136,7 +136,7 @@ __global__ void __launch_bounds__(RW == 2 ? kMaxThreads / 2 : kMaxThreads) prelo
   VLAC_STAMP(1);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // 2. Let the next kernel launch (it waits for this one's completion itself), then wait for x.
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  pdl_launch_dependents();
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
   VLAC_STAMP(2);
