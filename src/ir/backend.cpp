@@ -92,6 +92,11 @@ Result<std::unique_ptr<BackendBuffer>> BackendRuntime::allocate(uint64_t bytes, 
   return std::unique_ptr<BackendBuffer>(std::make_unique<HeapBuffer>(p, bytes));
 }
 
+Status BackendRuntime::use_lane(int lane) {
+  if (lane == 0) return Status::ok();
+  return unsupported(std::string(name()) + " backend: one lane only (asked for lane " + std::to_string(lane) + ")");
+}
+
 Status BackendRuntime::copy(void* dst, const void* src, uint64_t bytes) {
   if (bytes) std::memmove(dst, src, bytes);
   return Status::ok();

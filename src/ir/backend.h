@@ -314,6 +314,10 @@ class Executable {
   /// is a function of these bytes (pi0.5: t). Empty: keys from the inputs again. Backends that
   /// read keys from host memory anyway may ignore it.
   virtual void set_memo_key(const void* /*key*/, uint64_t /*bytes*/) {}
+  /// The next runs wait for mark `mark` of the runtime (BackendRuntime::mark) before their first
+  /// node that reads input i, not before the whole run: an engine on one lane starts while the
+  /// producer of a later input still runs on another. -1: no wait. One-lane backends: a no-op.
+  virtual void wait_input(int /*i*/, int /*mark*/) {}
 };
 
 /// Memory a backend allocates for its callers: arenas shared by engines, values crossing engines,
@@ -371,6 +375,18 @@ class BackendRuntime {
   /// GPU's context, workspace and live allocations by use. Cheap (no device work); empty by default
   /// and before the backend ran anything.
   virtual std::vector<std::pair<std::string, int64_t>> memory_breakdown() const { return {}; }
+  /// Lanes: queues that run beside each other (a GPU: streams), ordered against each other only
+  /// by marks. Runs, copies and marks go to the current lane (0 unless use_lane said otherwise).
+  /// Default: one lane, where everything runs in order, marks are -1 and waits do nothing.
+  virtual int lanes() const { return 1; }
+  virtual Status use_lane(int lane);
+  /// A point after everything enqueued so far on the current lane: its id (>= 0), or -1 on a
+  /// one-lane backend. Ids count from the last clear_marks().
+  virtual Result<int> mark() { return -1; }
+  /// Work enqueued next on the current lane waits until mark `id` is reached (none when id < 0).
+  virtual Status wait_mark(int /*id*/) { return Status::ok(); }
+  /// Mark ids start again from 0 (once per recorded sequence: the marks it records are reused).
+  virtual void clear_marks() {}
 };
 
 /// One backend: its device, and its compile and runtime halves (the compiler may be null for a

@@ -296,17 +296,20 @@ Status PackageEngines::prepare(Engine& e, const std::map<std::string, PackageVal
   return Status::ok();
 }
 
-Status PackageEngines::run_stage(const std::string& stage, std::map<std::string, PackageValue>* values) {
+Status PackageEngines::run_stage(const std::string& stage, std::map<std::string, PackageValue>* values,
+                                 bool mark_outputs) {
   auto st = stage_engines_.find(stage);
   if (st == stage_engines_.end()) return invalid_format(pkg_->path() + ": no engine of stage '" + stage + "'");
   for (size_t id : st->second) {
     Engine& e = *engines_[id];
     VLAC_RETURN_IF_ERROR(prepare(e, *values));
     // One arena and scratch shared by all engines of a backend (grown only when a new plan needs
-    // more), in the memory kind the plan asks for.
+    // more), in the memory kind the plan asks for; a stage that may run beside the others has its own.
     const MemoryPlan mp = e.exec->memory();
     BackendRuntime& rt = e.backend->runtime();
-    Shared& sh = shared_[&rt];
+    const auto& own = options_.own_memory_stages;
+    const bool apart = rt.lanes() > 1 && std::find(own.begin(), own.end(), stage) != own.end();
+    Shared& sh = shared_[{&rt, apart ? stage : std::string()}];
     if (!sh.arena || mp.arena_bytes > sh.arena->bytes() || mp.scratch_bytes > sh.scratch->bytes()) {
       const uint64_t ab = std::max<uint64_t>(mp.arena_bytes, sh.arena ? sh.arena->bytes() : 0);
       const uint64_t sb = std::max<uint64_t>(mp.scratch_bytes, sh.scratch ? sh.scratch->bytes() : 0);
@@ -321,6 +324,7 @@ Status PackageEngines::run_stage(const std::string& stage, std::map<std::string,
     const MemoryKind kind = e.exec->memory_kind();
     for (size_t i = 0; i < ins.size(); ++i) {
       const PackageValue& pv = values->at(ir::input_name(e.exec->graph(), ins[i]));
+      e.exec->wait_input(int(i), pv.kind == kind ? pv.mark : -1);
       if (pv.kind == kind) {
         e.exec->bind_input(int(i), pv.data);
       } else if (pv.kind == MemoryKind::Host) {  // e.g. host inputs of a GPU engine: uploaded
@@ -358,6 +362,10 @@ Status PackageEngines::run_stage(const std::string& stage, std::map<std::string,
       }
       VLAC_RETURN_IF_ERROR(rt.copy(buf->data(), e.exec->data(outs[i]), info.bytes()));
       (*values)[e.output_names[i]] = PackageValue{buf->data(), info, kind};
+    }
+    if (mark_outputs) {
+      VLAC_ASSIGN_OR_RETURN(const int m, rt.mark());
+      for (const std::string& name : e.output_names) (*values)[name].mark = m;
     }
   }
   return Status::ok();

@@ -11,6 +11,7 @@
 #include <optional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/status.h"
@@ -37,6 +38,10 @@ struct PackageRunOptions {
   /// Runs every engine on this registry backend instead of the one its manifest entry names
   /// (weights are bound by name, so a CPU package's engines run on "cuda" too). Empty: the manifest's.
   std::string backend;
+  /// Stages whose engines get an activation arena and kernel scratch of their own instead of the
+  /// shared ones, so that they may run on a second lane beside the others (pi0.5's first
+  /// denoising step beside the prefix LM). Only on a runtime with lanes (BackendRuntime::lanes).
+  std::vector<std::string> own_memory_stages;
 };
 
 struct PackageRunStats {
@@ -53,6 +58,10 @@ struct PackageValue {
   const void* data = nullptr;
   ir::ValueInfo info;
   MemoryKind kind = MemoryKind::Host;  // where `data` lives (an engine's own values: its backend's kind)
+  /// Ready once this runtime mark is reached (BackendRuntime::mark; run_stage with
+  /// mark_outputs): an engine on another lane waits for it before its first read. -1: ready in
+  /// the order of the lane that reads it.
+  int mark = -1;
 };
 
 class PackageEngines {
@@ -75,7 +84,9 @@ class PackageEngines {
   std::optional<ir::ValueInfo> input_info(const std::string& stage, const std::string& name) const;
   /// Runs the engines of `stage` in order; each reads its inputs from `values` by name and adds
   /// its outputs there (pointing into buffers owned here, valid until the stage runs again).
-  Status run_stage(const std::string& stage, std::map<std::string, PackageValue>* values);
+  /// With `mark_outputs` each engine's outputs carry a runtime mark recorded after their copies
+  /// (PackageValue::mark); an input that carries one is waited for at its first read.
+  Status run_stage(const std::string& stage, std::map<std::string, PackageValue>* values, bool mark_outputs = false);
   /// The stage's pages leave this process (they stay in the page cache).
   void release_stage(const std::string& stage);
   /// The stable inputs (PackageRunOptions::stable_inputs) of the stage's engines changed: their
@@ -119,7 +130,8 @@ class PackageEngines {
   struct Shared {
     std::unique_ptr<BackendBuffer> arena, scratch;
   };
-  std::map<BackendRuntime*, Shared> shared_;
+  // Keyed by runtime and, for PackageRunOptions::own_memory_stages, the stage ("" for the rest).
+  std::map<std::pair<BackendRuntime*, std::string>, Shared> shared_;
 };
 
 }  // namespace vlac

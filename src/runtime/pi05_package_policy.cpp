@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 
@@ -105,8 +106,17 @@ Status Pi05PackagePolicy::load_manifest() {
   fast_vision_ = options_.fast_vision.value_or(pi05_precision::fast_vision(precision));
   ro.fast_vision = fast_vision_;
   ro.fp8_activations = precision == pi05_precision::kFp8W8a8;
+  if (options_.step_overlap) {
+    step_overlap_ = *options_.step_overlap;
+  } else {
+    const char* ov = std::getenv("VLAC_STEP_OVERLAP");
+    step_overlap_ = ov && std::string(ov) == "1";
+  }
+  // Step 0 runs beside the LM: the step engines cannot share the LM's arena and scratch.
+  if (step_overlap_) ro.own_memory_stages = {"step"};
   VLAC_ASSIGN_OR_RETURN(PackageEngines engines, PackageEngines::open(*pkg_, std::move(ro)));
   engines_ = std::make_unique<PackageEngines>(std::move(engines));
+  step_overlap_ = step_overlap_ && engines_->runtime().lanes() > 1;
   for (const char* s : {"vision", "lm", "step"})
     if (!engines_->has_stage(s)) return invalid_format(where + ": no engine of stage '" + s + "'");
   const auto image = engines_->input_info("vision", kPi05InImage);
@@ -228,7 +238,15 @@ Status Pi05PackagePolicy::enqueue_prefix() {
   v[kPi05InPrefixPos] = prefix_pos_dev_ ? Slot{prefix_pos_dev_->data(), ir::ValueInfo{DType::I64, {P}}, kind}
                                         : Slot{prefix_pos_->data(), ir::ValueInfo{DType::I64, {P}}, MemoryKind::Host};
   const auto tl = std::chrono::steady_clock::now();
-  VLAC_RETURN_IF_ERROR(run_stage("lm", &v));
+  // Overlapped (run_chunk): lane 1 starts from here, and each LM engine's K/V carry a mark.
+  const bool overlap = recording_ && step_overlap_;
+  lm_fork_mark_ = -1;
+  if (overlap) {
+    VLAC_ASSIGN_OR_RETURN(lm_fork_mark_, engines_->runtime().mark());
+  }
+  Status lm = engines_->run_stage("lm", &v, overlap);
+  static_cast<PackageRunStats&>(stats_) = engines_->stats();
+  VLAC_RETURN_IF_ERROR(lm);
   if (!recording_) stats_.lm_ms = stage_done(tl);
   if (!recording_) engines_->release_stage("lm");
   prefix_kv_.clear();
@@ -253,6 +271,20 @@ Status Pi05PackagePolicy::enqueue_denoise() {
   if (prefix_len_ == 0) return internal_error("pi0.5: denoise before run_prefix");
   BackendRuntime& rt = engines_->runtime();
   const uint64_t bytes = uint64_t(H_ * A_) * 4;
+  // Overlapped: step 0 on lane 1 from the mark before the LM, its expert layers waiting each for
+  // their prefix K/V's mark; then lane 0 waits for step 0, and steps 1.. run there. Lane 0 again
+  // on every way out.
+  const bool overlap = recording_ && step_overlap_ && lm_fork_mark_ >= 0;
+  struct LaneZero {
+    BackendRuntime* rt;
+    ~LaneZero() {
+      if (rt) (void)rt->use_lane(0);
+    }
+  } lane_zero{overlap ? &rt : nullptr};
+  if (overlap) {
+    VLAC_RETURN_IF_ERROR(rt.use_lane(1));
+    VLAC_RETURN_IF_ERROR(rt.wait_mark(lm_fork_mark_));
+  }
   VLAC_RETURN_IF_ERROR(rt.copy(x_->data(), noise_->data(), bytes));
   std::map<std::string, Slot> v = prefix_kv_;
   v[kPi05InX] = Slot{x_->data(), ir::ValueInfo{DType::F32, {H_, A_}}, engines_->memory_kind()};
@@ -280,6 +312,12 @@ Status Pi05PackagePolicy::enqueue_denoise() {
                             std::to_string(A_) + "]");
     VLAC_RETURN_IF_ERROR(rt.copy(x_->data(), it->second.data, bytes));
     if (!recording_) stats_.step_ms[size_t(k)] = stage_done(ts);
+    if (overlap && k == 0) {  // join: lane 0 goes on after step 0; no input waits from here
+      VLAC_ASSIGN_OR_RETURN(const int joined, rt.mark());
+      VLAC_RETURN_IF_ERROR(rt.use_lane(0));
+      VLAC_RETURN_IF_ERROR(rt.wait_mark(joined));
+      for (auto& [name, slot] : v) slot.mark = -1;
+    }
   }
   return Status::ok();
 }
@@ -310,6 +348,7 @@ Status Pi05PackagePolicy::run_chunk(const Pi05Observation& obs, const float* noi
   seq_key_ = key;
   recording_ = true;
   Status st = seq_->run(key, [this]() -> Status {
+    engines_->runtime().clear_marks();
     VLAC_RETURN_IF_ERROR(enqueue_prefix());
     return enqueue_denoise();
   });

@@ -39,6 +39,11 @@ struct Pi05PackageOptions {
   /// matrices on TF32). Unset: fast for a bf16-all package (its vision matrices are bf16 already,
   /// so lerobot's fp32 vision is not what it runs), exact otherwise.
   std::optional<bool> fast_vision;
+  /// The first denoising step of a chunk on a second lane (a GPU's second stream), each expert
+  /// layer starting as soon as the prefix LM's engine that makes its K/V is done, beside the
+  /// rest of the LM; the other steps after it, as before. Same results. Only where the runtime
+  /// has two lanes (the CUDA backend). Unset: VLAC_STEP_OVERLAP=1 turns it on (off by default).
+  std::optional<bool> step_overlap;
 };
 
 /// What the runtime did, for the report.
@@ -128,6 +133,8 @@ class Pi05PackagePolicy {
   std::map<std::string, Slot> prefix_kv_;  // prefix.k.<l>/prefix.v.<l>, in engines_' buffers
   int64_t prefix_len_ = 0;
   bool recording_ = false;  // inside run_chunk's body: no timing, no synchronization
+  bool step_overlap_ = false;  // Pi05PackageOptions::step_overlap, resolved (run_chunk only)
+  int lm_fork_mark_ = -1;      // lane 0's mark before the LM, where step 0's lane starts
   std::unique_ptr<RunSequence> seq_;
   uint64_t seq_key_ = 0;
 };

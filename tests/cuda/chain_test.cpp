@@ -621,6 +621,30 @@ TEST_F(CudaChain, AttentionEarlyLoadsChangeNoAction) {
   std::printf("[ cuda     ] early prefix-key loads: %lld attentions, same actions\n", static_cast<long long>(early));
 }
 
+// VLAC_STEP_OVERLAP=1 (Pi05PackageOptions::step_overlap): a chunk's first denoising step runs on
+// a second stream beside the prefix LM, each of its engines waiting for the LM's K/V marks at
+// their first read, and the other steps after it. Eager, warm-up, recorded (two streams forked and
+// joined in one capture) and replayed chunks give the same bits as one stream.
+TEST_F(CudaChain, StepOverlapChangesNoAction) {
+  for (uint32_t seed : {0u, 31u}) {
+    TinyBf16Package t;
+    if (seed == 0) {  // tiny_a in engines of 64 KiB: the LM and the step in several each
+      ASSERT_NO_FATAL_FAILURE(make_tiny_bf16_package(&t, 64 << 10));
+    } else {  // the expert attention's 256-wide heads, one engine a stage
+      Pi05Dims dims = Pi05Dims::demo();
+      dims.head_dim = 256, dims.lm_heads = dims.expert_heads = 2;
+      ASSERT_NO_FATAL_FAILURE(make_random_bf16_package(&t, dims, seed));
+    }
+    SwitchRuns r;
+    ASSERT_NO_FATAL_FAILURE(run_with_switch(t.path, *t.obs, t.noise, "VLAC_STEP_OVERLAP", "0", "1", "lane_input_waits", &r));
+    EXPECT_EQ(r.counted[0], 0) << "seed " << seed;
+    EXPECT_GT(r.counted[1], 0) << "seed " << seed << ": no step engine waited for the LM on the other stream";
+    EXPECT_EQ(max_abs_diff(r.actions[0], r.actions[1]), 0.0) << "seed " << seed;
+    std::printf("[ cuda     ] step 0 beside the LM (seed %u): %lld input waits, same actions\n", seed,
+                static_cast<long long>(r.counted[1]));
+  }
+}
+
 // The timing probe (VLAC_TIMING_SKIP, executor.cpp): a pattern that names no node changes no
 // action; one that names the expert's attentions leaves them unlaunched, so the actions move.
 TEST_F(CudaChain, TimingSkipLeavesOnlyTheNamedNodesUnlaunched) {

@@ -72,7 +72,9 @@ class CudaSequence final : public RunSequence {
     }
     if (ce != cudaSuccess) return cuda_error("recording a chunk", ce);
     const std::optional<uint64_t> before = nvml_used_bytes();
-    ce = cudaGraphInstantiate(&e.exec, graph, 0);
+    // A second lane made with the highest priority (VLAC_LANE_PRIORITY=1): its kernel nodes keep
+    // the stream's priority from the capture, used only with this flag.
+    ce = cudaGraphInstantiate(&e.exec, graph, ctx_->lane_priority() ? cudaGraphInstantiateFlagUseNodePriority : 0);
     (void)cudaGraphDestroy(graph);
     if (ce != cudaSuccess) {
       e.exec = nullptr;
@@ -162,6 +164,14 @@ class CudaRuntime final : public BackendRuntime {
     return Status::ok();
   }
   std::unique_ptr<RunSequence> make_sequence() override { return std::make_unique<CudaSequence>(&ctx_); }
+  int lanes() const override { return 2; }
+  Status use_lane(int lane) override { return ctx_.use_lane(lane); }
+  Result<int> mark() override { return ctx_.mark(); }
+  Status wait_mark(int id) override {
+    VLAC_RETURN_IF_ERROR(ctx_.ensure());
+    return ctx_.wait_mark(id);
+  }
+  void clear_marks() override { ctx_.clear_marks(); }
   std::vector<std::pair<std::string, int64_t>> memory_breakdown() const override {
     if (!ctx_.started()) return {};
     std::vector<std::pair<std::string, int64_t>> out = ctx_.breakdown();

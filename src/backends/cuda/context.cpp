@@ -156,7 +156,10 @@ std::atomic<uint64_t> g_on_demand{0}, g_fetches{0}, g_fetched{0};
 std::atomic<uint64_t> g_prefetch_launches{0}, g_prefetch_bytes{0};
 std::atomic<uint64_t> g_rope_folds{0};
 std::atomic<uint64_t> g_early_attentions{0};
+std::atomic<uint64_t> g_lane_waits{0};
 }  // namespace
+
+void note_lane_input_waits(uint64_t n) { g_lane_waits += n; }
 
 void note_rope_attention_folds(uint64_t n) { g_rope_folds += n; }
 void note_attention_early_loads(uint64_t n) { g_early_attentions += n; }
@@ -280,6 +283,8 @@ Status CudaContext::ensure() {
   auto ws = device_alloc(gemm_->workspace_bytes(), "the cuBLASLt workspace");
   if (!ws.is_ok()) return fail(ws.status());
   workspace_ = *ws;
+  lane_streams_[0] = stream_;
+  lane_workspaces_[0] = workspace_;
   sms_ = device_sm_count();
   trim_clean_pages();
   return status_;
@@ -307,7 +312,65 @@ std::vector<std::pair<std::string, int64_t>> CudaContext::breakdown() const {
           {"l2_prefetch_launches_per_run", int64_t(g_prefetch_launches.load())},
           {"l2_prefetch_bytes_per_run", int64_t(g_prefetch_bytes.load())},
           {"rope_attention_folds", int64_t(g_rope_folds.load())},
-          {"attention_early_loads", int64_t(g_early_attentions.load())}};
+          {"attention_early_loads", int64_t(g_early_attentions.load())},
+          {"lane_input_waits", int64_t(g_lane_waits.load())},
+          {"lane_streams", lane_streams_[1] ? 2 : 1}};
+}
+
+Status CudaContext::use_lane(int lane) {
+  VLAC_RETURN_IF_ERROR(ensure());
+  if (lane != 0 && lane != 1) return invalid_argument("cuda: no lane " + std::to_string(lane) + " (lanes 0 and 1)");
+  if (lane == 1 && !lane_streams_[1]) {
+    if (capturing()) return internal_error("cuda: lane 1 is first used inside a recording (a warm-up run makes it)");
+    int least = 0, greatest = 0;
+    lane_priority_ = env_on("VLAC_LANE_PRIORITY");
+    if (lane_priority_ && cudaDeviceGetStreamPriorityRange(&least, &greatest) != cudaSuccess) {
+      (void)cudaGetLastError();
+      greatest = 0;
+    }
+    cudaStream_t s = nullptr;
+    cudaError_t e = cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, lane_priority_ ? greatest : 0);
+    if (e != cudaSuccess) return cuda_error("creating the stream of lane 1", e);
+    auto ws = device_alloc(gemm_->workspace_bytes(), "the cuBLASLt workspace of lane 1");
+    if (!ws.is_ok()) {
+      (void)cudaStreamDestroy(s);
+      return ws.status();
+    }
+    lane_streams_[1] = s;
+    lane_workspaces_[1] = *ws;
+  }
+  lane_ = lane;
+  stream_ = lane_streams_[lane];
+  workspace_ = lane_workspaces_[lane];
+  return Status::ok();
+}
+
+Result<int> CudaContext::mark() {
+  VLAC_RETURN_IF_ERROR(ensure());
+  if (size_t(next_mark_) == events_.size()) {
+    // New events only outside a recording: a warm-up run with the same marks comes first.
+    if (capturing()) return internal_error("cuda: more marks in a recording than in its warm-up run");
+    cudaEvent_t ev = nullptr;
+    const cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+    if (e != cudaSuccess) return cuda_error("creating a lane mark's event", e);
+    events_.push_back(ev);
+    mark_lanes_.push_back(0);
+  }
+  const int id = next_mark_++;
+  mark_lanes_[size_t(id)] = lane_;
+  const cudaError_t e = cudaEventRecord(events_[size_t(id)], stream_);
+  if (e != cudaSuccess) return cuda_error("recording a lane mark", e);
+  return id;
+}
+
+Status CudaContext::wait_mark(int id) {
+  if (id < 0) return Status::ok();
+  const cudaEvent_t ev = mark_event(id);
+  if (!ev) return internal_error("cuda: waiting for lane mark " + std::to_string(id) + ", which was not recorded");
+  if (!mark_crosses(id)) return Status::ok();
+  const cudaError_t e = cudaStreamWaitEvent(stream_, ev, 0);
+  if (e != cudaSuccess) return cuda_error("waiting for a lane mark", e);
+  return Status::ok();
 }
 
 bool CudaContext::capturing() const {

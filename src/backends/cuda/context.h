@@ -98,6 +98,26 @@ class CudaContext {
   /// the graph holds no host-function node (the GPU waiting for a host thread mid-chunk).
   void add_replay_hook(std::function<Status()> fn) { hooks_.push_back(std::move(fn)); }
   std::vector<std::function<Status()>> take_replay_hooks() { return std::exchange(hooks_, {}); }
+  /// Lanes (BackendRuntime::use_lane): lane 1 is a second stream with a cuBLASLt workspace of
+  /// its own (so its GEMMs never share one with lane 0's), both made on its first use.
+  /// VLAC_LANE_PRIORITY=1 gives that stream the device's highest priority, and recorded chunks
+  /// then keep their nodes' priorities (lane_priority()). stream() and workspace() are the
+  /// current lane's.
+  Status use_lane(int lane);
+  int lane() const { return lane_; }
+  bool lane_priority() const { return lane_priority_; }
+  /// An event recorded on the current lane's stream (ids from 0 after clear_marks(); the events
+  /// are made once and reused). wait_mark: the current stream waits for it; a mark of the
+  /// current lane is behind it in stream order already, so that waits for nothing.
+  Result<int> mark();
+  Status wait_mark(int id);
+  void clear_marks() { next_mark_ = 0; }
+  /// The event of mark `id` (null for an id not recorded since clear_marks()).
+  cudaEvent_t mark_event(int id) const {
+    return id >= 0 && id < next_mark_ ? events_[size_t(id)] : nullptr;
+  }
+  /// Whether wait_mark(id) makes the current lane wait (a mark of the other lane).
+  bool mark_crosses(int id) const { return mark_event(id) && mark_lanes_[size_t(id)] != lane_; }
   ~CudaContext();
 
  private:
@@ -110,6 +130,17 @@ class CudaContext {
   int64_t context_bytes_ = -1, stack_saved_bytes_ = -1, handle_bytes_ = -1, graph_bytes_ = 0;
   int64_t stack_default_ = -1, stack_set_ = -1, heap_limit_ = -1, printf_fifo_ = -1;
   std::vector<std::function<Status()>> hooks_;
+  cudaStream_t lane_streams_[2] = {nullptr, nullptr};
+  void* lane_workspaces_[2] = {nullptr, nullptr};
+  int lane_ = 0;
+  bool lane_priority_ = false;
+  std::vector<cudaEvent_t> events_;
+  std::vector<int> mark_lanes_;  // by mark id: the lane it was recorded on
+  int next_mark_ = 0;
 };
+
+/// Input waits issued by executables on another lane's marks (CudaExecutable::wait_input),
+/// summed over the process (breakdown: lane_input_waits).
+void note_lane_input_waits(uint64_t n);
 
 }  // namespace vlac::cuda

@@ -678,7 +678,37 @@ Status CudaExecutable::plan(const CudaWeights& weights) {
       gate_views_.push_back({gr, mr, last_dim(g.info(n.inputs[0]))});
     }
   }
+  plan_input_waits();
   return Status::ok();
+}
+
+// Where a run waits for an input's mark (wait_input): before the first launch that reads it.
+// A node's work launches at its own place except where a plan pass runs it from an earlier
+// node's launch (the second RoPE of a pair, the v copy, the prefix q|k|v launch, the expert MLP),
+// so each reader counts at the place its work is launched from. A Reshape or view counts as a
+// reader: waiting earlier than needed is only slower.
+void CudaExecutable::plan_input_waits() {
+  const ir::Graph& g = graph_;
+  std::vector<size_t> launch_pos(g.nodes().size(), order_.size());
+  for (size_t i = 0; i < order_.size(); ++i) launch_pos[size_t(order_[i])] = i;
+  for (size_t i = 0; i < order_.size(); ++i) {
+    const NodePlan& p = plans_[size_t(order_[i])];
+    for (int64_t moved : {p.rope_pair, p.rope_copy, p.qkv_k, p.qkv_v})
+      if (moved >= 0) launch_pos[size_t(moved)] = std::min(launch_pos[size_t(moved)], i);
+    if (p.mlp >= 0)
+      for (NodeId moved : {mlps_[size_t(p.mlp)].geglu, mlps_[size_t(p.mlp)].down})
+        launch_pos[size_t(moved)] = std::min(launch_pos[size_t(moved)], i);
+  }
+  std::vector<size_t> first(g.values().size(), order_.size());
+  for (NodeId id : order_)
+    for (ValueId in : g.node(id).inputs) first[size_t(in)] = std::min(first[size_t(in)], launch_pos[size_t(id)]);
+  input_first_pos_.clear();
+  for (ValueId v : g.inputs()) input_first_pos_.push_back(first[size_t(v)]);
+  input_wait_.assign(g.inputs().size(), -1);
+}
+
+void CudaExecutable::wait_input(int i, int mark) {
+  if (i >= 0 && size_t(i) < input_wait_.size()) input_wait_[size_t(i)] = mark;
 }
 
 // L2 prefetches of the latency-bound GEMMs' weights (l2_prefetch.h): GEMMs with at most
@@ -1839,10 +1869,18 @@ Status CudaExecutable::run() {
   std::vector<uint8_t> memo_kind;  // profiled: 0 ran, 1 memo hit, 2 memo hit with a result copied
   if (timer) memo_kind.assign(order_.size(), 0);
   size_t next_prefetch = 0;
+  // Inputs made on another lane (wait_input): this stream waits for each one's mark just before
+  // the first launch that reads it.
+  const bool waits = std::any_of(input_wait_.begin(), input_wait_.end(), [](int m) { return m >= 0; });
   for (size_t i = 0; i < order_.size(); ++i) {
     const NodeId id = order_[i];
     const uint64_t copies = memo_copies_;
     Status st = Status::ok();
+    for (size_t j = 0; waits && st.is_ok() && j < input_wait_.size(); ++j)
+      if (input_wait_[j] >= 0 && input_first_pos_[j] == i && ctx_->mark_crosses(input_wait_[j])) {
+        st = ctx_->wait_mark(input_wait_[j]);
+        note_lane_input_waits(1);
+      }
     for (; st.is_ok() && next_prefetch < prefetches_.size() && prefetches_[next_prefetch].before == i; ++next_prefetch) {
       const PrefetchLaunch& l = prefetches_[next_prefetch];
       st = l2_prefetch(ctx_->stream(), l.ranges.data(), int(l.ranges.size()), prefetch_blocks_);

@@ -48,6 +48,7 @@ class CudaExecutable final : public Executable {
   Status write_input(int i, const void* src, uint64_t bytes) override;
   void inputs_changed() override { stable_dirty_ = true; }
   void set_memo_key(const void* key, uint64_t bytes) override;
+  void wait_input(int i, int mark) override;
 
  private:
   CudaExecutable() = default;
@@ -111,6 +112,11 @@ class CudaExecutable final : public Executable {
   /// Rows [0, n) of v (a K or V input of an attention) that only a kept Concat's stable pieces
   /// write; 0 where v is not such a Concat's output read in place in bf16.
   int64_t stable_rows(ir::ValueId v) const;
+  /// input_first_pos_: by input, the run position of the first launch that reads it (wait_input
+  /// waits there); input_wait_: by input, the mark it waits for (-1: none).
+  void plan_input_waits();
+  std::vector<size_t> input_first_pos_;
+  std::vector<int> input_wait_;
   float* rope_table_ = nullptr;  // rope_sincos of the folded attentions' positions (own_blocks_)
   int64_t rope_folds_ = 0;
   /// VLAC_KV_PERSIST_MIB=N (a measurement, off by default): the attentions of an engine with

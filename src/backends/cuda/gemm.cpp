@@ -320,6 +320,9 @@ struct GemmRunner::Impl {
 
 void GemmRunner::Impl::tune(cudaStream_t stream, const GemmDesc& d, Plan& p, const void* x, const void* w,
                             const void* bias, void* y, void* ws) {
+  // The device idle first: work on another stream (a second lane: the prefix LM beside the first
+  // denoising step) would run beside the candidates and skew their times.
+  if (cudaDeviceSynchronize() != cudaSuccess) (void)cudaGetLastError();
   cudaEvent_t e0 = nullptr, e1 = nullptr;
   if (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess) {
     (void)cudaGetLastError();
