@@ -352,6 +352,22 @@ TEST(BackendRegistry, BuiltInCpuReportsItsDevice) {
   EXPECT_EQ(backend_registry().names().front(), "cpu");
 }
 
+// A backend without lanes (the CPU, this test's) runs everything in order: one lane, marks -1,
+// waits on them no-ops, and asking for a second lane is one clear error naming the backend.
+TEST(BackendRegistry, OneLaneBackendsRunInOrder) {
+  BackendRuntime& rt = backend_registry().find("cpu")->runtime();
+  EXPECT_EQ(rt.lanes(), 1);
+  EXPECT_TRUE(rt.use_lane(0).is_ok());
+  const Status st = rt.use_lane(1);
+  EXPECT_EQ(st.code(), StatusCode::Unsupported);
+  EXPECT_NE(st.message().find("cpu backend: one lane only"), std::string::npos) << st.message();
+  auto m = rt.mark();
+  ASSERT_TRUE(m.is_ok());
+  EXPECT_EQ(*m, -1);
+  EXPECT_TRUE(rt.wait_mark(*m).is_ok());
+  rt.clear_marks();
+}
+
 TEST(BackendRegistry, UnknownAndDuplicateNamesAreErrors) {
   auto missing = backend_registry().get("nosuch", "pkg.vlac: engine 'e0'");
   ASSERT_FALSE(missing.is_ok());
