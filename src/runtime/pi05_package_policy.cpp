@@ -110,7 +110,7 @@ Status Pi05PackagePolicy::load_manifest() {
     step_overlap_ = *options_.step_overlap;
   } else {
     const char* ov = std::getenv("VLAC_STEP_OVERLAP");
-    step_overlap_ = ov && std::string(ov) == "1";
+    step_overlap_ = !(ov && std::string(ov) == "0");
   }
   // Step 0 runs beside the LM: the step engines cannot share the LM's arena and scratch.
   if (step_overlap_) ro.own_memory_stages = {"step"};

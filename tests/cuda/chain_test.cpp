@@ -621,7 +621,8 @@ TEST_F(CudaChain, AttentionEarlyLoadsChangeNoAction) {
   std::printf("[ cuda     ] early prefix-key loads: %lld attentions, same actions\n", static_cast<long long>(early));
 }
 
-// VLAC_STEP_OVERLAP=1 (Pi05PackageOptions::step_overlap): a chunk's first denoising step runs on
+// Step 0 beside the LM (Pi05PackageOptions::step_overlap, on by default on a GPU; VLAC_STEP_OVERLAP=0
+// off): a chunk's first denoising step runs on
 // a second stream beside the prefix LM, each of its engines waiting for the LM's K/V marks at
 // their first read, and the other steps after it. Eager, warm-up, recorded (two streams forked and
 // joined in one capture) and replayed chunks give the same bits as one stream.
