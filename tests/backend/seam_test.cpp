@@ -11,6 +11,7 @@
 #include <cstring>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backends/registry.h"
@@ -20,6 +21,7 @@
 #include "ir/backend.h"
 #include "ir/walk.h"
 #include "runtime/graph_package.h"
+#include "runtime/package_engines.h"
 
 namespace vlac {
 namespace {
@@ -402,14 +404,152 @@ TEST(BackendSeam, TestBackendRunsCompilePackageRuntime) {
   for (size_t i = 0; i < y.size(); ++i) EXPECT_NEAR(yc[i], want[i], 1e-4) << i;
 }
 
-TEST(BackendSeam, PackageNamingAnUnknownBackendIsRefusedWithItsName) {
-  ref_backend();
-  const SmallModel sm;
-  const std::string path = temp_dir() + "/unknown.vlac";
+// Compile options for the small model on the "ref" backend, written to `path`.
+GraphCompileOptions ref_compile_options(const SmallModel& sm, const std::string& path) {
   GraphCompileOptions co;
   co.out = path;
   co.backend = "ref";
   co.files = {{sm.file.data(), sm.file.size(), "small.bin", nullptr}};
+  return co;
+}
+
+// A ref backend with two lanes that logs what the package runtime asks of them: the marks it
+// records (lane, id), the lanes it switches to, and each engine's input waits (engine, input, mark).
+struct LaneLog {
+  std::vector<std::pair<int, int>> marks;            // (lane, id)
+  std::vector<std::tuple<int, int, int>> waits;      // (executable, input, mark), mark >= 0 only
+  std::vector<void*> arenas;                          // by executable: the arena it was bound to
+};
+class LaneExecutable final : public Executable {
+ public:
+  LaneExecutable(std::unique_ptr<Executable> in, LaneLog* log, int id) : in_(std::move(in)), log_(log), id_(id) {}
+  const ir::Graph& graph() const override { return in_->graph(); }
+  MemoryPlan memory() const override { return in_->memory(); }
+  void bind_memory(void* arena, void* scratch) override {
+    log_->arenas[size_t(id_)] = arena;
+    in_->bind_memory(arena, scratch);
+  }
+  int input_index(std::string_view name) const override { return in_->input_index(name); }
+  void* input_data(int i) override { return in_->input_data(i); }
+  void bind_input(int i, const void* p) override { in_->bind_input(i, p); }
+  const void* data(ValueId v) const override { return in_->data(v); }
+  Status run() override { return in_->run(); }
+  uint64_t memo_hits() const override { return 0; }
+  size_t memo_nodes() const override { return 0; }
+  void wait_input(int i, int mark) override {
+    if (mark >= 0) log_->waits.emplace_back(id_, i, mark);
+  }
+
+ private:
+  std::unique_ptr<Executable> in_;
+  LaneLog* log_;
+  int id_;
+};
+class LaneRefRuntime final : public BackendRuntime {
+ public:
+  std::string_view name() const override { return "lane-ref"; }
+  Result<std::unique_ptr<BoundWeights>> bind_weights(const WeightBinding& b) override { return ref_.bind_weights(b); }
+  Result<std::unique_ptr<Executable>> plan(ir::Graph program, const BoundWeights& weights,
+                                           const ExecOptions& o) override {
+    VLAC_ASSIGN_OR_RETURN(auto ex, ref_.plan(std::move(program), weights, o));
+    log.arenas.push_back(nullptr);
+    return std::unique_ptr<Executable>(std::make_unique<LaneExecutable>(std::move(ex), &log, int(log.arenas.size()) - 1));
+  }
+  int lanes() const override { return 2; }
+  Status use_lane(int lane) override {
+    lane_ = lane;
+    return Status::ok();
+  }
+  Result<int> mark() override {
+    log.marks.emplace_back(lane_, next_);
+    return next_++;
+  }
+  void clear_marks() override { next_ = 0; }
+  LaneLog log;
+
+ private:
+  RefRuntime ref_;
+  int lane_ = 0, next_ = 0;
+};
+class LaneRefBackend final : public Backend {
+ public:
+  std::string_view name() const override { return "lane-ref"; }
+  DeviceInfo device() const override { return DeviceInfo{}; }
+  BackendCompiler* compiler() override { return nullptr; }
+  BackendRuntime& runtime() override { return runtime_; }
+  LaneRefRuntime runtime_;
+};
+
+// PackageEngines on a runtime with lanes: run_stage(mark_outputs) ends each engine with a mark that
+// its outputs carry, each later engine is told to wait for its producer's mark at the input that
+// crosses (and for nothing else), and the numbers are those of an unmarked run (the marked run
+// also in a stage arena of its own: own_memory_stages).
+TEST(BackendSeam, MarkedStageOutputsAreWaitedForAtTheirReaders) {
+  ref_backend();
+  const SmallModel sm;
+  const std::string path = temp_dir() + "/lanes.vlac";
+  GraphCompileOptions co = ref_compile_options(sm, path);
+  co.engine_cap = 4096;  // several engines, values crossing between them
+  auto cs = compile_graph(sm.g, {{"y", sm.out}}, co);
+  ASSERT_TRUE(cs.is_ok()) << cs.status().message();
+  const size_t n_engines = cs->engines.size();
+  ASSERT_GE(n_engines, 2u);
+  auto pkg = Package::open(path);
+  ASSERT_TRUE(pkg.is_ok()) << pkg.status().message();
+  BackendRegistry reg;
+  auto owned = std::make_unique<LaneRefBackend>();
+  LaneRefRuntime& rt = owned->runtime_;
+  ASSERT_TRUE(reg.add(std::move(owned)).is_ok());
+  const std::vector<float> x = sm.input();
+  std::vector<float> y[2];
+  for (int marked = 0; marked < 2; ++marked) {
+    PackageRunOptions ro;
+    ro.backend = "lane-ref";
+    if (marked) ro.own_memory_stages = {"graph"};
+    auto pe = PackageEngines::open(*pkg, ro, &reg);
+    ASSERT_TRUE(pe.is_ok()) << pe.status().message();
+    rt.log = LaneLog{};
+    rt.clear_marks();
+    std::map<std::string, PackageValue> values;
+    values["x"] = PackageValue{x.data(), ir::ValueInfo{DType::F32, {SmallModel::M, SmallModel::K}}};
+    ASSERT_EQ(pe->stages(), std::vector<std::string>{"graph"});
+    const Status st = pe->run_stage("graph", &values, marked != 0);
+    ASSERT_TRUE(st.is_ok()) << st.message();
+    const PackageValue& out = values.at("y");
+    const float* py = static_cast<const float*>(out.data);
+    y[marked].assign(py, py + SmallModel::M * SmallModel::O);
+    if (!marked) {
+      EXPECT_TRUE(rt.log.marks.empty());
+      EXPECT_TRUE(rt.log.waits.empty());
+      EXPECT_EQ(out.mark, -1);
+      continue;
+    }
+    // One mark an engine, on lane 0, in order; the last engine's outputs carry the last one.
+    ASSERT_EQ(rt.log.marks.size(), n_engines);
+    for (size_t e = 0; e < n_engines; ++e) EXPECT_EQ(rt.log.marks[e], std::make_pair(0, int(e)));
+    EXPECT_EQ(out.mark, int(n_engines) - 1);
+    // Every engine after the first reads something an earlier one made, and waits for that
+    // engine's mark (an earlier one); the first reads only x, which carries none.
+    std::vector<int> waits_of(n_engines, 0);
+    for (const auto& [ex, input, m] : rt.log.waits) {
+      ASSERT_LT(size_t(ex), n_engines);
+      EXPECT_LT(m, ex) << "engine " << ex << " waits for a mark not yet recorded before it";
+      EXPECT_GE(input, 0);
+      ++waits_of[size_t(ex)];
+    }
+    EXPECT_EQ(waits_of[0], 0);
+    for (size_t e = 1; e < n_engines; ++e) EXPECT_GE(waits_of[e], 1) << "engine " << e;
+    // The stage's own arena is still one block for all its engines (they run in order).
+    for (size_t e = 1; e < n_engines; ++e) EXPECT_EQ(rt.log.arenas[e], rt.log.arenas[0]);
+  }
+  EXPECT_EQ(y[0], y[1]);
+}
+
+TEST(BackendSeam, PackageNamingAnUnknownBackendIsRefusedWithItsName) {
+  ref_backend();
+  const SmallModel sm;
+  const std::string path = temp_dir() + "/unknown.vlac";
+  const GraphCompileOptions co = ref_compile_options(sm, path);
   ASSERT_TRUE(compile_graph(sm.g, {{"y", sm.out}}, co).is_ok());
   const BackendRegistry without_ref;  // a vlac built without the "ref" backend
   auto pkg = GraphPackage::open(path, {}, &without_ref);
