@@ -124,8 +124,8 @@ Status Pi05PackagePolicy::load_manifest() {
   return Status::ok();
 }
 
-Status Pi05PackagePolicy::run_stage(const std::string& stage, std::map<std::string, Slot>* values) {
-  Status st = engines_->run_stage(stage, values);
+Status Pi05PackagePolicy::run_stage(const std::string& stage, std::map<std::string, Slot>* values, bool mark_outputs) {
+  Status st = engines_->run_stage(stage, values, mark_outputs);
   static_cast<PackageRunStats&>(stats_) = engines_->stats();
   return st;
 }
@@ -244,9 +244,7 @@ Status Pi05PackagePolicy::enqueue_prefix() {
   if (overlap) {
     VLAC_ASSIGN_OR_RETURN(lm_fork_mark_, engines_->runtime().mark());
   }
-  Status lm = engines_->run_stage("lm", &v, overlap);
-  static_cast<PackageRunStats&>(stats_) = engines_->stats();
-  VLAC_RETURN_IF_ERROR(lm);
+  VLAC_RETURN_IF_ERROR(run_stage("lm", &v, overlap));
   if (!recording_) stats_.lm_ms = stage_done(tl);
   if (!recording_) engines_->release_stage("lm");
   prefix_kv_.clear();

@@ -102,7 +102,7 @@ class Pi05PackagePolicy {
   using Slot = PackageValue;
   Pi05PackagePolicy() = default;
   Status load_manifest();
-  Status run_stage(const std::string& stage, std::map<std::string, Slot>* values);
+  Status run_stage(const std::string& stage, std::map<std::string, Slot>* values, bool mark_outputs = false);
   Status stage_observation(const Pi05Observation& obs);  // host staging of images and tokens
   Status enqueue_prefix();                               // vision, text, lm (timed unless recording_)
   Status enqueue_denoise();                              // the Euler loop from the staged noise

@@ -1870,17 +1870,20 @@ Status CudaExecutable::run() {
   if (timer) memo_kind.assign(order_.size(), 0);
   size_t next_prefetch = 0;
   // Inputs made on another lane (wait_input): this stream waits for each one's mark just before
-  // the first launch that reads it.
-  const bool waits = std::any_of(input_wait_.begin(), input_wait_.end(), [](int m) { return m >= 0; });
+  // the first launch that reads it, in run order like the prefetches.
+  run_waits_.clear();
+  for (size_t j = 0; j < input_wait_.size(); ++j)
+    if (input_wait_[j] >= 0 && ctx_->mark_crosses(input_wait_[j])) run_waits_.push_back({input_first_pos_[j], input_wait_[j]});
+  std::sort(run_waits_.begin(), run_waits_.end());
+  size_t next_wait = 0;
   for (size_t i = 0; i < order_.size(); ++i) {
     const NodeId id = order_[i];
     const uint64_t copies = memo_copies_;
     Status st = Status::ok();
-    for (size_t j = 0; waits && st.is_ok() && j < input_wait_.size(); ++j)
-      if (input_wait_[j] >= 0 && input_first_pos_[j] == i && ctx_->mark_crosses(input_wait_[j])) {
-        st = ctx_->wait_mark(input_wait_[j]);
-        note_lane_input_waits(1);
-      }
+    for (; st.is_ok() && next_wait < run_waits_.size() && run_waits_[next_wait].first == i; ++next_wait) {
+      st = ctx_->wait_mark(run_waits_[next_wait].second);
+      note_lane_input_waits(1);
+    }
     for (; st.is_ok() && next_prefetch < prefetches_.size() && prefetches_[next_prefetch].before == i; ++next_prefetch) {
       const PrefetchLaunch& l = prefetches_[next_prefetch];
       st = l2_prefetch(ctx_->stream(), l.ranges.data(), int(l.ranges.size()), prefetch_blocks_);

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backends/cuda/context.h"
@@ -117,6 +118,7 @@ class CudaExecutable final : public Executable {
   void plan_input_waits();
   std::vector<size_t> input_first_pos_;
   std::vector<int> input_wait_;
+  std::vector<std::pair<size_t, int>> run_waits_;  // run(): (position, mark) of this run's waits, sorted
   float* rope_table_ = nullptr;  // rope_sincos of the folded attentions' positions (own_blocks_)
   int64_t rope_folds_ = 0;
   /// VLAC_KV_PERSIST_MIB=N (a measurement, off by default): the attentions of an engine with
