@@ -18,6 +18,15 @@ inline constexpr std::string_view kFp8W8a8 = "fp8-w8a8";           // e4m3 codes
 /// Whether SigLIP runs in bf16 with its fused epilogues: every precision but lerobot's two.
 inline bool fast_vision(std::string_view p) { return !p.empty() && p != kFp32 && p != kBf16Lerobot; }
 
+/// Whether the matrices are stored as 8-bit codes (int8 / fp8, W8A16 or W8A8).
+inline bool eight_bit(std::string_view p) { return p == kInt8Weights || p == kFp8Weights || p == kFp8W8a8; }
+
+/// Whether a chunk's first denoising step runs beside the prefix LM by default where the runtime
+/// has two lanes (Pi05PackageOptions::step_overlap): not in the 8-bit packages. Their bound is
+/// 3.5 GiB, and the step's own arena and scratch (its widened weights) with the second lane's
+/// cuBLASLt workspace cost them 42-62 MiB, over the bound (H100, session 35); W8A8 was also slower.
+inline bool step_overlap_default(std::string_view p) { return !eight_bit(p); }
+
 /// The short name `vlac run` prints: int8, fp8, fp8-w8a8 for the 8-bit packages, else the
 /// activations' dtype (bf16 or fp32).
 inline std::string short_name(std::string_view p, bool bf16) {

@@ -43,7 +43,8 @@ struct Pi05PackageOptions {
   /// layer starting as soon as the prefix LM's engine that makes its K/V is done, beside the
   /// rest of the LM; the other steps after it, as before. Same results. Only where the runtime
   /// has two lanes (the CUDA backend): on by default there (an H100: -0.33 ms a chunk, session
-  /// 34), off on the CPU. Unset: VLAC_STEP_OVERLAP=0 turns it off.
+  /// 34) except in 8-bit packages (pi05_precision::step_overlap_default: +42-62 MiB, over their
+  /// 3.5 GiB), off on the CPU. Unset: VLAC_STEP_OVERLAP=0 turns it off, =1 on.
   std::optional<bool> step_overlap;
 };
 
@@ -71,6 +72,8 @@ class Pi05PackagePolicy {
   bool bf16() const { return bf16_; }
   /// Whether SigLIP runs at the fast rounding points (Pi05PackageOptions::fast_vision, resolved).
   bool fast_vision() const { return fast_vision_; }
+  /// Whether run_chunk runs step 0 beside the LM (Pi05PackageOptions::step_overlap, resolved).
+  bool step_overlap() const { return step_overlap_; }
   int64_t chunk_size() const { return H_; }
   int64_t max_action_dim() const { return A_; }
   int64_t channels() const { return C_; }

@@ -949,13 +949,18 @@ TEST_F(CudaChain, EightBitPackagesAgreeWithTheCpuAndLerobot) {
         const Pi05CompileOptions co = eight_bit_options(tmp, b == 1, dt);
         auto sum = compile_pi05(dir + "/policy", co);
         ASSERT_TRUE(sum.is_ok()) << name << ": " << sum.status().message();
-        for (const char* on_demand : {"0", "1"}) {
-          if (!b && on_demand[0] == '1') continue;
-          setenv("VLAC_ON_DEMAND_WEIGHTS", on_demand, 1);
+        // On cuda also with step 0 beside the LM, opted in (8-bit packages keep one lane by
+        // default: pi05_precision::step_overlap_default): the same bits.
+        for (const char* on_demand : {"0", "1", "overlap"}) {
+          if (!b && on_demand[0] != '0') continue;
+          const bool overlap = on_demand[0] == 'o';
+          setenv("VLAC_ON_DEMAND_WEIGHTS", overlap ? "0" : on_demand, 1);
           Pi05PackageOptions po;
           po.backend = b ? "cuda" : "cpu";
+          if (overlap) po.step_overlap = true;
           auto pkg = Pi05PackagePolicy::open(co.out, po);
           ASSERT_TRUE(pkg.is_ok()) << name << ": " << pkg.status().message();
+          EXPECT_EQ(pkg->step_overlap(), overlap) << name << ": on-demand " << on_demand;
           std::vector<float> c(noise->size()), first;
           for (int i = 0; i < 3; ++i) {  // eager, recorded, replayed (on cuda)
             const Status st = pkg->run_chunk(*obs, noise->data(), c.data());
@@ -964,7 +969,8 @@ TEST_F(CudaChain, EightBitPackagesAgreeWithTheCpuAndLerobot) {
             else EXPECT_EQ(max_abs_diff(c, first), 0.0) << name << " chunk " << i;
           }
           if (!out[b].empty()) {
-            EXPECT_EQ(max_abs_diff(first, out[b]), 0.0) << name << ": on-demand memo weights";
+            EXPECT_EQ(max_abs_diff(first, out[b]), 0.0)
+                << name << (overlap ? ": step 0 beside the LM" : ": on-demand memo weights");
           }
           out[b] = first;
         }
