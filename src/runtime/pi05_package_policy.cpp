@@ -108,9 +108,10 @@ Status Pi05PackagePolicy::load_manifest() {
   ro.fp8_activations = precision == pi05_precision::kFp8W8a8;
   if (options_.step_overlap) {
     step_overlap_ = *options_.step_overlap;
-  } else {  // VLAC_STEP_OVERLAP=0 off, =1 on, else the precision's default
-    const char* ov = std::getenv("VLAC_STEP_OVERLAP");
-    step_overlap_ = ov && *ov ? std::string(ov) != "0" : pi05_precision::step_overlap_default(precision);
+  } else {  // VLAC_STEP_OVERLAP=0 off, =1 on (as the CUDA backend reads its switches), else the precision's default
+    const char* e = std::getenv("VLAC_STEP_OVERLAP");
+    const std::string ov = e ? e : "";
+    step_overlap_ = ov == "0" ? false : ov == "1" ? true : pi05_precision::step_overlap_default(precision);
   }
   // Step 0 runs beside the LM: the step engines cannot share the LM's arena and scratch.
   if (step_overlap_) ro.own_memory_stages = {"step"};

@@ -949,18 +949,21 @@ TEST_F(CudaChain, EightBitPackagesAgreeWithTheCpuAndLerobot) {
         const Pi05CompileOptions co = eight_bit_options(tmp, b == 1, dt);
         auto sum = compile_pi05(dir + "/policy", co);
         ASSERT_TRUE(sum.is_ok()) << name << ": " << sum.status().message();
-        // On cuda also with step 0 beside the LM, opted in (8-bit packages keep one lane by
-        // default: pi05_precision::step_overlap_default): the same bits.
-        for (const char* on_demand : {"0", "1", "overlap"}) {
-          if (!b && on_demand[0] != '0') continue;
-          const bool overlap = on_demand[0] == 'o';
-          setenv("VLAC_ON_DEMAND_WEIGHTS", overlap ? "0" : on_demand, 1);
+        // On cuda also with the memo's weights on demand, and with step 0 beside the LM opted in
+        // (8-bit packages keep one lane by default: pi05_precision::step_overlap_default).
+        struct Run {
+          const char* on_demand;
+          bool overlap;
+        };
+        for (const Run& r : {Run{"0", false}, Run{"1", false}, Run{"0", true}}) {
+          if (!b && (r.on_demand[0] == '1' || r.overlap)) continue;
+          setenv("VLAC_ON_DEMAND_WEIGHTS", r.on_demand, 1);
           Pi05PackageOptions po;
           po.backend = b ? "cuda" : "cpu";
-          if (overlap) po.step_overlap = true;
+          if (r.overlap) po.step_overlap = true;
           auto pkg = Pi05PackagePolicy::open(co.out, po);
           ASSERT_TRUE(pkg.is_ok()) << name << ": " << pkg.status().message();
-          EXPECT_EQ(pkg->step_overlap(), overlap) << name << ": on-demand " << on_demand;
+          EXPECT_EQ(pkg->step_overlap(), r.overlap) << name;
           std::vector<float> c(noise->size()), first;
           for (int i = 0; i < 3; ++i) {  // eager, recorded, replayed (on cuda)
             const Status st = pkg->run_chunk(*obs, noise->data(), c.data());
@@ -970,7 +973,7 @@ TEST_F(CudaChain, EightBitPackagesAgreeWithTheCpuAndLerobot) {
           }
           if (!out[b].empty()) {
             EXPECT_EQ(max_abs_diff(first, out[b]), 0.0)
-                << name << (overlap ? ": step 0 beside the LM" : ": on-demand memo weights");
+                << name << (r.overlap ? ": step 0 beside the LM" : ": on-demand memo weights");
           }
           out[b] = first;
         }
