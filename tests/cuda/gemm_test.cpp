@@ -101,6 +101,11 @@ TEST_F(CudaGemm, MatchesCpuAtPi05Shapes) {
       }
   }
   EXPECT_GT(runner->plans(), size_t(20));
+  // What the chosen algorithms need fits the workspace they were planned for; the M <= 64 subset
+  // (the expert's shapes) needs no more than all of them.
+  EXPECT_LE(runner->chosen_workspace_max(), runner->workspace_bytes());
+  EXPECT_LE(runner->chosen_workspace_max(64), runner->chosen_workspace_max());
+  EXPECT_LE(runner->chosen_workspace_max(1), runner->chosen_workspace_max(64));  // the one-row shapes alone
 }
 
 // GemmDesc::k_parts: the partial products over K chunks, summed in order by residual_norm_to

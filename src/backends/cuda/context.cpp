@@ -302,6 +302,8 @@ std::vector<std::pair<std::string, int64_t>> CudaContext::breakdown() const {
           {"printf_fifo_limit_bytes", printf_fifo_},
           {"cublaslt_handle_bytes", handle_bytes_},
           {"cublaslt_workspace_bytes", gemm_ ? int64_t(gemm_->workspace_bytes()) : -1},
+          {"cublaslt_chosen_workspace_max_bytes", gemm_ ? int64_t(gemm_->chosen_workspace_max()) : -1},
+          {"cublaslt_chosen_workspace_max_m64_bytes", gemm_ ? int64_t(gemm_->chosen_workspace_max(64)) : -1},
           {"gemm_pdl_probed_shapes", gemm_ ? int64_t(gemm_->pdl_probed_shapes()) : -1},
           {"gemm_pdl_safe_shapes", gemm_ ? int64_t(gemm_->pdl_safe_shapes()) : -1},
           {"graph_bytes", graph_bytes_},

@@ -56,6 +56,7 @@ struct Plan {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algo{};
   std::vector<cublasLtMatmulAlgo_t> candidates;  // the heuristic's top few, best guess first
+  std::vector<size_t> candidate_ws;               // the workspace each candidate needs (cuBLASLt's answer)
   std::vector<int> skinny_splits;                 // the skinny kernel's choices where it fits
   int skinny = 0;                                 // > 0: run the skinny kernel with this many splits
   size_t chosen = 0;                              // index of algo in candidates
@@ -400,8 +401,10 @@ void GemmRunner::Impl::tune(cudaStream_t stream, const GemmDesc& d, Plan& p, con
         CUBLAS_STATUS_SUCCESS)
       sk = -1;
     std::fprintf(stderr,
-                 "vlac gemm: %s candidates %zu (split-K added %d) chosen %zu split-K %d first %.2f us best %.2f us%s\n",
-                 shape_name(d).c_str(), p.candidates.size(), p.splitk_added, p.chosen, int(sk), first * 1000.0f / 3,
+                 "vlac gemm: %s candidates %zu (split-K added %d) chosen %zu split-K %d workspace %zu first %.2f us best "
+                 "%.2f us%s\n",
+                 shape_name(d).c_str(), p.candidates.size(), p.splitk_added, p.chosen, int(sk),
+                 p.chosen < p.candidate_ws.size() ? p.candidate_ws[p.chosen] : size_t(0), first * 1000.0f / 3,
                  best * 1000.0f / 3, p.skinny > 0 ? " (skinny kernel)" : "");
   }
   // Timing loaded each candidate's kernels from cuBLASLt's 540 MB library file: give those clean
@@ -592,7 +595,7 @@ void GemmRunner::Impl::add_fp8_splitk(const GemmDesc& d, Plan& p, uint64_t ws) c
           return std::memcmp(&c, &a, sizeof(c)) == 0;
         });
         if (seen) continue;
-        p.candidates.push_back(a), ++p.splitk_added;
+        p.candidates.push_back(a), p.candidate_ws.push_back(r.workspaceSize), ++p.splitk_added;
         break;  // one reduction per split count
       }
     }
@@ -681,7 +684,7 @@ Status GemmRunner::Impl::make_plan(const GemmDesc& d, Plan& p, uint64_t ws_limit
   if (found == 0) return unsupported("gemm " + name + ": cuBLASLt has no algorithm for this shape");
   p.algo = res[0].algo;
   for (int i = 0; i < found; ++i)
-    if (res[i].state == CUBLAS_STATUS_SUCCESS) p.candidates.push_back(res[i].algo);
+    if (res[i].state == CUBLAS_STATUS_SUCCESS) p.candidates.push_back(res[i].algo), p.candidate_ws.push_back(res[i].workspaceSize);
   if (fp8 && fp8_splitk() && d.k_parts <= 1 && !d.accumulate) add_fp8_splitk(d, p, ws);
   // Opt-in: split-K answers whose partial sums are reduced in place (in the fp32 output, ordered by
   // counters: deterministic), appended to be timed too: the heuristic's own split-K pick for the
@@ -700,7 +703,7 @@ Status GemmRunner::Impl::make_plan(const GemmDesc& d, Plan& p, uint64_t ws_limit
         const bool seen = std::any_of(p.candidates.begin(), p.candidates.end(), [&](const cublasLtMatmulAlgo_t& c) {
           return std::memcmp(&c, &res[i].algo, sizeof(c)) == 0;
         });
-        if (!seen) p.candidates.push_back(res[i].algo), ++added;
+        if (!seen) p.candidates.push_back(res[i].algo), p.candidate_ws.push_back(res[i].workspaceSize), ++added;
       }
     }
   }
@@ -723,6 +726,10 @@ GemmRunner::GemmRunner(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 GemmRunner::GemmRunner(GemmRunner&&) noexcept = default;
 GemmRunner& GemmRunner::operator=(GemmRunner&&) noexcept = default;
 GemmRunner::~GemmRunner() = default;
+
+uint64_t GemmRunner::default_workspace_bytes() {
+  return uint64_t(env_count("VLAC_GEMM_WORKSPACE_KIB", int64_t(kDefaultWorkspaceBytes >> 10))) << 10;
+}
 
 Result<GemmRunner> GemmRunner::create(uint64_t workspace_bytes) {
   VLAC_RETURN_IF_ERROR(cublaslt_load());  // loaded here, not linked (cublaslt_api.h)
@@ -856,6 +863,21 @@ Status GemmRunner::run_scaled(cudaStream_t stream, const GemmDesc& d, const void
 }
 
 uint64_t GemmRunner::workspace_bytes() const { return impl_->workspace; }
+uint64_t GemmRunner::chosen_workspace_max(int64_t max_m) const {
+  uint64_t most = 0;
+  for (const auto& [key, p] : impl_->plans) {
+    const int64_t m = std::get<0>(key);
+    if (max_m > 0 && m > max_m) continue;
+    uint64_t need = 0;
+    if (p.skinny > 0)
+      need = skinny_gemm_workspace_bytes(
+          SkinnyGemm{m, std::get<1>(key), std::get<2>(key), DType(std::get<4>(key)), false, p.skinny});
+    else if (p.chosen < p.candidate_ws.size())
+      need = p.candidate_ws[p.chosen];
+    most = std::max(most, need);
+  }
+  return most;
+}
 uint64_t GemmRunner::tuned_shapes() const { return impl_->tuned; }
 uint64_t GemmRunner::switched_shapes() const { return impl_->switched; }
 uint64_t GemmRunner::skinny_shapes() const { return impl_->skinny_shapes; }

@@ -45,10 +45,14 @@ struct GemmDesc {
 /// the fp32 sum, then y is rounded once (torch in bf16 rounds the Linear output before its GELU).
 class GemmRunner {
  public:
-  /// 32 MiB: what cuBLAS recommends on Hopper for split-K algorithms.
-  static constexpr uint64_t kDefaultWorkspaceBytes = 32ull << 20;
+  /// 4 MiB. cuBLAS recommends 32 MiB on Hopper for split-K algorithms, but with 32 MiB allowed the
+  /// algorithms chosen for every pi0.5 shape needed at most 400 KiB (H100, session 36: bf16 and
+  /// int8 packages); each lane holds one workspace, so 28 MiB a lane went unused.
+  static constexpr uint64_t kDefaultWorkspaceBytes = 4ull << 20;
+  /// kDefaultWorkspaceBytes, or VLAC_GEMM_WORKSPACE_KIB (e.g. 32768 for cuBLAS's 32 MiB).
+  static uint64_t default_workspace_bytes();
   /// A cuBLASLt handle whose plans may use up to `workspace_bytes` of the caller's workspace.
-  static Result<GemmRunner> create(uint64_t workspace_bytes = kDefaultWorkspaceBytes);
+  static Result<GemmRunner> create(uint64_t workspace_bytes = default_workspace_bytes());
   GemmRunner(GemmRunner&&) noexcept;
   GemmRunner& operator=(GemmRunner&&) noexcept;
   ~GemmRunner();
@@ -66,6 +70,10 @@ class GemmRunner {
   Status run_scaled(cudaStream_t stream, const GemmDesc& d, const void* x, const float* x_scales, const void* w,
                     const float* w_scales, const void* bias, void* y, void* workspace);
   uint64_t workspace_bytes() const;
+  /// The most workspace any planned shape's chosen algorithm needs (cuBLASLt's own figure; the
+  /// skinny kernel's partials), over shapes of at most max_m rows (0: all). What a smaller
+  /// workspace for the second lane (the first denoising step's M = 50 GEMMs) would have to hold.
+  uint64_t chosen_workspace_max(int64_t max_m = 0) const;
   /// Shapes whose cuBLASLt candidates were timed at their first run, and those where another
   /// candidate than the heuristic's first won (VLAC_GEMM_TUNE=0: none).
   uint64_t tuned_shapes() const;
