@@ -4,6 +4,7 @@
 
 #include <map>
 #include <mutex>
+#include <optional>
 
 #include "backends/cuda/compiler.h"
 #include "backends/cuda/context.h"
@@ -11,6 +12,7 @@
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/weights.h"
 #include "core/bytes.h"
+#include "mem/host_steps.h"
 
 namespace vlac::cuda {
 
@@ -54,17 +56,22 @@ class CudaSequence final : public RunSequence {
       ++replays_;
       return Status::ok();
     }
-    if (e.calls++ == 0) return body();  // warm-up: plans, cuBLASLt algorithms, memo slots
+    if (e.calls++ == 0) {  // warm-up: plans, cuBLASLt algorithms, memo slots
+      const HostStep step("chunk_warmup");
+      return body();
+    }
     // Idle first: what registers a replay hook does its host work now, during the capture.
     cudaError_t ce = cudaStreamSynchronize(ctx_->stream());
     if (ce != cudaSuccess) return cuda_error("waiting for the stream before recording a chunk", ce);
     (void)ctx_->take_replay_hooks();
+    std::optional<HostStep> step(std::in_place, "chunk_record");
     ce = cudaStreamBeginCapture(ctx_->stream(), cudaStreamCaptureModeThreadLocal);
     if (ce != cudaSuccess) return cuda_error("starting to record a chunk", ce);
     Status st = body();
     e.hooks = ctx_->take_replay_hooks();
     cudaGraph_t graph = nullptr;
     ce = cudaStreamEndCapture(ctx_->stream(), &graph);
+    step.reset();
     if (!st.is_ok()) {
       if (graph) (void)cudaGraphDestroy(graph);
       (void)cudaGetLastError();
@@ -74,8 +81,10 @@ class CudaSequence final : public RunSequence {
     const std::optional<uint64_t> before = nvml_used_bytes();
     // A second lane made with the highest priority (VLAC_LANE_PRIORITY=1): its kernel nodes keep
     // the stream's priority from the capture, used only with this flag.
+    step.emplace("graph_instantiate");
     ce = cudaGraphInstantiate(&e.exec, graph, ctx_->lane_priority() ? cudaGraphInstantiateFlagUseNodePriority : 0);
     (void)cudaGraphDestroy(graph);
+    step.reset();
     if (ce != cudaSuccess) {
       e.exec = nullptr;
       return cuda_error("instantiating a recorded chunk", ce);
@@ -120,11 +129,13 @@ class CudaRuntime final : public BackendRuntime {
  public:
   std::string_view name() const override { return "cuda"; }
   Result<std::unique_ptr<BoundWeights>> bind_weights(const WeightBinding& b) override {
+    const HostStep step("weights_bind");
     VLAC_ASSIGN_OR_RETURN(CudaWeights w, CudaWeights::upload(ctx_, b));
     return std::unique_ptr<BoundWeights>(std::make_unique<CudaBoundWeights>(std::move(w)));
   }
   Result<std::unique_ptr<Executable>> plan(ir::Graph program, const BoundWeights& weights,
                                            const ExecOptions& o) override {
+    const HostStep step("engine_plan");
     const auto* w = dynamic_cast<const CudaBoundWeights*>(&weights);
     if (!w) return internal_error("cuda backend: weights were bound by another backend");
     if (o.linear_observer)

@@ -15,6 +15,7 @@
 #include "backends/cuda/kernels.h"
 #include "core/bytes.h"
 #include "mem/host_memory.h"
+#include "mem/host_steps.h"
 
 namespace vlac::cuda {
 
@@ -254,7 +255,9 @@ Status CudaContext::ensure() {
   // The context alone first (cudaFree(0) creates it), so its device bytes are measured apart
   // from what follows (NVML, device-wide: another process's allocation in between shows too).
   const std::optional<uint64_t> u0 = nvml_used_bytes();
+  std::optional<HostStep> step(std::in_place, "cuda_context");
   cudaError_t e = cudaFree(nullptr);
+  step.reset();
   if (e != cudaSuccess) return fail(cuda_error("creating the context", e));
   const std::optional<uint64_t> u1 = nvml_used_bytes();
   context_bytes_ = delta(u0, u1);
@@ -276,7 +279,9 @@ Status CudaContext::ensure() {
   stack_saved_bytes_ = u1 && u2 ? int64_t(*u1) - int64_t(*u2) : -1;
   e = cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking);
   if (e != cudaSuccess) return fail(cuda_error("creating the stream", e));
+  step.emplace("cublaslt_load");
   auto g = GemmRunner::create();
+  step.reset();
   if (!g.is_ok()) return fail(g.status());
   gemm_.emplace(std::move(*g));
   handle_bytes_ = delta(u2, nvml_used_bytes());
@@ -293,7 +298,7 @@ Status CudaContext::ensure() {
 std::vector<std::pair<std::string, int64_t>> CudaContext::breakdown() const {
   size_t now = 0;  // the driver grows the limit at a launch that needs more (context.h)
   if (cudaDeviceGetLimit(&now, cudaLimitStackSize) != cudaSuccess) (void)cudaGetLastError(), now = 0;
-  return {{"context_bytes", context_bytes_},
+  std::vector<std::pair<std::string, int64_t>> out{{"context_bytes", context_bytes_},
           {"stack_limit_now_bytes_per_thread", int64_t(now)},
           {"stack_limit_default_bytes_per_thread", stack_default_},
           {"stack_limit_bytes_per_thread", stack_set_},
@@ -317,6 +322,12 @@ std::vector<std::pair<std::string, int64_t>> CudaContext::breakdown() const {
           {"attention_early_loads", int64_t(g_early_attentions.load())},
           {"lane_input_waits", int64_t(g_lane_waits.load())},
           {"lane_streams", lane_streams_[1] ? 2 : 1}};
+  // Host heap and anonymous RSS by loading step (mem/host_steps.h): what grew the host's half.
+  for (const HostStepTally& t : host_step_tallies()) {
+    out.emplace_back("host_heap_step_" + t.name + "_bytes", t.heap_bytes);
+    out.emplace_back("host_anon_step_" + t.name + "_bytes", t.anon_bytes);
+  }
+  return out;
 }
 
 Status CudaContext::use_lane(int lane) {

@@ -11,6 +11,7 @@
 
 #include "backends/cuda/context.h"
 #include "backends/cuda/env.h"
+#include "mem/host_steps.h"
 
 #if defined(VLAC_HAVE_CUDNN)
 #include <dlfcn.h>
@@ -291,6 +292,7 @@ Status cudnn_attention(cudaStream_t stream, const CudnnAttentionShape& s, const 
       return unsupported("cudnn attention: no plan for " + shape_name(s) + " before the capture");
     }
     Plan p;
+    const HostStep step("cudnn_plan");
     p.status = build(s, &p);
     // A declined shape is said once (it runs the own kernel); a planned one where the switch is set.
     if (!p.status.is_ok())

@@ -14,6 +14,7 @@
 #include "backends/cuda/skinny_gemm.h"
 #include "backends/cuda/small_gemm.h"
 #include "core/atomic_file.h"
+#include "mem/host_steps.h"
 
 #include <algorithm>
 #include <cctype>
@@ -321,6 +322,7 @@ struct GemmRunner::Impl {
 
 void GemmRunner::Impl::tune(cudaStream_t stream, const GemmDesc& d, Plan& p, const void* x, const void* w,
                             const void* bias, void* y, void* ws) {
+  const HostStep step("gemm_tuning");
   // The device idle first: work on another stream (a second lane: the prefix LM beside the first
   // denoising step) would run beside the candidates and skew their times.
   if (cudaDeviceSynchronize() != cudaSuccess) (void)cudaGetLastError();
@@ -423,6 +425,7 @@ void GemmRunner::Impl::tune(cudaStream_t stream, const GemmDesc& d, Plan& p, con
 // accumulation, K parts or strides. Runs outside a capture, on the run's stream, synchronously.
 bool GemmRunner::Impl::probe_pdl(cudaStream_t stream, const GemmDesc& d, Plan& p, const void* w, void* ws,
                                  EdgePort port) {
+  const HostStep step("gemm_pdl_probe");
   const uint64_t xb = uint64_t(d.m * d.k) * dtype_size(d.in), yb = uint64_t(d.m * d.n) * dtype_size(d.out);
   if (d.in == DType::F8_E4M3 || d.accumulate || d.k_parts > 1 || (d.ldx != 0 && d.ldx != d.k) ||
       (d.ldy != 0 && d.ldy != d.n) || xb + 2 * yb > (8ull << 20) || xb % 16 != 0 || !pdl_enabled())
@@ -751,6 +754,7 @@ Result<GemmRunner> GemmRunner::create(uint64_t workspace_bytes) {
 Status GemmRunner::plan(const GemmDesc& d) {
   auto it = impl_->plans.find(d.key());
   if (it != impl_->plans.end()) return Status::ok();
+  const HostStep step("gemm_plan");
   if (d.in == DType::F8_E4M3 && d.m > 0 && d.n > 0 && d.k > 0) {
     VLAC_RETURN_IF_ERROR(fp8_precheck(d));  // the cheap refusals first, without a probe
     VLAC_RETURN_IF_ERROR(impl_->probe_fp8(d));
