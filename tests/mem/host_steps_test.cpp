@@ -1,6 +1,7 @@
 // HostStep scopes: each step's heap growth counted once, under the innermost scope.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -10,6 +11,20 @@ namespace vlac {
 namespace {
 
 constexpr size_t kOuter = 24u << 20, kInner = 40u << 20;
+
+// Under ASan, malloc is the sanitizer's: glibc's mallinfo2 does not see it (the heap figures stay
+// 0), and a freed block waits in its quarantine (RssAnon does not fall).
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kSanitizerHeap = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kSanitizerHeap = true;
+#else
+constexpr bool kSanitizerHeap = false;
+#endif
+#else
+constexpr bool kSanitizerHeap = false;
+#endif
 
 const HostStepTally* find(const std::vector<HostStepTally>& t, const char* name) {
   for (const auto& x : t)
@@ -51,8 +66,12 @@ TEST(HostSteps, NestedStepsAreCountedOnceUnderTheInnermost) {
   EXPECT_EQ(in->calls, 2);
   EXPECT_EQ(out->calls, 1);
   // malloc's own bookkeeping is a few KiB at most; the inner 80 MiB are not the outer step's.
-  EXPECT_NEAR(double(in->heap_bytes), double(2 * kInner), 1 << 20);
-  EXPECT_NEAR(double(out->heap_bytes), double(kOuter), 1 << 20);
+  if (!kSanitizerHeap) {
+    EXPECT_NEAR(double(in->heap_bytes), double(2 * kInner), 1 << 20);
+    EXPECT_NEAR(double(out->heap_bytes), double(kOuter), 1 << 20);
+  } else {
+    std::printf("HostSteps: under ASan only RssAnon is checked (mallinfo2 does not see its allocator)\n");
+  }
   EXPECT_NEAR(double(in->anon_bytes), double(2 * kInner), 4 << 20);
   EXPECT_NEAR(double(out->anon_bytes), double(kOuter), 4 << 20);
   std::free(a);
@@ -61,6 +80,7 @@ TEST(HostSteps, NestedStepsAreCountedOnceUnderTheInnermost) {
 }
 
 TEST(HostSteps, FreeingShowsAsNegativeGrowth) {
+  if (kSanitizerHeap) GTEST_SKIP() << "under ASan a freed block stays in its quarantine, and mallinfo2 does not see it";
   reset_host_steps();
   void* p = touched(kInner);
   {
