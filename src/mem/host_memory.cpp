@@ -71,6 +71,23 @@ uint64_t status_kb(const std::string& status, const char* key) {
   return std::strtoull(status.c_str() + p + std::strlen(key), nullptr, 10) * 1024;
 }
 
+std::string read_status() {
+  std::ifstream in("/proc/self/status");
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+struct MallocUse {
+  uint64_t in_use = 0, free = 0;
+};
+MallocUse malloc_use() {
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 33))
+  const struct mallinfo2 mi = mallinfo2();
+  return {mi.uordblks + mi.hblkhd, mi.fordblks};
+#else
+  return {};
+#endif
+}
+
 std::string json_string(const std::string& s) {
   std::string out = "\"";
   for (char c : s) {
@@ -96,21 +113,22 @@ bool clean_file_mapping(const Vma& v) {
 
 }  // namespace
 
+uint64_t malloc_in_use_bytes() { return malloc_use().in_use; }
+
+uint64_t rss_anon_bytes() { return status_kb(read_status(), "RssAnon:"); }
+
 HostMemory read_host_memory(size_t top, const std::vector<std::string>& keep) {
   HostMemory m;
   {
-    std::ifstream in("/proc/self/status");
-    const std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string s = read_status();
     m.rss_bytes = status_kb(s, "VmRSS:");
     m.anon_bytes = status_kb(s, "RssAnon:");
     m.file_bytes = status_kb(s, "RssFile:");
     m.shmem_bytes = status_kb(s, "RssShmem:");
   }
-#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 33))
-  const struct mallinfo2 mi = mallinfo2();
-  m.heap_in_use_bytes = mi.uordblks + mi.hblkhd;
-  m.heap_free_bytes = mi.fordblks;
-#endif
+  const MallocUse mu = malloc_use();
+  m.heap_in_use_bytes = mu.in_use;
+  m.heap_free_bytes = mu.free;
   std::map<std::string, HostMapping> by;
   m.ok = for_each_vma([&](const Vma& v) {
     const std::string name = v.path.empty() ? "[anon]" : v.path;

@@ -27,6 +27,10 @@ struct HostMemory {
 /// Reads /proc/self/status and /proc/self/smaps. `top`: how many mappings to list by name; names in
 /// `keep` (e.g. a package's path) are listed even when smaller (0 bytes when not mapped).
 HostMemory read_host_memory(size_t top = 12, const std::vector<std::string>& keep = {});
+/// The two cheap figures alone (no smaps walk): malloc's bytes in use (HostMemory::heap_in_use_bytes;
+/// 0 without glibc 2.33's mallinfo2) and RssAnon (HostMemory::anon_bytes).
+uint64_t malloc_in_use_bytes();
+uint64_t rss_anon_bytes();
 /// {"rss_bytes": .., "anon_bytes": .., ..., "by_mapping": [{"name": .., "rss_bytes": .., "anon_bytes": ..}]}.
 std::string host_memory_json(const HostMemory& m);
 

@@ -24,7 +24,9 @@ inline bool eight_bit(std::string_view p) { return p == kInt8Weights || p == kFp
 /// Whether a chunk's first denoising step runs beside the prefix LM by default where the runtime
 /// has two lanes (Pi05PackageOptions::step_overlap): not in the 8-bit packages. Their bound is
 /// 3.5 GiB, and the step's own arena and scratch (its widened weights) with the second lane's
-/// cuBLASLt workspace cost them 42-62 MiB, over the bound (H100, session 35); W8A8 was also slower.
+/// cuBLASLt workspace cost them 42-62 MiB, over the bound with 32 MiB workspaces (H100, session
+/// 35); with 4 MiB ones int8 fits at 3.489 GiB (session 36), all but 11 MiB of its margin. W8A8
+/// was also slower.
 inline bool step_overlap_default(std::string_view p) { return !eight_bit(p); }
 
 /// The short name `vlac run` prints: int8, fp8, fp8-w8a8 for the 8-bit packages, else the

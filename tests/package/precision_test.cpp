@@ -11,7 +11,7 @@ namespace pp = pi05_precision;
 TEST(Pi05Precision, EightBitPackagesKeepOneLaneByDefault) {
   for (std::string_view p : {pp::kInt8Weights, pp::kFp8Weights, pp::kFp8W8a8}) {
     EXPECT_TRUE(pp::eight_bit(p)) << p;
-    EXPECT_FALSE(pp::step_overlap_default(p)) << p << ": over the 3.5 GiB bound with a second lane";
+    EXPECT_FALSE(pp::step_overlap_default(p)) << p << ": a second lane spends the 3.5 GiB margin";
   }
   for (std::string_view p : {pp::kFp32, pp::kBf16Lerobot, pp::kBf16All, std::string_view()}) {
     EXPECT_FALSE(pp::eight_bit(p)) << p;

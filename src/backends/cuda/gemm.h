@@ -71,8 +71,8 @@ class GemmRunner {
                     const float* w_scales, const void* bias, void* y, void* workspace);
   uint64_t workspace_bytes() const;
   /// The most workspace any planned shape's chosen algorithm needs (cuBLASLt's own figure; the
-  /// skinny kernel's partials), over shapes of at most max_m rows (0: all). What a smaller
-  /// workspace for the second lane (the first denoising step's M = 50 GEMMs) would have to hold.
+  /// skinny kernel's partials), over shapes of at most max_m rows (0: all; 64: the expert's): how
+  /// much of workspace_bytes() is used, in the memory breakdown.
   uint64_t chosen_workspace_max(int64_t max_m = 0) const;
   /// Shapes whose cuBLASLt candidates were timed at their first run, and those where another
   /// candidate than the heuristic's first won (VLAC_GEMM_TUNE=0: none).
