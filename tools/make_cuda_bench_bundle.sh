@@ -16,7 +16,7 @@ for b in "${bins[@]}"; do [ -x "$b" ] || { echo "make_cuda_bench_bundle: $b miss
 # and benchmark (.devcarry-s7-style drivers run bin/test_cuda before the benchmark).
 # BUNDLE_SKIP names those to leave out (e.g. "expert_mlp_bench expert_stream_bench": a call
 # carries 64 MiB in all).
-for b in "$build/tests/test_cuda" "$build/bench/cuda_bench" "$build/bench/expert_mlp_bench" "$build/bench/expert_stream_bench" "$build/bench/preload_gemm_bench" "$build/bench/fp8_scale_modes_bench"; do
+for b in "$build/tests/test_cuda" "$build/bench/cuda_bench" "$build/bench/expert_mlp_bench" "$build/bench/expert_stream_bench" "$build/bench/preload_gemm_bench" "$build/bench/fp8_scale_modes_bench" "$build/bench/cublaslt_host_probe"; do
   [[ " ${BUNDLE_SKIP:-} " == *" $(basename "$b") "* ]] && continue
   [ -x "$b" ] && bins+=("$b")
 done

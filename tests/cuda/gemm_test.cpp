@@ -307,15 +307,17 @@ TEST_F(CudaGemm, TuningChoicesAreCachedOnDisk) {
   std::remove(file.c_str());
   ::setenv("VLAC_GEMM_CACHE", file.c_str(), 1);
   const GemmDesc d{50, 1024, 2048, DType::BF16, DType::F32, Epilogue::None, false};
-  auto x = to_device(to_bf16(bf16_values(randn(50 * 1024, 7)))), w = to_device(to_bf16(bf16_values(randn(2048 * 1024, 8, 0.03f))));
+  // x [50, 2048] and y [50, 1024] (session 37: x was half its size, and y twice, read past what
+  // the GEMM wrote)
+  auto x = to_device(to_bf16(bf16_values(randn(50 * 2048, 7)))), w = to_device(to_bf16(bf16_values(randn(2048 * 1024, 8, 0.03f))));
   auto run_once = [&](uint64_t* tuned, uint64_t* cached) {
     auto r = GemmRunner::create();
     EXPECT_TRUE(r.is_ok()) << r.status().message();
-    DevBuf ws(r->workspace_bytes()), y(50 * 2048 * 4);
+    DevBuf ws(r->workspace_bytes()), y(50 * 1024 * 4);
     EXPECT_TRUE(r->run(stream_, d, x->get(), w->get(), nullptr, y.get(), ws.get()).is_ok());
     sync();
     *tuned = r->tuned_shapes(), *cached = r->cached_shapes();
-    return download<float>(y, 50 * 2048);
+    return download<float>(y, 50 * 1024);
   };
   uint64_t t1 = 0, c1 = 0, t2 = 0, c2 = 0, t3 = 0, c3 = 0;
   const auto y1 = run_once(&t1, &c1);
@@ -342,6 +344,34 @@ TEST_F(CudaGemm, TuningChoicesAreCachedOnDisk) {
   EXPECT_EQ(c3, 0u);
 }
 
+// The tiled fp32 kernel (small_gemm.h, opt-in in the runner with VLAC_TILE_F32_GEMM=1) at SigLIP's
+// patch embedding and at edges that leave partial tiles and a K tail, against the CPU at the fp32
+// tolerance.
+TEST_F(CudaGemm, TileF32KernelMatchesCpu) {
+  struct S { int64_t m, k, n; const char* what; };
+  uint32_t seed = 1900;
+  for (S c : {S{768, 588, 1152, "patch embedding, 3 cameras"}, S{5, 7, 3, "smaller than a tile"},
+              S{130, 100, 70, "partial tiles, a K tail"}, S{64, 16, 64, "one tile, one K step"}}) {
+    for (bool with_bias : {false, true}) {
+      const size_t yn = size_t(c.m * c.n);
+      auto x = randn(size_t(c.m * c.k), ++seed), w = randn(size_t(c.n * c.k), ++seed, 1.0f / std::sqrt(float(c.k)));
+      auto b = randn(size_t(c.n), ++seed);
+      auto dx = to_device(x), dw = to_device(w), db = to_device(b);
+      std::vector<float> ref(yn);
+      ref_gemm(x, w, with_bias ? b.data() : nullptr, false, nullptr, ref, c.m, c.k, c.n);
+      DevBuf y(yn * 4);
+      y.poison();
+      VLAC_CUDA_OK(tile_f32_gemm(stream_, c.m, c.n, c.k, dx->as<float>(), dw->as<float>(),
+                                 with_bias ? db->as<float>() : nullptr, y.as<float>()));
+      sync();
+      EXPECT_LT(rel_err(download<float>(y, yn), ref), 2e-5) << c.what << (with_bias ? " with bias" : "");
+    }
+  }
+  DevBuf x(64 * 4), y(64 * 4);
+  EXPECT_EQ(tile_f32_gemm(stream_, 0, 1, 4, x.as<float>(), x.as<float>(), nullptr, y.as<float>()).code(),
+            StatusCode::InvalidArgument);
+}
+
 // The fp32 kernels for few rows and a small side (small_gemm.h), which GemmRunner runs for such
 // shapes instead of cuBLASLt: pi0.5's action projections, the edges of what they take, and a
 // shape they refuse. Against the CPU at the fp32 tolerance, with and without a bias, through the
@@ -353,7 +383,8 @@ TEST_F(CudaGemm, SmallF32KernelsMatchCpu) {
   struct S { int64_t m, k, n; const char* what; };
   uint32_t seed = 900;
   for (S c : {S{50, 32, 1024, "action_in_proj"}, S{50, 1024, 32, "action_out_proj"}, S{64, 64, 33, "widest K"},
-              S{1, 4, 5, "one row"}, S{37, 4096, 64, "longest K"}, S{64, 12, 1000, "odd N"}, S{5, 2048, 7, "odd rows"}}) {
+              S{1, 4, 5, "one row"}, S{37, 4096, 64, "longest K"}, S{64, 12, 1000, "odd N"}, S{5, 2048, 7, "odd rows"},
+              S{1, 1024, 1024, "time_mlp (one row, wide N)"}, S{4, 2048, 3000, "four rows, wide N"}}) {
     ASSERT_TRUE(small_f32_gemm_fits(c.m, c.n, c.k)) << c.what;
     for (bool with_bias : {false, true}) {
       const size_t yn = size_t(c.m * c.n);
@@ -382,6 +413,7 @@ TEST_F(CudaGemm, SmallF32KernelsMatchCpu) {
   EXPECT_FALSE(small_f32_gemm_fits(50, 65, 68));
   EXPECT_FALSE(small_f32_gemm_fits(50, 32, 4100));
   EXPECT_FALSE(small_f32_gemm_fits(50, 32, 30));
+  EXPECT_FALSE(small_f32_gemm_fits(5, 1024, 1024));  // wide N and long K: over four rows, cuBLASLt's
   DevBuf x(64 * 4), y(64 * 4);
   EXPECT_EQ(small_f32_gemm(stream_, 65, 1, 4, x.as<float>(), x.as<float>(), nullptr, y.as<float>()).code(),
             StatusCode::InvalidArgument);

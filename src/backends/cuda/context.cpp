@@ -309,6 +309,13 @@ std::vector<std::pair<std::string, int64_t>> CudaContext::breakdown() const {
           {"cublaslt_workspace_bytes", gemm_ ? int64_t(gemm_->workspace_bytes()) : -1},
           {"cublaslt_chosen_workspace_max_bytes", gemm_ ? int64_t(gemm_->chosen_workspace_max()) : -1},
           {"cublaslt_chosen_workspace_max_m64_bytes", gemm_ ? int64_t(gemm_->chosen_workspace_max(64)) : -1},
+          // cuBLASLt's plans by kind: each kind planned at all costs host heap once (gemm.h)
+          {"cublaslt_plans_bf16_bf16", gemm_ ? int64_t(gemm_->plans_of_kind(DType::BF16, DType::BF16)) : -1},
+          {"cublaslt_plans_bf16_f32", gemm_ ? int64_t(gemm_->plans_of_kind(DType::BF16, DType::F32)) : -1},
+          {"cublaslt_plans_f32", gemm_ ? int64_t(gemm_->plans_of_kind(DType::F32, DType::F32)) : -1},
+          {"cublaslt_plans_tf32", gemm_ ? int64_t(gemm_->plans_of_kind(DType::F32, DType::F32, true)) : -1},
+          {"cublaslt_plans_fp8", gemm_ ? int64_t(gemm_->plans_of_kind(DType::F8_E4M3, DType::BF16) +
+                                                 gemm_->plans_of_kind(DType::F8_E4M3, DType::F32)) : -1},
           {"gemm_pdl_probed_shapes", gemm_ ? int64_t(gemm_->pdl_probed_shapes()) : -1},
           {"gemm_pdl_safe_shapes", gemm_ ? int64_t(gemm_->pdl_safe_shapes()) : -1},
           {"graph_bytes", graph_bytes_},

@@ -751,7 +751,13 @@ Result<GemmRunner> GemmRunner::create(uint64_t workspace_bytes) {
   return GemmRunner(std::move(impl));
 }
 
+enum class OwnF32 { No, Small, Tile };
+static OwnF32 runs_own_f32(const GemmDesc& d);
+
 Status GemmRunner::plan(const GemmDesc& d) {
+  // The fp32 shapes run by small_gemm.h's kernels need no plan: asking cuBLASLt about them would
+  // build its fp32 kind's host heap for nothing (session 37: the executor plans every Linear).
+  if (runs_own_f32(d) != OwnF32::No) return Status::ok();
   auto it = impl_->plans.find(d.key());
   if (it != impl_->plans.end()) return Status::ok();
   const HostStep step("gemm_plan");
@@ -776,12 +782,18 @@ Status GemmRunner::run(cudaStream_t stream, const GemmDesc& d, const void* x, co
   return run_scaled(stream, d, x, nullptr, w, nullptr, bias, y, workspace);
 }
 
-// fp32 with few rows and a small side (pi0.5's action projections): small_gemm.h's kernels, with
-// no plan and no timing.
-static bool runs_small_f32(const GemmDesc& d) {
-  return d.in == DType::F32 && d.out == DType::F32 && !d.tf32 && !d.accumulate && d.k_parts <= 1 &&
-         (d.epilogue == Epilogue::None || d.epilogue == Epilogue::Bias) && (d.ldx == 0 || d.ldx == d.k) &&
-         (d.ldy == 0 || d.ldy == d.n) && small_f32_gemm_fits(d.m, d.n, d.k) && small_f32_gemm_enabled();
+// fp32 with few rows and a small side (pi0.5's action projections and time MLP): small_gemm.h's
+// kernels, with no plan and no timing. TF32 is a permission, not a request: these are exact fp32
+// (in packages with the fast vision mode every fp32 Linear asks for TF32, and cuBLASLt's TF32
+// kind costs host heap of its own: session 37). VLAC_TILE_F32_GEMM=1 (opt-in) takes every other
+// fp32 shape too (tile_f32_gemm), so that no fp32 GEMM is planned by cuBLASLt.
+static OwnF32 runs_own_f32(const GemmDesc& d) {
+  if (d.in != DType::F32 || d.out != DType::F32 || d.accumulate || d.k_parts > 1 ||
+      (d.epilogue != Epilogue::None && d.epilogue != Epilogue::Bias) || (d.ldx != 0 && d.ldx != d.k) ||
+      (d.ldy != 0 && d.ldy != d.n))
+    return OwnF32::No;
+  if (small_f32_gemm_fits(d.m, d.n, d.k) && small_f32_gemm_enabled()) return OwnF32::Small;
+  return tile_f32_gemm_enabled() ? OwnF32::Tile : OwnF32::No;
 }
 
 // bf16 with few rows (the expert's GEMMs), opt-in with VLAC_PRELOAD_GEMM=1 (=2: only GEMMs that
@@ -809,9 +821,10 @@ Status GemmRunner::run_scaled(cudaStream_t stream, const GemmDesc& d, const void
   for (const void* ptr : {x, w, static_cast<const void*>(y), bias, static_cast<const void*>(x_scales),
                           static_cast<const void*>(w_scales)})
     if ((reinterpret_cast<uintptr_t>(ptr) & 15u) != 0) return invalid_argument(name + ": pointers must be 16-byte aligned");
-  if (runs_small_f32(d))
-    return small_f32_gemm(stream, d.m, d.n, d.k, static_cast<const float*>(x), static_cast<const float*>(w),
-                          static_cast<const float*>(bias), static_cast<float*>(y));
+  if (const OwnF32 own = runs_own_f32(d); own != OwnF32::No)
+    return (own == OwnF32::Small ? small_f32_gemm : tile_f32_gemm)(stream, d.m, d.n, d.k, static_cast<const float*>(x),
+                                                                  static_cast<const float*>(w),
+                                                                  static_cast<const float*>(bias), static_cast<float*>(y));
   if (PreloadGemm pg; !fp8 && runs_preload(d, impl_->sms, &pg)) return preload_gemm(stream, pg, impl_->sms, x, w, bias, y);
   VLAC_RETURN_IF_ERROR(plan(d));
   if (impl_->workspace > 0 && workspace == nullptr) return invalid_argument(name + ": no workspace given");
@@ -867,6 +880,12 @@ Status GemmRunner::run_scaled(cudaStream_t stream, const GemmDesc& d, const void
 }
 
 uint64_t GemmRunner::workspace_bytes() const { return impl_->workspace; }
+size_t GemmRunner::plans_of_kind(DType in, DType out, bool tf32) const {
+  size_t n = 0;
+  for (const auto& [key, p] : impl_->plans)
+    n += std::get<3>(key) == int(in) && std::get<4>(key) == int(out) && std::get<7>(key) == tf32;
+  return n;
+}
 uint64_t GemmRunner::chosen_workspace_max(int64_t max_m) const {
   uint64_t most = 0;
   for (const auto& [key, p] : impl_->plans) {

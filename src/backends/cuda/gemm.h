@@ -83,6 +83,9 @@ class GemmRunner {
   /// Shapes whose choice came from the on-disk tuning cache (VLAC_GEMM_CACHE) instead of timing.
   uint64_t cached_shapes() const;
   /// Number of cached plans (shapes seen).
+  /// Plans whose inputs, output and TF32 switch are these: cuBLASLt builds host heap once per such
+  /// kind (session 37: ~89 MB for bf16 -> bf16, +42 MB bf16 -> f32, +99 MB f32, +18 MB TF32).
+  size_t plans_of_kind(DType in, DType out, bool tf32 = false) const;
   size_t plans() const;
   /// Programmatic edges into cuBLASLt's kernels inside captures (capture_edge.h), on or off for
   /// this runner; without a call, VLAC_GEMM_PDL=1 (=2: the edge leaves at the predecessor's launch

@@ -10,6 +10,7 @@ namespace {
 
 constexpr int kMaxM = 64, kMaxK = 64, kThreads = 256;
 constexpr int kMaxNarrowK = 4096;  // a lane's share of a row: ≤ 32 float4s in registers
+constexpr int kRows = 4;           // rows of x a narrow block computes (W's rows are read once per kRows)
 
 // K ≤ 64 (a wide output, action_in_proj): block (x, y) computes columns [32x, +32) of rows
 // [8y, +8), one output a thread: thread (n, g) reads W's row n (≤ 16 float4s) and x's row 8y + g
@@ -48,8 +49,8 @@ __global__ void __launch_bounds__(kThreads) wide_kernel(const float* __restrict_
 // N ≤ 64 (a narrow output, long K: action_out_proj): one warp an output column n and kRows rows
 // of x; its lanes hold their share of W's row n (K/128 float4s, all loads in flight at once) and
 // stride over the rows' K, then a shuffle sum. Block (x, y): columns [8x, +8), rows [4y, +4):
-// 52 blocks of 8 warps at 50 × 32.
-constexpr int kRows = 4;
+// 52 blocks of 8 warps at 50 × 32. With M ≤ kRows any N is one pass over W (a GEMV: the time
+// MLP's 1 × 1024 → 1024, 128 blocks).
 template <int KV>  // float4s a lane holds: K / 128 rounded up to a power of two ≤ 32
 __global__ void __launch_bounds__(kThreads) narrow_kernel(const float* __restrict__ x, const float* __restrict__ w,
                                                           const float* __restrict__ bias, float* __restrict__ y, int M,
@@ -85,10 +86,73 @@ __global__ void __launch_bounds__(kThreads) narrow_kernel(const float* __restric
   }
 }
 
+// Any other fp32 shape (SigLIP's patch embedding, 768 × 588 → 1152 with 3 cameras): 64 × 64
+// output tiles over K steps of 16, both operands through shared memory K-major, 256 threads of
+// 4 × 4 outputs each (rows ty + 16i, columns 4tx..4tx+3: float4 reads of W's tile, broadcasts of
+// x's). A plain SIMT GEMM, slower than cuBLASLt's; what it saves is cuBLASLt's fp32 kind.
+constexpr int kTile = 64, kTileK = 16;
+__global__ void __launch_bounds__(kThreads) tile_kernel(const float* __restrict__ x, const float* __restrict__ w,
+                                                        const float* __restrict__ bias, float* __restrict__ y, int M,
+                                                        int N, int K) {
+  __shared__ __align__(16) float xs[kTileK][kTile];
+  __shared__ __align__(16) float ws[kTileK][kTile];
+  pdl_wait();
+  const int tx = int(threadIdx.x % 16), ty = int(threadIdx.x / 16);
+  const int m0 = int(blockIdx.y) * kTile, n0 = int(blockIdx.x) * kTile;
+  float acc[4][4] = {};
+  for (int k0 = 0; k0 < K; k0 += kTileK) {
+    for (int i = int(threadIdx.x); i < kTile * kTileK; i += kThreads) {
+      const int r = i / kTileK, c = i % kTileK, k = k0 + c;
+      xs[c][r] = m0 + r < M && k < K ? __ldg(x + int64_t(m0 + r) * K + k) : 0.0f;
+      ws[c][r] = n0 + r < N && k < K ? __ldg(w + int64_t(n0 + r) * K + k) : 0.0f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int c = 0; c < kTileK; ++c) {
+      const float4 b = *reinterpret_cast<const float4*>(&ws[c][4 * tx]);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float a = xs[c][ty + 16 * i];
+        acc[i][0] = fmaf(a, b.x, acc[i][0]);
+        acc[i][1] = fmaf(a, b.y, acc[i][1]);
+        acc[i][2] = fmaf(a, b.z, acc[i][2]);
+        acc[i][3] = fmaf(a, b.w, acc[i][3]);
+      }
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int m = m0 + ty + 16 * i;
+    if (m >= M) continue;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int n = n0 + 4 * tx + j;
+      if (n < N) y[int64_t(m) * N + n] = acc[i][j] + (bias ? bias[n] : 0.0f);
+    }
+  }
+}
+
 }  // namespace
 
+bool tile_f32_gemm_enabled() {
+  static const bool on = env_on("VLAC_TILE_F32_GEMM");
+  return on;
+}
+
+Status tile_f32_gemm(cudaStream_t stream, int64_t m, int64_t n, int64_t k, const float* x, const float* w,
+                     const float* bias, float* y) {
+  if (m < 1 || n < 1 || k < 1 || m > (int64_t(1) << 30) / kTile || n > (int64_t(1) << 30) / kTile || k > (1 << 30))
+    return invalid_argument("tile_f32_gemm: " + std::to_string(m) + "x" + std::to_string(k) + "x" + std::to_string(n) +
+                            " is not a shape it takes");
+  const dim3 grid(unsigned((n + kTile - 1) / kTile), unsigned((m + kTile - 1) / kTile));
+  launch(tile_kernel, grid, dim3(kThreads), 0, stream, x, w, bias, y, int(m), int(n), int(k));
+  return launch_status("tile_f32_gemm");
+}
+
 bool small_f32_gemm_fits(int64_t m, int64_t n, int64_t k) {
-  return m >= 1 && m <= kMaxM && n >= 1 && k >= 4 && k % 4 == 0 && (k <= kMaxK || (n <= 64 && k <= kMaxNarrowK));
+  return m >= 1 && m <= kMaxM && n >= 1 && k >= 4 && k % 4 == 0 &&
+         (k <= kMaxK || ((n <= 64 || m <= kRows) && k <= kMaxNarrowK));
 }
 
 bool small_f32_gemm_enabled() {
