@@ -104,6 +104,16 @@ mem = (m.get('peak_rss_bytes') or 0) + (m.get(gk) or 0)
 print(f"{name:28s} recorded {r.get('median_ms', float('nan')):7.3f} (min {r.get('min_ms', float('nan')):7.3f})  "
       f"eager: vision {g('vision'):6.3f} prefix_lm {g('prefix_lm'):6.3f} steps {steps:6.3f}  "
       f"rss+gpu {mem / 2**30:.3f} GiB ({m.get('peak_rss_bytes', 0) / 2**20:.0f} + {m.get(gk, 0) / 2**20:.0f} MiB)")
+# The host heap by loading step (mem/host_steps.h) and cuBLASLt's plans by kind (each kind it plans
+# builds host heap once: docs/cuda.md, session 37), where the breakdown has them.
+g = ((d.get("memory_breakdown") or {}).get("after_timed") or {}).get("gpu") or {}
+heap = {k[len("host_heap_step_"):-len("_bytes")]: v for k, v in g.items() if k.startswith("host_heap_step_")}
+if heap:
+    top = sorted(heap.items(), key=lambda kv: -kv[1])[:4]
+    kinds = " ".join(f"{k}={g[f'cublaslt_plans_{k}']}" for k in ("bf16_bf16", "bf16_f32", "f32", "tf32", "fp8")
+                     if f"cublaslt_plans_{k}" in g)
+    print(f"{name:28s} host heap {sum(heap.values()) / 2**20:.1f} MiB in steps ("
+          + ", ".join(f"{k} {v / 2**20:.1f}" for k, v in top) + ")" + (f"; cuBLASLt plans {kinds}" if kinds else ""))
 # Accuracy of this setting's first chunk against the benchmark's lerobot fp32 actions (same inputs).
 if os.path.exists(act) and os.path.exists(ref):
     from safetensors.torch import load_file
