@@ -344,6 +344,21 @@ TEST_F(CudaGemm, TuningChoicesAreCachedOnDisk) {
   EXPECT_EQ(c3, 0u);
 }
 
+// One fp32 GEMM case for the own fp32 kernels' tests: random operands on the device (W scaled by
+// 1/sqrt(k)) and the CPU's y = x·Wᵀ (+ bias).
+struct F32Case {
+  std::unique_ptr<DevBuf> x, w, b;
+  bool with_bias;
+  std::vector<float> ref;
+  F32Case(int64_t m, int64_t k, int64_t n, bool bias, uint32_t* seed) : with_bias(bias), ref(size_t(m * n)) {
+    auto hx = randn(size_t(m * k), ++*seed), hw = randn(size_t(n * k), ++*seed, 1.0f / std::sqrt(float(k)));
+    auto hb = randn(size_t(n), ++*seed);
+    x = to_device(hx), w = to_device(hw), b = to_device(hb);
+    ref_gemm(hx, hw, bias ? hb.data() : nullptr, false, nullptr, ref, m, k, n);
+  }
+  const float* bias() const { return with_bias ? b->as<float>() : nullptr; }
+};
+
 // The tiled fp32 kernel (small_gemm.h, opt-in in the runner with VLAC_TILE_F32_GEMM=1) at SigLIP's
 // patch embedding and at edges that leave partial tiles and a K tail, against the CPU at the fp32
 // tolerance.
@@ -353,18 +368,12 @@ TEST_F(CudaGemm, TileF32KernelMatchesCpu) {
   for (S c : {S{768, 588, 1152, "patch embedding, 3 cameras"}, S{5, 7, 3, "smaller than a tile"},
               S{130, 100, 70, "partial tiles, a K tail"}, S{64, 16, 64, "one tile, one K step"}}) {
     for (bool with_bias : {false, true}) {
-      const size_t yn = size_t(c.m * c.n);
-      auto x = randn(size_t(c.m * c.k), ++seed), w = randn(size_t(c.n * c.k), ++seed, 1.0f / std::sqrt(float(c.k)));
-      auto b = randn(size_t(c.n), ++seed);
-      auto dx = to_device(x), dw = to_device(w), db = to_device(b);
-      std::vector<float> ref(yn);
-      ref_gemm(x, w, with_bias ? b.data() : nullptr, false, nullptr, ref, c.m, c.k, c.n);
-      DevBuf y(yn * 4);
+      const F32Case f(c.m, c.k, c.n, with_bias, &seed);
+      DevBuf y(f.ref.size() * 4);
       y.poison();
-      VLAC_CUDA_OK(tile_f32_gemm(stream_, c.m, c.n, c.k, dx->as<float>(), dw->as<float>(),
-                                 with_bias ? db->as<float>() : nullptr, y.as<float>()));
+      VLAC_CUDA_OK(tile_f32_gemm(stream_, c.m, c.n, c.k, f.x->as<float>(), f.w->as<float>(), f.bias(), y.as<float>()));
       sync();
-      EXPECT_LT(rel_err(download<float>(y, yn), ref), 2e-5) << c.what << (with_bias ? " with bias" : "");
+      EXPECT_LT(rel_err(download<float>(y, f.ref.size()), f.ref), 2e-5) << c.what << (with_bias ? " with bias" : "");
     }
   }
   DevBuf x(64 * 4), y(64 * 4);
@@ -387,25 +396,24 @@ TEST_F(CudaGemm, SmallF32KernelsMatchCpu) {
               S{1, 1024, 1024, "time_mlp (one row, wide N)"}, S{4, 2048, 3000, "four rows, wide N"}}) {
     ASSERT_TRUE(small_f32_gemm_fits(c.m, c.n, c.k)) << c.what;
     for (bool with_bias : {false, true}) {
-      const size_t yn = size_t(c.m * c.n);
-      auto x = randn(size_t(c.m * c.k), ++seed), w = randn(size_t(c.n * c.k), ++seed, 1.0f / std::sqrt(float(c.k)));
-      auto b = randn(size_t(c.n), ++seed);
-      auto dx = to_device(x), dw = to_device(w), db = to_device(b);
-      std::vector<float> ref(yn);
-      ref_gemm(x, w, with_bias ? b.data() : nullptr, false, nullptr, ref, c.m, c.k, c.n);
-      for (bool direct : {false, true}) {
+      const F32Case f(c.m, c.k, c.n, with_bias, &seed);
+      const size_t yn = f.ref.size();
+      // direct, through the runner, and through the runner with TF32 permitted (as packages with
+      // the fast vision mode ask): still these exact kernels, so still the fp32 tolerance (TF32
+      // would be ~1e-3), and no cuBLASLt plan made for them.
+      for (const char* how : {"direct", "runner", "runner, TF32 permitted"}) {
         DevBuf y(yn * 4);
         y.poison();
-        if (direct) {
-          VLAC_CUDA_OK(small_f32_gemm(stream_, c.m, c.n, c.k, dx->as<float>(), dw->as<float>(),
-                                      with_bias ? db->as<float>() : nullptr, y.as<float>()));
+        if (how[0] == 'd') {
+          VLAC_CUDA_OK(small_f32_gemm(stream_, c.m, c.n, c.k, f.x->as<float>(), f.w->as<float>(), f.bias(), y.as<float>()));
         } else {
-          const GemmDesc d{c.m, c.n, c.k, DType::F32, DType::F32, with_bias ? Epilogue::Bias : Epilogue::None, false};
-          VLAC_CUDA_OK(runner->run(stream_, d, dx->get(), dw->get(), with_bias ? db->get() : nullptr, y.get(), ws.get()));
+          GemmDesc d{c.m, c.n, c.k, DType::F32, DType::F32, with_bias ? Epilogue::Bias : Epilogue::None, false};
+          d.tf32 = std::strlen(how) > 6;
+          VLAC_CUDA_OK(runner->plan(d));
+          VLAC_CUDA_OK(runner->run(stream_, d, f.x->get(), f.w->get(), f.with_bias ? f.b->get() : nullptr, y.get(), ws.get()));
         }
         sync();
-        EXPECT_LT(rel_err(download<float>(y, yn), ref), 2e-5)
-            << c.what << (with_bias ? " with bias" : "") << (direct ? " (direct)" : " (runner)");
+        EXPECT_LT(rel_err(download<float>(y, yn), f.ref), 2e-5) << c.what << (with_bias ? " with bias" : "") << " (" << how << ")";
       }
     }
   }
@@ -413,6 +421,7 @@ TEST_F(CudaGemm, SmallF32KernelsMatchCpu) {
   EXPECT_FALSE(small_f32_gemm_fits(50, 65, 68));
   EXPECT_FALSE(small_f32_gemm_fits(50, 32, 4100));
   EXPECT_FALSE(small_f32_gemm_fits(50, 32, 30));
+  EXPECT_EQ(runner->plans(), size_t(0)) << "fp32 shapes the own kernels run are not planned with cuBLASLt";
   EXPECT_FALSE(small_f32_gemm_fits(5, 1024, 1024));  // wide N and long K: over four rows, cuBLASLt's
   DevBuf x(64 * 4), y(64 * 4);
   EXPECT_EQ(small_f32_gemm(stream_, 65, 1, 4, x.as<float>(), x.as<float>(), nullptr, y.as<float>()).code(),
