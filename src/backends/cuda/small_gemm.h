@@ -28,7 +28,9 @@ Status small_f32_gemm(cudaStream_t stream, int64_t m, int64_t n, int64_t k, cons
 
 /// Any fp32 shape small_f32_gemm does not take (SigLIP's patch embedding): a tiled SIMT GEMM, the
 /// same contract. Opt-in with VLAC_TILE_F32_GEMM=1 (GemmRunner then plans no fp32 GEMM with
-/// cuBLASLt at all, saving the host heap its fp32 kind costs) until measured on a GPU.
+/// cuBLASLt at all, saving the host heap its fp32 kind costs) until measured on a GPU. Meant for
+/// the packages with the fast vision mode (bf16-all, int8, fp8), where the patch embedding is the
+/// only such shape; in an fp32 or bf16 package every fp32 GEMM would take it (right, but slow).
 bool tile_f32_gemm_enabled();
 Status tile_f32_gemm(cudaStream_t stream, int64_t m, int64_t n, int64_t k, const float* x, const float* w,
                      const float* bias, float* y);
