@@ -788,7 +788,7 @@ Status GemmRunner::run(cudaStream_t stream, const GemmDesc& d, const void* x, co
 // kind costs host heap of its own: session 37). VLAC_TILE_F32_GEMM=1 (opt-in) takes every other
 // fp32 shape too (tile_f32_gemm), so that no fp32 GEMM is planned by cuBLASLt.
 static OwnF32 runs_own_f32(const GemmDesc& d) {
-  if (d.in != DType::F32 || d.out != DType::F32 || d.accumulate || d.k_parts > 1 ||
+  if (d.m < 1 || d.n < 1 || d.k < 1 || d.in != DType::F32 || d.out != DType::F32 || d.accumulate || d.k_parts > 1 ||
       (d.epilogue != Epilogue::None && d.epilogue != Epilogue::Bias) || (d.ldx != 0 && d.ldx != d.k) ||
       (d.ldy != 0 && d.ldy != d.n))
     return OwnF32::No;
