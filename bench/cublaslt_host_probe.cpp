@@ -71,6 +71,57 @@ struct Probe {
     }                                                                                        \
   } while (0)
 
+// One GEMM's descriptors as the runner makes them: W transposed (cuBLASLt's A), x (B), y (C), with
+// `batches` equal K chunks as strided batches (the runner's K parts).
+struct Desc {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  bool create(cudaDataType_t in, cudaDataType_t out, cublasComputeType_t ct, cublasLtEpilogue_t epi, int64_t m,
+              int64_t n, int64_t k, int batches = 1) {
+    const int64_t kk = k / batches;
+    const cublasOperation_t t = CUBLAS_OP_T, nn = CUBLAS_OP_N;
+    if (lt().MatmulDescCreate(&op, ct, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS ||
+        lt().MatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)) != CUBLAS_STATUS_SUCCESS ||
+        lt().MatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &nn, sizeof(nn)) != CUBLAS_STATUS_SUCCESS ||
+        lt().MatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)) != CUBLAS_STATUS_SUCCESS ||
+        lt().MatrixLayoutCreate(&a, in, uint64_t(kk), uint64_t(n), k) != CUBLAS_STATUS_SUCCESS ||
+        lt().MatrixLayoutCreate(&b, in, uint64_t(kk), uint64_t(m), k) != CUBLAS_STATUS_SUCCESS ||
+        lt().MatrixLayoutCreate(&c, out, uint64_t(n), uint64_t(m), n) != CUBLAS_STATUS_SUCCESS)
+      return false;
+    if (batches > 1) {
+      const int32_t bc = batches;
+      const int64_t st[3] = {kk, kk, n * m};
+      cublasLtMatrixLayout_t ls[3] = {a, b, c};
+      for (int i = 0; i < 3; ++i)
+        if (lt().MatrixLayoutSetAttribute(ls[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof(bc)) !=
+                CUBLAS_STATUS_SUCCESS ||
+            lt().MatrixLayoutSetAttribute(ls[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &st[i], sizeof(st[i])) !=
+                CUBLAS_STATUS_SUCCESS)
+          return false;
+    }
+    return true;
+  }
+  // The heuristic's first answer within `ws_bytes` of workspace; false when it has none.
+  bool ask(cublasLtHandle_t h, uint64_t ws_bytes, cublasLtMatmulAlgo_t* algo) const {
+    cublasLtMatmulPreference_t pref = nullptr;
+    if (lt().MatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS) return false;
+    cublasLtMatmulHeuristicResult_t res[8];
+    int got = 0;
+    const bool ok =
+        lt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof(ws_bytes)) ==
+            CUBLAS_STATUS_SUCCESS &&
+        lt().MatmulAlgoGetHeuristic(h, op, a, b, c, c, pref, 8, res, &got) == CUBLAS_STATUS_SUCCESS && got > 0;
+    lt().MatmulPreferenceDestroy(pref);
+    if (ok) *algo = res[0].algo;
+    return ok;
+  }
+  void destroy() {
+    for (cublasLtMatrixLayout_t l : {a, b, c})
+      if (l) lt().MatrixLayoutDestroy(l);
+    if (op) lt().MatmulDescDestroy(op);
+  }
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -121,8 +172,7 @@ int main(int argc, char** argv) {
   void* ws = nullptr;
   if (cudaMalloc(&ws, ws_bytes) != cudaSuccess) return 1;
   struct Planned {
-    cublasLtMatmulDesc_t op;
-    cublasLtMatrixLayout_t a, b, c;
+    Desc d;
     cublasLtMatmulAlgo_t algo;
     bool ok;
   };
@@ -142,31 +192,19 @@ int main(int argc, char** argv) {
   }
   for (const Shape& s : kShapes) {
     Planned q{};
-    CHECK_LT(lt().MatmulDescCreate(&q.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    const cublasOperation_t t = CUBLAS_OP_T, n = CUBLAS_OP_N;
-    CHECK_LT(lt().MatmulDescSetAttribute(q.op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)));
-    CHECK_LT(lt().MatmulDescSetAttribute(q.op, CUBLASLT_MATMUL_DESC_TRANSB, &n, sizeof(n)));
-    CHECK_LT(lt().MatrixLayoutCreate(&q.a, CUDA_R_16BF, uint64_t(s.k), uint64_t(s.n), s.k));
-    CHECK_LT(lt().MatrixLayoutCreate(&q.b, CUDA_R_16BF, uint64_t(s.k), uint64_t(s.m), s.k));
-    CHECK_LT(lt().MatrixLayoutCreate(&q.c, CUDA_R_16BF, uint64_t(s.n), uint64_t(s.m), s.n));
+    if (!q.d.create(CUDA_R_16BF, CUDA_R_16BF, CUBLAS_COMPUTE_32F, CUBLASLT_EPILOGUE_DEFAULT, s.m, s.n, s.k)) {
+      std::fprintf(stderr, "cublaslt_host_probe: %s: descriptors refused\n", s.name);
+      return 1;
+    }
     if (!loaded.empty()) {
       q.algo = loaded[plans.size()];
       q.ok = true;
       if (check) {
         cublasLtMatmulHeuristicResult_t r{};
-        q.ok = lt().MatmulAlgoCheck(h, q.op, q.a, q.b, q.c, q.c, &q.algo, &r) == CUBLAS_STATUS_SUCCESS;
+        q.ok = lt().MatmulAlgoCheck(h, q.d.op, q.d.a, q.d.b, q.d.c, q.d.c, &q.algo, &r) == CUBLAS_STATUS_SUCCESS;
       }
     } else if (!algo_ids) {
-      cublasLtMatmulPreference_t pref = nullptr;
-      CHECK_LT(lt().MatmulPreferenceCreate(&pref));
-      CHECK_LT(lt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
-                                                 sizeof(ws_bytes)));
-      cublasLtMatmulHeuristicResult_t res[8];
-      int got = 0;
-      CHECK_LT(lt().MatmulAlgoGetHeuristic(h, q.op, q.a, q.b, q.c, q.c, pref, 8, res, &got));
-      lt().MatmulPreferenceDestroy(pref);
-      q.ok = got > 0;
-      if (q.ok) q.algo = res[0].algo;
+      q.ok = q.d.ask(h, ws_bytes, &q.algo);
     } else {
       int ids[64], got = 0;
       CHECK_LT(get_ids(h, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_16BF, CUDA_R_16BF, CUDA_R_16BF, CUDA_R_16BF, 64, ids,
@@ -177,7 +215,7 @@ int main(int argc, char** argv) {
             CUBLAS_STATUS_SUCCESS)
           continue;
         cublasLtMatmulHeuristicResult_t r{};
-        q.ok = lt().MatmulAlgoCheck(h, q.op, q.a, q.b, q.c, q.c, &q.algo, &r) == CUBLAS_STATUS_SUCCESS &&
+        q.ok = lt().MatmulAlgoCheck(h, q.d.op, q.d.a, q.d.b, q.d.c, q.d.c, &q.algo, &r) == CUBLAS_STATUS_SUCCESS &&
                r.workspaceSize <= ws_bytes;
       }
     }
@@ -201,8 +239,8 @@ int main(int argc, char** argv) {
     char* x = w + size_t(s.n) * size_t(s.k) * 2;
     char* y = x + size_t(s.m) * size_t(s.k) * 2;
     const float alpha = 1.0f, beta = 0.0f;
-    CHECK_LT(lt().Matmul(h, plans[i].op, &alpha, w, plans[i].a, x, plans[i].b, &beta, y, plans[i].c, y, plans[i].c,
-                         &plans[i].algo, ws, ws_bytes, nullptr));
+    const Desc& d = plans[i].d;
+    CHECK_LT(lt().Matmul(h, d.op, &alpha, w, d.a, x, d.b, &beta, y, d.c, y, d.c, &plans[i].algo, ws, ws_bytes, nullptr));
     if (cudaDeviceSynchronize() != cudaSuccess) return 1;
     p.mark(std::string("matmul ") + s.name);
   }
@@ -224,42 +262,14 @@ int main(int argc, char** argv) {
         {"f32_tf32", CUDA_R_32F, CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_TF32, CUBLASLT_EPILOGUE_DEFAULT, 1},
     };
     for (const Combo& c : cs) {
-      const int64_t m = 968, n = 2048, k = 2048, kk = k / c.batches;
-      cublasLtMatmulDesc_t op = nullptr;
-      cublasLtMatrixLayout_t a = nullptr, b = nullptr, y = nullptr;
-      CHECK_LT(lt().MatmulDescCreate(&op, c.ct, CUDA_R_32F));
-      const cublasOperation_t t = CUBLAS_OP_T, nn = CUBLAS_OP_N;
-      CHECK_LT(lt().MatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)));
-      CHECK_LT(lt().MatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &nn, sizeof(nn)));
-      CHECK_LT(lt().MatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &c.epi, sizeof(c.epi)));
-      CHECK_LT(lt().MatrixLayoutCreate(&a, c.in, uint64_t(kk), uint64_t(n), k));
-      CHECK_LT(lt().MatrixLayoutCreate(&b, c.in, uint64_t(kk), uint64_t(m), k));
-      CHECK_LT(lt().MatrixLayoutCreate(&y, c.out, uint64_t(n), uint64_t(m), n));
-      if (c.batches > 1) {
-        const int32_t bc = c.batches;
-        const int64_t st[3] = {kk, kk, n * m};
-        cublasLtMatrixLayout_t ls[3] = {a, b, y};
-        for (int i = 0; i < 3; ++i) {
-          CHECK_LT(lt().MatrixLayoutSetAttribute(ls[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof(bc)));
-          CHECK_LT(lt().MatrixLayoutSetAttribute(ls[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &st[i], sizeof(st[i])));
-        }
-      }
-      cublasLtMatmulPreference_t pref = nullptr;
-      CHECK_LT(lt().MatmulPreferenceCreate(&pref));
-      CHECK_LT(lt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof(ws_bytes)));
-      cublasLtMatmulHeuristicResult_t res[8];
-      int got = 0;
-      const cublasStatus_t st = lt().MatmulAlgoGetHeuristic(h, op, a, b, y, y, pref, 8, res, &got);
-      p.mark(std::string("combo ") + c.name + (st == CUBLAS_STATUS_SUCCESS && got > 0 ? "" : " (none)"));
-      lt().MatmulPreferenceDestroy(pref);
-      lt().MatrixLayoutDestroy(a), lt().MatrixLayoutDestroy(b), lt().MatrixLayoutDestroy(y);
-      lt().MatmulDescDestroy(op);
+      Desc d;
+      cublasLtMatmulAlgo_t algo{};
+      const bool ok = d.create(c.in, c.out, c.ct, c.epi, 968, 2048, 2048, c.batches) && d.ask(h, ws_bytes, &algo);
+      p.mark(std::string("combo ") + c.name + (ok ? "" : " (none)"));
+      d.destroy();
     }
   }
-  for (Planned& q : plans) {
-    lt().MatrixLayoutDestroy(q.a), lt().MatrixLayoutDestroy(q.b), lt().MatrixLayoutDestroy(q.c);
-    lt().MatmulDescDestroy(q.op);
-  }
+  for (Planned& q : plans) q.d.destroy();
   lt().Destroy(h);
   p.mark("destroy");
   if (trim) {

@@ -755,11 +755,11 @@ enum class OwnF32 { No, Small, Tile };
 static OwnF32 runs_own_f32(const GemmDesc& d);
 
 Status GemmRunner::plan(const GemmDesc& d) {
+  auto it = impl_->plans.find(d.key());
+  if (it != impl_->plans.end()) return Status::ok();  // (every launch of a cuBLASLt shape ends here)
   // The fp32 shapes run by small_gemm.h's kernels need no plan: asking cuBLASLt about them would
   // build its fp32 kind's host heap for nothing (session 37: the executor plans every Linear).
   if (runs_own_f32(d) != OwnF32::No) return Status::ok();
-  auto it = impl_->plans.find(d.key());
-  if (it != impl_->plans.end()) return Status::ok();
   const HostStep step("gemm_plan");
   if (d.in == DType::F8_E4M3 && d.m > 0 && d.n > 0 && d.k > 0) {
     VLAC_RETURN_IF_ERROR(fp8_precheck(d));  // the cheap refusals first, without a probe
