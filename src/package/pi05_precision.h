@@ -22,12 +22,12 @@ inline bool fast_vision(std::string_view p) { return !p.empty() && p != kFp32 &&
 inline bool eight_bit(std::string_view p) { return p == kInt8Weights || p == kFp8Weights || p == kFp8W8a8; }
 
 /// Whether a chunk's first denoising step runs beside the prefix LM by default where the runtime
-/// has two lanes (Pi05PackageOptions::step_overlap): not in the 8-bit packages. Their bound is
+/// has two lanes (Pi05PackageOptions::step_overlap): not in the fp8 packages. Their bound is
 /// 3.5 GiB, and the step's own arena and scratch (its widened weights) with the second lane's
-/// cuBLASLt workspace cost them 42-62 MiB, over the bound with 32 MiB workspaces (H100, session
-/// 35); with 4 MiB ones int8 fits at 3.489 GiB (session 36), all but 11 MiB of its margin. W8A8
-/// was also slower.
-inline bool step_overlap_default(std::string_view p) { return !eight_bit(p); }
+/// cuBLASLt workspace cost 8-bit packages 32-62 MiB (H100, sessions 35-36), and W8A8 was slower.
+/// int8 takes it since its fast vision mode planned no fp32 GEMM with cuBLASLt (session 38, H100,
+/// GPTQ codes: 25.03 -> 24.53 ms, 3.349 -> 3.381 GiB); fp8-weights was not measured since.
+inline bool step_overlap_default(std::string_view p) { return !eight_bit(p) || p == kInt8Weights; }
 
 /// The short name `vlac run` prints: int8, fp8, fp8-w8a8 for the 8-bit packages, else the
 /// activations' dtype (bf16 or fp32).

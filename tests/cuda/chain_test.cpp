@@ -949,8 +949,8 @@ TEST_F(CudaChain, EightBitPackagesAgreeWithTheCpuAndLerobot) {
         const Pi05CompileOptions co = eight_bit_options(tmp, b == 1, dt);
         auto sum = compile_pi05(dir + "/policy", co);
         ASSERT_TRUE(sum.is_ok()) << name << ": " << sum.status().message();
-        // On cuda also with the memo's weights on demand, and with step 0 beside the LM opted in
-        // (8-bit packages keep one lane by default: pi05_precision::step_overlap_default).
+        // On cuda also with the memo's weights on demand, and with step 0 beside the LM, each
+        // lane setting named (its default depends on the precision: pi05_precision::step_overlap_default).
         struct Run {
           const char* on_demand;
           bool overlap;
@@ -960,7 +960,7 @@ TEST_F(CudaChain, EightBitPackagesAgreeWithTheCpuAndLerobot) {
           setenv("VLAC_ON_DEMAND_WEIGHTS", r.on_demand, 1);
           Pi05PackageOptions po;
           po.backend = b ? "cuda" : "cpu";
-          if (r.overlap) po.step_overlap = true;
+          po.step_overlap = r.overlap;
           auto pkg = Pi05PackagePolicy::open(co.out, po);
           ASSERT_TRUE(pkg.is_ok()) << name << ": " << pkg.status().message();
           EXPECT_EQ(pkg->step_overlap(), r.overlap) << name;

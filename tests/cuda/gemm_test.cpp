@@ -16,6 +16,7 @@
 #include "backends/cpu/kernels.h"
 #include "backends/cuda/capture_edge.h"
 #include "backends/cuda/cublaslt_api.h"
+#include "backends/cuda/env.h"
 #include "backends/cuda/gemm.h"
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/expert_mlp.h"
@@ -359,22 +360,39 @@ struct F32Case {
   const float* bias() const { return with_bias ? b->as<float>() : nullptr; }
 };
 
-// The tiled fp32 kernel (small_gemm.h, opt-in in the runner with VLAC_TILE_F32_GEMM=1) at SigLIP's
-// patch embedding and at edges that leave partial tiles and a K tail, against the CPU at the fp32
-// tolerance.
+// The tiled fp32 kernel (small_gemm.h), which the runner runs for own_f32 shapes (the fast vision
+// mode's patch embedding), at SigLIP's patch embedding and at edges that leave partial tiles and a
+// K tail, against the CPU at the fp32 tolerance: directly and through the runner, which makes no
+// cuBLASLt plan for it.
 TEST_F(CudaGemm, TileF32KernelMatchesCpu) {
+  auto runner = GemmRunner::create();
+  ASSERT_TRUE(runner.is_ok()) << runner.status().message();
+  DevBuf ws(runner->workspace_bytes());
   struct S { int64_t m, k, n; const char* what; };
   uint32_t seed = 1900;
   for (S c : {S{768, 588, 1152, "patch embedding, 3 cameras"}, S{5, 7, 3, "smaller than a tile"},
               S{130, 100, 70, "partial tiles, a K tail"}, S{64, 16, 64, "one tile, one K step"}}) {
     for (bool with_bias : {false, true}) {
       const F32Case f(c.m, c.k, c.n, with_bias, &seed);
-      DevBuf y(f.ref.size() * 4);
-      y.poison();
-      VLAC_CUDA_OK(tile_f32_gemm(stream_, c.m, c.n, c.k, f.x->as<float>(), f.w->as<float>(), f.bias(), y.as<float>()));
-      sync();
-      EXPECT_LT(rel_err(download<float>(y, f.ref.size()), f.ref), 2e-5) << c.what << (with_bias ? " with bias" : "");
+      for (bool through_runner : {false, true}) {
+        DevBuf y(f.ref.size() * 4);
+        y.poison();
+        if (through_runner) {
+          GemmDesc d{c.m, c.n, c.k, DType::F32, DType::F32, with_bias ? Epilogue::Bias : Epilogue::None, false};
+          d.own_f32 = true;
+          VLAC_CUDA_OK(runner->plan(d));
+          VLAC_CUDA_OK(runner->run(stream_, d, f.x->get(), f.w->get(), f.with_bias ? f.b->get() : nullptr, y.get(), ws.get()));
+        } else {
+          VLAC_CUDA_OK(tile_f32_gemm(stream_, c.m, c.n, c.k, f.x->as<float>(), f.w->as<float>(), f.bias(), y.as<float>()));
+        }
+        sync();
+        EXPECT_LT(rel_err(download<float>(y, f.ref.size()), f.ref), 2e-5)
+            << c.what << (with_bias ? " with bias" : "") << (through_runner ? " (runner)" : " (direct)");
+      }
     }
+  }
+  if (env_str("VLAC_TILE_F32_GEMM") != "0") {
+    EXPECT_EQ(runner->plans(), size_t(0)) << "own_f32 shapes are never planned by cuBLASLt";
   }
   DevBuf x(64 * 4), y(64 * 4);
   EXPECT_EQ(tile_f32_gemm(stream_, 0, 1, 4, x.as<float>(), x.as<float>(), nullptr, y.as<float>()).code(),

@@ -308,6 +308,8 @@ Status CudaExecutable::plan(const CudaWeights& weights) {
         p.gemm.out = DType::F32;
         p.gemm.epilogue = n.inputs.size() == 3 ? Epilogue::Bias : Epilogue::None;
         if (n.inputs.size() == 3) VLAC_RETURN_IF_ERROR(need_f32(n, 2));
+        // fast_vision: vlac's tiled fp32 kernel (exact fp32 still), so that no fp32 GEMM is planned by cuBLASLt.
+        p.gemm.own_f32 = options_.fast_vision && wd == DType::F32;
         scratch = std::max(scratch, al(uint64_t(p.gemm.m * p.gemm.k) * dtype_size(wd)));
         Status st = ctx_->gemm().plan(p.gemm);
         if (!st.is_ok()) return Status(st.code(), where(n) + ": " + st.message());

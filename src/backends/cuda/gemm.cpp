@@ -785,15 +785,15 @@ Status GemmRunner::run(cudaStream_t stream, const GemmDesc& d, const void* x, co
 // fp32 with few rows and a small side (pi0.5's action projections and time MLP): small_gemm.h's
 // kernels, with no plan and no timing. TF32 is a permission, not a request: these are exact fp32
 // (in packages with the fast vision mode every fp32 Linear asks for TF32, and cuBLASLt's TF32
-// kind costs host heap of its own: session 37). VLAC_TILE_F32_GEMM=1 (opt-in) takes every other
-// fp32 shape too (tile_f32_gemm), so that no fp32 GEMM is planned by cuBLASLt.
+// kind costs host heap of its own: session 37). Shapes marked own_f32 (the fast vision mode's patch
+// embedding) take the tiled kernel, so that those packages plan no fp32 GEMM with cuBLASLt.
 static OwnF32 runs_own_f32(const GemmDesc& d) {
   if (d.m < 1 || d.n < 1 || d.k < 1 || d.in != DType::F32 || d.out != DType::F32 || d.accumulate || d.k_parts > 1 ||
       (d.epilogue != Epilogue::None && d.epilogue != Epilogue::Bias) || (d.ldx != 0 && d.ldx != d.k) ||
       (d.ldy != 0 && d.ldy != d.n))
     return OwnF32::No;
   if (small_f32_gemm_fits(d.m, d.n, d.k) && small_f32_gemm_enabled()) return OwnF32::Small;
-  return tile_f32_gemm_enabled() ? OwnF32::Tile : OwnF32::No;
+  return tile_f32_gemm_takes(d.own_f32) ? OwnF32::Tile : OwnF32::No;
 }
 
 // bf16 with few rows (the expert's GEMMs), opt-in with VLAC_PRELOAD_GEMM=1 (=2: only GEMMs that

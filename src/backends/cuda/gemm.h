@@ -35,6 +35,9 @@ struct GemmDesc {
   // batched GEMM), summed in order by their reader (the executor's fused residual norm) instead of
   // a split-K reduction kernel. F32 out, no epilogue or accumulation, k a multiple of 8·k_parts.
   int k_parts = 0;
+  // F32: vlac's tiled kernel runs it, never cuBLASLt (small_gemm.h: tile_f32_gemm_takes). Not in
+  // key(): the key names cuBLASLt plans, and such a shape gets none.
+  bool own_f32 = false;
   auto key() const {
     return std::tuple(m, n, k, int(in), int(out), int(epilogue), accumulate, tf32, ldx, k_parts, ldy);
   }

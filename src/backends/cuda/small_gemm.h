@@ -26,12 +26,13 @@ bool small_f32_gemm_enabled();
 Status small_f32_gemm(cudaStream_t stream, int64_t m, int64_t n, int64_t k, const float* x, const float* w,
                       const float* bias, float* y);
 
-/// Any fp32 shape small_f32_gemm does not take (SigLIP's patch embedding): a tiled SIMT GEMM, the
-/// same contract. Opt-in with VLAC_TILE_F32_GEMM=1 (GemmRunner then plans no fp32 GEMM with
-/// cuBLASLt at all, saving the host heap its fp32 kind costs) until measured on a GPU. Meant for
-/// the packages with the fast vision mode (bf16-all, int8, fp8), where the patch embedding is the
-/// only such shape; in an fp32 or bf16 package every fp32 GEMM would take it (right, but slow).
-bool tile_f32_gemm_enabled();
+/// Any fp32 shape small_f32_gemm does not take: a tiled SIMT GEMM, the same contract. GemmRunner
+/// runs it for GemmDesc::own_f32 shapes (SigLIP's patch embedding in engines with the fast vision
+/// mode: bf16-all, int8, fp8), so that those packages plan no fp32 GEMM with cuBLASLt and skip the
+/// ~99 MB of host heap its fp32 kind costs (H100, session 38: rss+gpu 5.922 -> 5.823 GiB bf16-all,
+/// 3.444 -> 3.348 GiB int8; recorded chunk +0.07 ms). VLAC_TILE_F32_GEMM=0 leaves them to cuBLASLt,
+/// =1 gives it every fp32 shape (right, but slow for an fp32 package's big GEMMs).
+bool tile_f32_gemm_takes(bool own_f32);
 Status tile_f32_gemm(cudaStream_t stream, int64_t m, int64_t n, int64_t k, const float* x, const float* w,
                      const float* bias, float* y);
 
