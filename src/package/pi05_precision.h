@@ -22,12 +22,12 @@ inline bool fast_vision(std::string_view p) { return !p.empty() && p != kFp32 &&
 inline bool eight_bit(std::string_view p) { return p == kInt8Weights || p == kFp8Weights || p == kFp8W8a8; }
 
 /// Whether a chunk's first denoising step runs beside the prefix LM by default where the runtime
-/// has two lanes (Pi05PackageOptions::step_overlap): not in the fp8 packages. Their bound is
-/// 3.5 GiB, and the step's own arena and scratch (its widened weights) with the second lane's
-/// cuBLASLt workspace cost 8-bit packages 32-62 MiB (H100, sessions 35-36), and W8A8 was slower.
-/// int8 takes it since its fast vision mode planned no fp32 GEMM with cuBLASLt (session 38, H100,
-/// GPTQ codes: 25.03 -> 24.53 ms, 3.349 -> 3.381 GiB); fp8-weights was not measured since.
-inline bool step_overlap_default(std::string_view p) { return !eight_bit(p) || p == kInt8Weights; }
+/// has two lanes (Pi05PackageOptions::step_overlap): not in W8A8 packages, which it made slower
+/// (session 35). The 8-bit packages' bound is 3.5 GiB, and the step's own arena and scratch (its
+/// widened weights) with the second lane's cuBLASLt workspace cost them 32-62 MiB (H100, sessions
+/// 35-36); the W8A16 ones take it since their fast vision mode plans no fp32 GEMM with cuBLASLt
+/// (H100, session 38: int8 24.91 -> 24.31 ms, fp8 25.06 -> 24.50 ms, both 3.348 -> 3.38 GiB).
+inline bool step_overlap_default(std::string_view p) { return p != kFp8W8a8; }
 
 /// The short name `vlac run` prints: int8, fp8, fp8-w8a8 for the 8-bit packages, else the
 /// activations' dtype (bf16 or fp32).

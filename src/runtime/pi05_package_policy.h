@@ -43,8 +43,8 @@ struct Pi05PackageOptions {
   /// layer starting as soon as the prefix LM's engine that makes its K/V is done, beside the
   /// rest of the LM; the other steps after it, as before. Same results. Only where the runtime
   /// has two lanes (the CUDA backend): on by default there (an H100: -0.33 ms a chunk, session
-  /// 34; int8 -0.5 ms, session 38) except in fp8 packages (pi05_precision::step_overlap_default:
-  /// it would spend their 3.5 GiB margin), off on the CPU. Unset: VLAC_STEP_OVERLAP=0 turns it off, =1 on.
+  /// 34; int8 and fp8 -0.6 ms, session 38) except in W8A8 packages (pi05_precision::step_overlap_default:
+  /// slower there), off on the CPU. Unset: VLAC_STEP_OVERLAP=0 turns it off, =1 on.
   std::optional<bool> step_overlap;
 };
 
