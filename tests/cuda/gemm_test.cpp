@@ -346,18 +346,27 @@ TEST_F(CudaGemm, TuningChoicesAreCachedOnDisk) {
 }
 
 // One fp32 GEMM case for the own fp32 kernels' tests: random operands on the device (W scaled by
-// 1/sqrt(k)) and the CPU's y = x·Wᵀ (+ bias).
+// 1/sqrt(k)) and the CPU's y = x·Wᵀ (+ bias); through_runner runs it as the executor does.
 struct F32Case {
+  int64_t m, k, n;
   std::unique_ptr<DevBuf> x, w, b;
   bool with_bias;
   std::vector<float> ref;
-  F32Case(int64_t m, int64_t k, int64_t n, bool bias, uint32_t* seed) : with_bias(bias), ref(size_t(m * n)) {
+  F32Case(int64_t m_, int64_t k_, int64_t n_, bool bias, uint32_t* seed)
+      : m(m_), k(k_), n(n_), with_bias(bias), ref(size_t(m * n)) {
     auto hx = randn(size_t(m * k), ++*seed), hw = randn(size_t(n * k), ++*seed, 1.0f / std::sqrt(float(k)));
     auto hb = randn(size_t(n), ++*seed);
     x = to_device(hx), w = to_device(hw), b = to_device(hb);
     ref_gemm(hx, hw, bias ? hb.data() : nullptr, false, nullptr, ref, m, k, n);
   }
   const float* bias() const { return with_bias ? b->as<float>() : nullptr; }
+  /// The case's fp32 GemmDesc, with TF32 permitted or own_f32 marked as asked, planned and run.
+  Status through_runner(GemmRunner& r, cudaStream_t s, bool tf32, bool own_f32, DevBuf& y, DevBuf& ws) const {
+    GemmDesc d{m, n, k, DType::F32, DType::F32, with_bias ? Epilogue::Bias : Epilogue::None, false};
+    d.tf32 = tf32, d.own_f32 = own_f32;
+    VLAC_RETURN_IF_ERROR(r.plan(d));
+    return r.run(s, d, x->get(), w->get(), with_bias ? b->get() : nullptr, y.get(), ws.get());
+  }
 };
 
 // The tiled fp32 kernel (small_gemm.h), which the runner runs for own_f32 shapes (the fast vision
@@ -378,10 +387,7 @@ TEST_F(CudaGemm, TileF32KernelMatchesCpu) {
         DevBuf y(f.ref.size() * 4);
         y.poison();
         if (through_runner) {
-          GemmDesc d{c.m, c.n, c.k, DType::F32, DType::F32, with_bias ? Epilogue::Bias : Epilogue::None, false};
-          d.own_f32 = true;
-          VLAC_CUDA_OK(runner->plan(d));
-          VLAC_CUDA_OK(runner->run(stream_, d, f.x->get(), f.w->get(), f.with_bias ? f.b->get() : nullptr, y.get(), ws.get()));
+          VLAC_CUDA_OK(f.through_runner(*runner, stream_, false, true, y, ws));
         } else {
           VLAC_CUDA_OK(tile_f32_gemm(stream_, c.m, c.n, c.k, f.x->as<float>(), f.w->as<float>(), f.bias(), y.as<float>()));
         }
@@ -425,10 +431,7 @@ TEST_F(CudaGemm, SmallF32KernelsMatchCpu) {
         if (how[0] == 'd') {
           VLAC_CUDA_OK(small_f32_gemm(stream_, c.m, c.n, c.k, f.x->as<float>(), f.w->as<float>(), f.bias(), y.as<float>()));
         } else {
-          GemmDesc d{c.m, c.n, c.k, DType::F32, DType::F32, with_bias ? Epilogue::Bias : Epilogue::None, false};
-          d.tf32 = std::strlen(how) > 6;
-          VLAC_CUDA_OK(runner->plan(d));
-          VLAC_CUDA_OK(runner->run(stream_, d, f.x->get(), f.w->get(), f.with_bias ? f.b->get() : nullptr, y.get(), ws.get()));
+          VLAC_CUDA_OK(f.through_runner(*runner, stream_, std::strlen(how) > 6, false, y, ws));
         }
         sync();
         EXPECT_LT(rel_err(download<float>(y, yn), f.ref), 2e-5) << c.what << (with_bias ? " with bias" : "") << " (" << how << ")";

@@ -138,8 +138,8 @@ __global__ void __launch_bounds__(kThreads) tile_kernel(const float* __restrict_
 }  // namespace
 
 bool tile_f32_gemm_takes(bool own_f32) {
-  static const std::string v = env_str("VLAC_TILE_F32_GEMM");
-  return v == "1" || (own_f32 && v != "0");
+  static const bool all = env_on("VLAC_TILE_F32_GEMM"), none = env_off("VLAC_TILE_F32_GEMM");
+  return all || (own_f32 && !none);
 }
 
 Status tile_f32_gemm(cudaStream_t stream, int64_t m, int64_t n, int64_t k, const float* x, const float* w,
