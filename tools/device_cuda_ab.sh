@@ -105,7 +105,7 @@ print(f"{name:28s} recorded {r.get('median_ms', float('nan')):7.3f} (min {r.get(
       f"eager: vision {g('vision'):6.3f} prefix_lm {g('prefix_lm'):6.3f} steps {steps:6.3f}  "
       f"rss+gpu {mem / 2**30:.3f} GiB ({m.get('peak_rss_bytes', 0) / 2**20:.0f} + {m.get(gk, 0) / 2**20:.0f} MiB)")
 # The host heap by loading step (mem/host_steps.h) and cuBLASLt's plans by kind (each kind it plans
-# builds host heap once: docs/cuda.md, session 37), where the breakdown has them.
+# builds host heap once: docs/cuda-sessions.md, session 37), where the breakdown has them.
 g = ((d.get("memory_breakdown") or {}).get("after_timed") or {}).get("gpu") or {}
 heap = {k[len("host_heap_step_"):-len("_bytes")]: v for k, v in g.items() if k.startswith("host_heap_step_")}
 if heap:

@@ -1,7 +1,7 @@
 // cuDNN's fused attention (the graph API's SDPA forward operation, cuDNN >= 9.13) as an
 // alternative to the own bf16 kernel for unmasked bf16 attention: pi0.5's prefix (968 queries x 8
 // heads on one K/V head, head dim 256) and SigLIP (images batched, head dim 72). On sm_90 cuDNN
-// runs it with wgmma and TMA where the own kernel is mma.sync (docs/cuda.md, session 27).
+// runs it with wgmma and TMA where the own kernel is mma.sync (docs/cuda-sessions.md, session 27).
 //
 // cuDNN is loaded with dlopen at the first call, so the backend neither links it nor needs it: a
 // machine without libcudnn.so.9, an older cuDNN or a shape no engine takes answers Unsupported and

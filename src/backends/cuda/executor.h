@@ -101,7 +101,7 @@ class CudaExecutable final : public Executable {
   void plan_timing_skip();
   /// The expert's q/k RoPE pair (with its v copy) run inside the attention that reads them
   /// (AttentionRope), opt-in with VLAC_ROPE_ATTENTION=1: correct, and slower than the separate
-  /// launch on an H100 (docs/cuda.md, session 23). The fused q|k|v rows then live until the
+  /// launch on an H100 (docs/cuda-sessions.md, session 23). The fused q|k|v rows then live until the
   /// attention (rope_attention_lifetimes, folded into the arena's lifetimes).
   Status plan_rope_attention();
   void rope_attention_lifetimes(std::vector<int64_t>& at) const;

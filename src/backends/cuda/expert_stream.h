@@ -3,7 +3,7 @@
 //
 // Why: at M = 50 every cuBLASLt launch of the expert pays the HBM latency of its first weights
 // again, and the launch gap between kernels; a layer's four GEMMs take ~38 µs for 34 MB that HBM
-// delivers in ~7–10 µs (docs/cuda.md, session 16). Here one block per multiprocessor (all
+// delivers in ~7–10 µs (docs/cuda-sessions.md, session 16). Here one block per multiprocessor (all
 // resident: a cooperative launch) walks a fixed schedule of weight stages (16 rows × 512 columns
 // of W, bf16) that depends on no data, so it keeps `stages - 1` of them in flight through a ring
 // in shared memory at all times (cp.async; on sm_90 optionally by the bulk copy engine, one copy a
