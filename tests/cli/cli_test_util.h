@@ -1,5 +1,5 @@
-// Test helpers for CLI tests: run the vlac binary (VLAC_BINARY) and capture its output, spawn it
-// in the background, a temporary folder, file helpers. Test-only; never used by src/.
+// Test helpers for CLI tests: run the vlac binary (VLAC_BINARY) and capture its output (both
+// streams together, or apart), spawn it in the background, a temporary folder, file helpers. Test-only; never used by src/.
 #pragma once
 
 #include <fcntl.h>
@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -16,6 +17,8 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+
+#include "temp_dir_util.h"
 
 extern char** environ;
 
@@ -68,28 +71,7 @@ inline pid_t spawn_vlac(const std::vector<std::string>& args) {
   return rc == 0 ? pid : -1;
 }
 
-class TempDir {
- public:
-  explicit TempDir(const std::string& tag = "cli") {
-    std::string t = (std::filesystem::temp_directory_path() / ("vlac-" + tag + "-XXXXXX")).string();
-    char* p = mkdtemp(t.data());
-    if (p == nullptr) ADD_FAILURE() << "mkdtemp failed";
-    path_ = p ? p : "";
-  }
-  ~TempDir() {
-    std::error_code ec;
-    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::string& path() const { return path_; }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-  /// Names in the folder, hidden ones included.
-  std::vector<std::string> entries() const;
-
- private:
-  std::string path_;
-};
+using TempDir = testutil::TempDir;
 
 /// Names in a folder, hidden ones included (empty when it does not exist).
 inline std::vector<std::string> list_dir(const std::string& dir) {
@@ -112,8 +94,27 @@ inline void write_file(const std::string& path, const std::string& bytes) {
   ASSERT_TRUE(f.good()) << path;
 }
 
-inline std::vector<std::string> TempDir::entries() const { return list_dir(path_); }
-
 inline bool exists(const std::string& path) { return ::access(path.c_str(), F_OK) == 0; }
+
+/// What `vlac` printed on each stream, and its exit code (-1 when a signal ended it).
+struct Apart {
+  int rc = -1;
+  std::string out, err;
+};
+
+/// Runs `vlac SHELL_ARGS` through /bin/sh with stdout and stderr captured apart (in a temporary
+/// folder removed on return). SHELL_ARGS is shell text: the caller quotes each argument (sh_quote)
+/// and may add redirections such as `< FILE`.
+inline Apart run_vlac_apart(const std::string& shell_args) {
+  TempDir d("cli-apart");
+  const std::string out = d.file("stdout"), err = d.file("stderr");
+  const std::string cmd = sh_quote(VLAC_BINARY) + " " + shell_args + " >" + sh_quote(out) + " 2>" + sh_quote(err);
+  const int st = std::system(cmd.c_str());
+  Apart r;
+  if (WIFEXITED(st)) r.rc = WEXITSTATUS(st);
+  r.out = read_file(out);
+  r.err = read_file(err);
+  return r;
+}
 
 }  // namespace vlac::clitest

@@ -12,42 +12,21 @@
 #include <sstream>
 #include <string>
 
+#include "cli/cli_test_util.h"
+
 namespace {
 
 namespace fs = std::filesystem;
 
-struct CliRun {
-  int code = -1;
-  std::string out, err;
-};
-
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
+// One folder for the file's tests, removed at exit.
 fs::path tmp_dir() {
-  static fs::path d = [] {
-    fs::path p = fs::temp_directory_path() / ("vlac_cli_oom_" + std::to_string(::getpid()));
-    fs::create_directories(p);
-    return p;
-  }();
-  return d;
+  static ::vlac::clitest::TempDir d("cli-oom");
+  return d.path();
 }
 
 // Runs `vlac <args>` through the shell; `args` is already quoted.
-CliRun vlac(const std::string& args) {
-  fs::path out = tmp_dir() / "out.txt", err = tmp_dir() / "err.txt";
-  std::string cmd = std::string("'") + VLAC_BINARY + "' " + args + " >'" + out.string() + "' 2>'" + err.string() + "'";
-  int st = std::system(cmd.c_str());
-  CliRun r;
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  r.out = slurp(out);
-  r.err = slurp(err);
-  return r;
-}
+using CliRun = ::vlac::clitest::Apart;
+CliRun vlac(const std::string& args) { return ::vlac::clitest::run_vlac_apart(args); }
 
 std::string fixture(const std::string& name) { return std::string(VLAC_SOURCE_DIR) + "/tests/fixtures/oom/" + name; }
 std::string q(const std::string& s) { return "'" + s + "'"; }
@@ -60,7 +39,7 @@ size_t lines(const std::string& s) {
 
 TEST(CliMemOom, HumanReportOfTheGuideMessage) {
   CliRun r = vlac("mem oom --quiet " + q(fixture("guide_80gb.txt")));
-  ASSERT_EQ(r.code, 0) << r.err;
+  ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_EQ(r.err, "");
   for (const char* want : {"PyTorch CUDA out of memory on GPU 0", "79.15 GiB", "812.00 MiB", "reserved by PyTorch",
                            "fragmentation", "1. allocator", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
@@ -70,7 +49,7 @@ TEST(CliMemOom, HumanReportOfTheGuideMessage) {
 
 TEST(CliMemOom, JsonFromStdin) {
   CliRun r = vlac("mem oom --json --quiet - < " + q(fixture("18_keys_values_92_rank_multi_process.txt")));
-  ASSERT_EQ(r.code, 0) << r.err;
+  ASSERT_EQ(r.rc, 0) << r.err;
   auto j = nlohmann::json::parse(r.out, nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << r.out;
   EXPECT_EQ(j["kind"], "cuda");
@@ -96,7 +75,7 @@ TEST(CliMemOom, JsonFromStdin) {
 TEST(CliMemOom, ReportJsonAndSummaryLine) {
   fs::path rep = tmp_dir() / "report.json";
   CliRun r = vlac("mem oom --report-json " + q(rep.string()) + " " + q(fixture("27_comfyui_7440_mps_gib_repeated.txt")));
-  ASSERT_EQ(r.code, 0) << r.err;
+  ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.err.find("peak"), std::string::npos) << r.err;
   EXPECT_TRUE(fs::exists(rep));
   EXPECT_NE(r.out.find("PyTorch MPS out of memory"), std::string::npos);
@@ -122,13 +101,13 @@ TEST(CliMemOom, BadInputExitsTwoWithOneLine) {
   };
   for (const auto& c : cases) {
     CliRun r = vlac("mem oom --quiet " + c.args);
-    EXPECT_EQ(r.code, 2) << c.args << "\n" << r.err;
+    EXPECT_EQ(r.rc, 2) << c.args << "\n" << r.err;
     EXPECT_EQ(lines(r.err), 1u) << c.args << "\n" << r.err;
     EXPECT_NE(r.err.find(c.has), std::string::npos) << c.args << "\n" << r.err;
     EXPECT_EQ(r.out, "") << c.args;
   }
   CliRun flag = vlac("mem oom --no-such-flag " + q(fixture("guide_80gb.txt")));
-  EXPECT_NE(flag.code, 0);
+  EXPECT_NE(flag.rc, 0);
 }
 
 TEST(CliMemOom, EveryFixtureThroughTheBinary) {
@@ -137,7 +116,7 @@ TEST(CliMemOom, EveryFixtureThroughTheBinary) {
     if (e.path().extension() != ".txt") continue;
     ++n;
     CliRun r = vlac("mem oom --json --quiet " + q(e.path().string()));
-    ASSERT_EQ(r.code, 0) << e.path() << r.err;
+    ASSERT_EQ(r.rc, 0) << e.path() << r.err;
     auto j = nlohmann::json::parse(r.out, nullptr, false);
     ASSERT_FALSE(j.is_discarded()) << e.path();
     EXPECT_FALSE(j["levers"].empty()) << e.path();

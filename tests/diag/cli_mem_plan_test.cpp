@@ -13,43 +13,22 @@
 #include <sstream>
 #include <string>
 
+#include "cli/cli_test_util.h"
 #include "models/pi05_arch.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 
-struct CliRun {
-  int code = -1;
-  std::string out, err;
-};
-
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
+// One folder for the file's tests, removed at exit.
 fs::path tmp_dir() {
-  static fs::path d = [] {
-    fs::path p = fs::temp_directory_path() / ("vlac_cli_plan_" + std::to_string(::getpid()));
-    fs::create_directories(p);
-    return p;
-  }();
-  return d;
+  static ::vlac::clitest::TempDir d("cli-plan");
+  return d.path();
 }
 
-CliRun vlac(const std::string& args) {
-  fs::path out = tmp_dir() / "out.txt", err = tmp_dir() / "err.txt";
-  std::string cmd = std::string("'") + VLAC_BINARY + "' mem plan " + args + " >'" + out.string() + "' 2>'" + err.string() + "'";
-  int st = std::system(cmd.c_str());
-  CliRun r;
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  r.out = slurp(out);
-  r.err = slurp(err);
-  return r;
-}
+// Runs `vlac mem plan <args>` through the shell; `args` is already quoted.
+using CliRun = ::vlac::clitest::Apart;
+CliRun vlac(const std::string& args) { return ::vlac::clitest::run_vlac_apart("mem plan " + args); }
 
 size_t lines(const std::string& s) {
   size_t n = 0;
@@ -65,7 +44,7 @@ fs::path write(const std::string& name, const std::string& text) {
 
 TEST(CliMemPlan, Pi05On24GiBNamesTheLevers) {
   CliRun r = vlac("--policy pi05 --gpu 24GiB --quiet");
-  ASSERT_EQ(r.code, 0) << r.err;
+  ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.out.find("does NOT fit"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("cheapest levers"), std::string::npos);
   EXPECT_NE(r.out.find("[changes the policy]"), std::string::npos);
@@ -78,7 +57,7 @@ TEST(CliMemPlan, Pi05On24GiBNamesTheLevers) {
 TEST(CliMemPlan, JsonHasExactBytesAndEveryPolicyRuns) {
   for (const char* p : {"pi05", "pi0", "smolvla", "act", "groot-n1.7"}) {
     CliRun r = vlac(std::string("--policy ") + p + " --gpu H100 --json --quiet");
-    ASSERT_EQ(r.code, 0) << p << ": " << r.err;
+    ASSERT_EQ(r.rc, 0) << p << ": " << r.err;
     auto j = nlohmann::json::parse(r.out, nullptr, false);
     ASSERT_FALSE(j.is_discarded()) << r.out;
     EXPECT_TRUE(j["total_bytes"].is_number_unsigned()) << p;
@@ -101,7 +80,7 @@ TEST(CliMemPlan, JsonHasExactBytesAndEveryPolicyRuns) {
 TEST(CliMemPlan, FlagsChangeThePlan) {
   auto total = [](const std::string& args) {
     CliRun r = vlac(args + " --json --quiet");
-    EXPECT_EQ(r.code, 0) << args << ": " << r.err;
+    EXPECT_EQ(r.rc, 0) << args << ": " << r.err;
     auto j = nlohmann::json::parse(r.out, nullptr, false);
     return j.is_discarded() ? 0ull : j["total_bytes"].get<uint64_t>();
   };
@@ -124,7 +103,7 @@ TEST(CliMemPlan, ReadsALerobotConfig) {
   c["train_expert_only"] = true;
   fs::path p = write("config.json", c.dump());
   CliRun r = vlac("--policy pi05 --config '" + p.string() + "' --gpu RTX4090 --json --quiet");
-  ASSERT_EQ(r.code, 0) << r.err;
+  ASSERT_EQ(r.rc, 0) << r.err;
   auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["inputs"]["cams"], 2);
   EXPECT_EQ(j["inputs"]["chunk"], 10);
@@ -161,7 +140,7 @@ TEST(CliMemPlan, BadInputIsOneLineAndExitTwo) {
   };
   for (const auto& [args, needle] : cases) {
     CliRun r = vlac(args + " --quiet");
-    EXPECT_EQ(r.code, 2) << args << "\n" << r.err;
+    EXPECT_EQ(r.rc, 2) << args << "\n" << r.err;
     EXPECT_EQ(lines(r.err), 1u) << args << "\n" << r.err;
     EXPECT_NE(r.err.find(needle), std::string::npos) << args << "\n" << r.err;
     EXPECT_TRUE(r.out.empty()) << args;

@@ -11,48 +11,17 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "cli/cli_test_util.h"
+
 namespace vlac {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct CliResult {
-  int code = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-}
-
-fs::path temp_dir() {
-  std::string t = (fs::temp_directory_path() / "vlac-snapshot-cli-XXXXXX").string();
-  return mkdtemp(t.data());
-}
-
-std::string quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
-CliResult run_vlac(const std::string& args) {
-  static fs::path dir = temp_dir();
-  fs::path err = dir / "stderr.txt";
-  std::string cmd = std::string(VLAC_BINARY) + " " + args + " 2>" + quote(err.string());
-  CliResult r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  int st = pclose(p);
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  r.err = slurp(err);
-  return r;
-}
+using clitest::sh_quote;
+std::string slurp(const fs::path& p) { return clitest::read_file(p.string()); }
+using CliResult = clitest::Apart;
+CliResult run_vlac(const std::string& args) { return clitest::run_vlac_apart(args); }
 
 std::string fixture(const std::string& name) { return std::string(VLAC_SOURCE_DIR) + "/tests/fixtures/snapshots/" + name; }
 
@@ -63,8 +32,8 @@ size_t lines(const std::string& s) {
 }
 
 TEST(CliMemSnapshot, TextNamesTheLeak) {
-  CliResult r = run_vlac("mem snapshot --quiet " + quote(fixture("leak.pickle")));
-  ASSERT_EQ(r.code, 0) << r.err;
+  CliResult r = run_vlac("mem snapshot --quiet " + sh_quote(fixture("leak.pickle")));
+  ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.out.find("shape: STAIRCASE"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("leaky_train_step"), std::string::npos);
   EXPECT_NE(r.out.find("fix the leak"), std::string::npos);
@@ -77,8 +46,8 @@ TEST(CliMemSnapshot, JsonHasTheDiagnosis) {
   };
   for (Case c : {Case{"steady.pickle", "flat"}, Case{"activations.pickle", "sawtooth"}, Case{"leak.pickle", "staircase"},
                  Case{"oom.pickle", "sawtooth"}, Case{"noprofile.pickle", "unknown"}}) {
-    CliResult r = run_vlac("mem snapshot --quiet --json " + quote(fixture(c.file)));
-    ASSERT_EQ(r.code, 0) << c.file << ": " << r.err;
+    CliResult r = run_vlac("mem snapshot --quiet --json " + sh_quote(fixture(c.file)));
+    ASSERT_EQ(r.rc, 0) << c.file << ": " << r.err;
     auto j = nlohmann::json::parse(r.out, nullptr, false);
     ASSERT_FALSE(j.is_discarded()) << r.out;
     EXPECT_EQ(j["shape"], c.shape) << c.file;
@@ -96,7 +65,8 @@ TEST(CliMemSnapshot, JsonHasTheDiagnosis) {
 }
 
 TEST(CliMemSnapshot, BadInputIsExitTwoAndOneLine) {
-  fs::path d = temp_dir();
+  clitest::TempDir tmp("snapshot-cli");
+  const fs::path d = tmp.path();
   std::ofstream(d / "text.pickle") << "this is not a pickle\n";
   std::string leak = slurp(fixture("leak.pickle"));
   std::ofstream(d / "cut.pickle", std::ios::binary) << leak.substr(0, leak.size() / 2);
@@ -108,23 +78,23 @@ TEST(CliMemSnapshot, BadInputIsExitTwoAndOneLine) {
     std::string needle;
   };
   std::vector<Case> cases = {
-      {quote((d / "missing.pickle").string()), "no such file"},
-      {quote((d / "text.pickle").string()), "offset"},
-      {quote((d / "cut.pickle").string()), "truncated"},
-      {quote((d / "evil.pickle").string()), "not a PyTorch memory snapshot"},
-      {quote((d / "list.pickle").string()), ""},  // an empty segment list is a valid (empty) snapshot
-      {quote((d / "empty.pickle").string()), "empty input"},
-      {quote(d.string()), "is a folder"},
-      {quote(fixture("leak.pickle")) + " --device 5", "device 5"},
-      {quote(fixture("leak.pickle")) + " --top nope", ""},
+      {sh_quote((d / "missing.pickle").string()), "no such file"},
+      {sh_quote((d / "text.pickle").string()), "offset"},
+      {sh_quote((d / "cut.pickle").string()), "truncated"},
+      {sh_quote((d / "evil.pickle").string()), "not a PyTorch memory snapshot"},
+      {sh_quote((d / "list.pickle").string()), ""},  // an empty segment list is a valid (empty) snapshot
+      {sh_quote((d / "empty.pickle").string()), "empty input"},
+      {sh_quote(d.string()), "is a folder"},
+      {sh_quote(fixture("leak.pickle")) + " --device 5", "device 5"},
+      {sh_quote(fixture("leak.pickle")) + " --top nope", ""},
   };
   for (const Case& c : cases) {
     CliResult r = run_vlac("mem snapshot --quiet " + c.args);
     if (c.args.find("list.pickle") != std::string::npos) {
-      EXPECT_EQ(r.code, 0) << r.err;
+      EXPECT_EQ(r.rc, 0) << r.err;
       continue;
     }
-    EXPECT_EQ(r.code, 2) << c.args << "\n" << r.err;
+    EXPECT_EQ(r.rc, 2) << c.args << "\n" << r.err;
     if (c.args.find("--top nope") != std::string::npos) continue;  // CLI11's own message
     EXPECT_EQ(lines(r.err), 1u) << c.args << "\n" << r.err;
     EXPECT_EQ(r.err.rfind("vlac mem snapshot: error: ", 0), 0u) << r.err;
@@ -134,10 +104,11 @@ TEST(CliMemSnapshot, BadInputIsExitTwoAndOneLine) {
 }
 
 TEST(CliMemSnapshot, HtmlIsSelfContainedAndAtomic) {
-  fs::path d = temp_dir();
+  clitest::TempDir tmp("snapshot-cli");
+  const fs::path d = tmp.path();
   fs::path out = d / "leak.html";
-  CliResult r = run_vlac("mem snapshot --quiet " + quote(fixture("leak.pickle")) + " --html " + quote(out.string()));
-  ASSERT_EQ(r.code, 0) << r.err;
+  CliResult r = run_vlac("mem snapshot --quiet " + sh_quote(fixture("leak.pickle")) + " --html " + sh_quote(out.string()));
+  ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.out.find("html: " + out.string()), std::string::npos);
   std::string html = slurp(out);
   EXPECT_EQ(html.rfind("<!DOCTYPE html>", 0), 0u);
@@ -163,12 +134,13 @@ TEST(CliMemSnapshot, HtmlRendersInHeadlessChromium) {
       if (chromium.empty() && access((std::string(dir) + c).c_str(), X_OK) == 0) chromium = std::string(dir) + c;
   }
   if (chromium.empty()) GTEST_SKIP() << "chromium is not installed (Debian: apt-get install chromium); HTML render not checked";
-  fs::path d = temp_dir();
+  clitest::TempDir tmp("snapshot-cli");
+  const fs::path d = tmp.path();
   fs::path out = d / "oom.html";
-  CliResult r = run_vlac("mem snapshot --quiet " + quote(fixture("oom.pickle")) + " --html " + quote(out.string()));
-  ASSERT_EQ(r.code, 0) << r.err;
-  std::string flags = " --headless --no-sandbox --disable-gpu --user-data-dir=" + quote((d / "profile").string()) + " ";
-  std::string url = quote("file://" + out.string());
+  CliResult r = run_vlac("mem snapshot --quiet " + sh_quote(fixture("oom.pickle")) + " --html " + sh_quote(out.string()));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  std::string flags = " --headless --no-sandbox --disable-gpu --user-data-dir=" + sh_quote((d / "profile").string()) + " ";
+  std::string url = sh_quote("file://" + out.string());
   std::string dom_cmd = "timeout 120 " + chromium + flags + "--dump-dom " + url + " 2>/dev/null";
   std::string dom;
   FILE* p = popen(dom_cmd.c_str(), "r");
@@ -184,7 +156,7 @@ TEST(CliMemSnapshot, HtmlRendersInHeadlessChromium) {
   EXPECT_NE(dom.find("id=\"oom\""), std::string::npos);
   fs::path png = d / "shot.png";
   std::string shot = "timeout 120 " + chromium + flags + "--hide-scrollbars --window-size=1200,900 --screenshot=" +
-                     quote(png.string()) + " " + url + " >/dev/null 2>&1";
+                     sh_quote(png.string()) + " " + url + " >/dev/null 2>&1";
   ASSERT_EQ(std::system(shot.c_str()), 0);
   ASSERT_TRUE(fs::exists(png));
   EXPECT_GT(fs::file_size(png), 10000u);  // a blank page compresses to far less

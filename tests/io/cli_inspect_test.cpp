@@ -1,13 +1,10 @@
 // `vlac inspect` end to end: runs the built CLI (VLAC_BINARY) on small files written here and
 // checks the exit code, the JSON fields (exact bytes) and the one-line error on a bad file.
-#include <sys/wait.h>
-
-#include <fstream>
-#include <sstream>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "cli/cli_test_util.h"
 #include "st_test_util.h"
 
 namespace vlac {
@@ -18,28 +15,9 @@ using testing::good_st;
 using testing::TempDir;
 using testing::write_bytes;
 
-struct CliRun {
-  int rc = -1;
-  std::string out, err;
-};
-
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-CliRun run_vlac(const TempDir& dir, const std::string& args) {
-  std::string out = dir.file("stdout.txt"), err = dir.file("stderr.txt");
-  std::string cmd = std::string("'") + VLAC_BINARY + "' " + args + " >'" + out + "' 2>'" + err + "'";
-  int status = std::system(cmd.c_str());
-  CliRun r;
-  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = slurp(out);
-  r.err = slurp(err);
-  return r;
-}
+// `vlac ARGS` (shell text, quoted by the caller), stdout and stderr apart.
+using CliRun = clitest::Apart;
+CliRun run_vlac(const std::string& args) { return clitest::run_vlac_apart(args); }
 
 TEST(CliInspect, JsonOfSmallFile) {
   TempDir dir;
@@ -47,7 +25,7 @@ TEST(CliInspect, JsonOfSmallFile) {
   const std::string bytes = good_st({{"enc.w", "F32", {2, 3}, 4}, {"enc.b", "BF16", {3}, 2}, {"dec.w", "U8", {0}, 1}},
                                     "{\"format\":\"pt\"}");
   write_bytes(path, bytes);
-  CliRun r = run_vlac(dir, "inspect --json --quiet '" + path + "'");
+  CliRun r = run_vlac("inspect --json --quiet '" + path + "'");
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_EQ(r.err, "");
   json j = json::parse(r.out, nullptr, false);
@@ -83,7 +61,7 @@ TEST(CliInspect, PolicyFolder) {
               "\"shape\":[32]}},\"unrelated\":1}");
   write_bytes(dir.file("policy_preprocessor.json"), "{}");
   write_bytes(dir.file("policy_preprocessor_step_3_normalizer_processor.safetensors"), good_st({}));
-  CliRun r = run_vlac(dir, "inspect --json --quiet '" + dir.path() + "'");
+  CliRun r = run_vlac("inspect --json --quiet '" + dir.path() + "'");
   ASSERT_EQ(r.rc, 0) << r.err;
   json j = json::parse(r.out, nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << r.out;
@@ -103,7 +81,7 @@ TEST(CliInspect, PolicyFolder) {
   EXPECT_EQ(kinds["policy_preprocessor_step_3_normalizer_processor.safetensors"], "stats");
 
   // Human output names the config and the tensors.
-  CliRun h = run_vlac(dir, "inspect '" + dir.path() + "'");
+  CliRun h = run_vlac("inspect '" + dir.path() + "'");
   ASSERT_EQ(h.rc, 0) << h.err;
   EXPECT_NE(h.out.find("config.json declares"), std::string::npos) << h.out;
   EXPECT_NE(h.out.find("model.b.z"), std::string::npos);
@@ -115,7 +93,7 @@ TEST(CliInspect, BadFileIsOneLineExitTwo) {
   TempDir dir;
   std::string path = dir.file("bad.safetensors");
   write_bytes(path, testing::st_bytes("{\"w\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,0]}}"));
-  CliRun r = run_vlac(dir, "inspect --quiet '" + path + "'");
+  CliRun r = run_vlac("inspect --quiet '" + path + "'");
   EXPECT_EQ(r.rc, 2);
   EXPECT_EQ(r.out, "");
   ASSERT_FALSE(r.err.empty());
@@ -123,7 +101,7 @@ TEST(CliInspect, BadFileIsOneLineExitTwo) {
   EXPECT_NE(r.err.find(path), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("tensor 'w'"), std::string::npos) << r.err;
 
-  CliRun m = run_vlac(dir, "inspect --quiet '" + dir.file("missing.safetensors") + "'");
+  CliRun m = run_vlac("inspect --quiet '" + dir.file("missing.safetensors") + "'");
   EXPECT_EQ(m.rc, 2);
   EXPECT_NE(m.err.find("missing.safetensors"), std::string::npos);
 }

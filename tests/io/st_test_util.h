@@ -14,30 +14,14 @@
 
 #include <gtest/gtest.h>
 
+#include "temp_dir_util.h"
+
 namespace vlac::testing {
 
-class TempDir {
+// Made as vlac-io-test-XXXXXX.
+class TempDir : public testutil::TempDir {
  public:
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string tmpl = std::string(base && *base ? base : "/tmp") + "/vlac_io_test_XXXXXX";
-    std::vector<char> buf(tmpl.begin(), tmpl.end());
-    buf.push_back('\0');
-    char* p = mkdtemp(buf.data());
-    if (p == nullptr) ADD_FAILURE() << "mkdtemp failed";
-    path_ = p ? p : "/tmp";
-  }
-  ~TempDir() {
-    std::error_code ec;
-    if (path_ != "/tmp") std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::string& path() const { return path_; }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
+  TempDir() : testutil::TempDir("io-test") {}
 };
 
 inline void write_bytes(const std::string& path, const std::string& bytes) {

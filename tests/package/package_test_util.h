@@ -18,38 +18,15 @@
 #include <gtest/gtest.h>
 
 #include "package/format.h"
+#include "temp_dir_util.h"
 #include "package/manifest.h"
 
 namespace vlac::pkgtest {
 
-class TempDir {
+// Made as vlac-pkg-test-XXXXXX.
+class TempDir : public testutil::TempDir {
  public:
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string tmpl = std::string(base && *base ? base : "/tmp") + "/vlac_pkg_test_XXXXXX";
-    std::vector<char> buf(tmpl.begin(), tmpl.end());
-    buf.push_back('\0');
-    char* p = mkdtemp(buf.data());
-    if (p == nullptr) ADD_FAILURE() << "mkdtemp failed";
-    path_ = p ? p : "/tmp";
-  }
-  ~TempDir() {
-    std::error_code ec;
-    if (path_ != "/tmp") std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::string& path() const { return path_; }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-  /// Names in the folder (including hidden temporaries).
-  std::vector<std::string> entries() const {
-    std::vector<std::string> out;
-    for (const auto& e : std::filesystem::directory_iterator(path_)) out.push_back(e.path().filename().string());
-    return out;
-  }
-
- private:
-  std::string path_;
+  TempDir() : testutil::TempDir("pkg-test") {}
 };
 
 inline void write_file(const std::string& path, const std::string& bytes) {
