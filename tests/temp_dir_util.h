@@ -13,6 +13,14 @@
 
 namespace vlac::testutil {
 
+/// Names in a folder, hidden ones included (empty when it does not exist).
+inline std::vector<std::string> list_dir(const std::string& dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) out.push_back(e.path().filename().string());
+  return out;
+}
+
 class TempDir {
  public:
   /// Made under $TMPDIR (else /tmp) as vlac-TAG-XXXXXX.
@@ -31,12 +39,7 @@ class TempDir {
   const std::string& path() const { return path_; }
   std::string file(const std::string& name) const { return path_ + "/" + name; }
   /// Names in the folder, hidden ones (a writer's temporaries) included.
-  std::vector<std::string> entries() const {
-    std::vector<std::string> out;
-    std::error_code ec;
-    for (const auto& e : std::filesystem::directory_iterator(path_, ec)) out.push_back(e.path().filename().string());
-    return out;
-  }
+  std::vector<std::string> entries() const { return list_dir(path_); }
 
  private:
   std::string path_;

@@ -1,5 +1,6 @@
 // Test helpers for CLI tests: run the vlac binary (VLAC_BINARY) and capture its output (both
-// streams together, or apart), spawn it in the background, a temporary folder, file helpers. Test-only; never used by src/.
+// streams together, or apart), spawn it in the background, a temporary folder, file helpers.
+// Test-only; never used by src/.
 #pragma once
 
 #include <fcntl.h>
@@ -73,13 +74,7 @@ inline pid_t spawn_vlac(const std::vector<std::string>& args) {
 
 using TempDir = testutil::TempDir;
 
-/// Names in a folder, hidden ones included (empty when it does not exist).
-inline std::vector<std::string> list_dir(const std::string& dir) {
-  std::vector<std::string> out;
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) out.push_back(e.path().filename().string());
-  return out;
-}
+using testutil::list_dir;
 
 inline std::string read_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);

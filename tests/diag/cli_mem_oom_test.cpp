@@ -1,15 +1,11 @@
 // End-to-end tests of `vlac mem oom` through the built binary: human and JSON output, stdin,
 // and exit code 2 with one clear line for every kind of bad input.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
-#include <sstream>
 #include <string>
 
 #include "cli/cli_test_util.h"
@@ -29,7 +25,7 @@ using CliRun = ::vlac::clitest::Apart;
 CliRun vlac(const std::string& args) { return ::vlac::clitest::run_vlac_apart(args); }
 
 std::string fixture(const std::string& name) { return std::string(VLAC_SOURCE_DIR) + "/tests/fixtures/oom/" + name; }
-std::string q(const std::string& s) { return "'" + s + "'"; }
+using ::vlac::clitest::sh_quote;
 
 size_t lines(const std::string& s) {
   size_t n = 0;
@@ -38,7 +34,7 @@ size_t lines(const std::string& s) {
 }
 
 TEST(CliMemOom, HumanReportOfTheGuideMessage) {
-  CliRun r = vlac("mem oom --quiet " + q(fixture("guide_80gb.txt")));
+  CliRun r = vlac("mem oom --quiet " + sh_quote(fixture("guide_80gb.txt")));
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_EQ(r.err, "");
   for (const char* want : {"PyTorch CUDA out of memory on GPU 0", "79.15 GiB", "812.00 MiB", "reserved by PyTorch",
@@ -48,7 +44,7 @@ TEST(CliMemOom, HumanReportOfTheGuideMessage) {
 }
 
 TEST(CliMemOom, JsonFromStdin) {
-  CliRun r = vlac("mem oom --json --quiet - < " + q(fixture("18_keys_values_92_rank_multi_process.txt")));
+  CliRun r = vlac("mem oom --json --quiet - < " + sh_quote(fixture("18_keys_values_92_rank_multi_process.txt")));
   ASSERT_EQ(r.rc, 0) << r.err;
   auto j = nlohmann::json::parse(r.out, nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << r.out;
@@ -74,7 +70,7 @@ TEST(CliMemOom, JsonFromStdin) {
 
 TEST(CliMemOom, ReportJsonAndSummaryLine) {
   fs::path rep = tmp_dir() / "report.json";
-  CliRun r = vlac("mem oom --report-json " + q(rep.string()) + " " + q(fixture("27_comfyui_7440_mps_gib_repeated.txt")));
+  CliRun r = vlac("mem oom --report-json " + sh_quote(rep.string()) + " " + sh_quote(fixture("27_comfyui_7440_mps_gib_repeated.txt")));
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.err.find("peak"), std::string::npos) << r.err;
   EXPECT_TRUE(fs::exists(rep));
@@ -92,12 +88,12 @@ TEST(CliMemOom, BadInputExitsTwoWithOneLine) {
   }
   struct C { std::string args; std::string has; };
   const C cases[] = {
-      {q((d / "empty.log").string()), "no PyTorch out-of-memory message found in " + (d / "empty.log").string()},
-      {q((d / "not_oom.log").string()), "CUDA error: out of memory"},
-      {q((d / "garbage.bin").string()), "no PyTorch out-of-memory message found in"},
-      {"- < " + q((d / "not_oom.log").string()), "no PyTorch out-of-memory message found in stdin"},
-      {q((d / "missing.log").string()), "no such file"},
-      {q(d.string()), "is a directory"},
+      {sh_quote((d / "empty.log").string()), "no PyTorch out-of-memory message found in " + (d / "empty.log").string()},
+      {sh_quote((d / "not_oom.log").string()), "CUDA error: out of memory"},
+      {sh_quote((d / "garbage.bin").string()), "no PyTorch out-of-memory message found in"},
+      {"- < " + sh_quote((d / "not_oom.log").string()), "no PyTorch out-of-memory message found in stdin"},
+      {sh_quote((d / "missing.log").string()), "no such file"},
+      {sh_quote(d.string()), "is a directory"},
   };
   for (const auto& c : cases) {
     CliRun r = vlac("mem oom --quiet " + c.args);
@@ -106,7 +102,7 @@ TEST(CliMemOom, BadInputExitsTwoWithOneLine) {
     EXPECT_NE(r.err.find(c.has), std::string::npos) << c.args << "\n" << r.err;
     EXPECT_EQ(r.out, "") << c.args;
   }
-  CliRun flag = vlac("mem oom --no-such-flag " + q(fixture("guide_80gb.txt")));
+  CliRun flag = vlac("mem oom --no-such-flag " + sh_quote(fixture("guide_80gb.txt")));
   EXPECT_NE(flag.rc, 0);
 }
 
@@ -115,7 +111,7 @@ TEST(CliMemOom, EveryFixtureThroughTheBinary) {
   for (const auto& e : fs::directory_iterator(std::string(VLAC_SOURCE_DIR) + "/tests/fixtures/oom")) {
     if (e.path().extension() != ".txt") continue;
     ++n;
-    CliRun r = vlac("mem oom --json --quiet " + q(e.path().string()));
+    CliRun r = vlac("mem oom --json --quiet " + sh_quote(e.path().string()));
     ASSERT_EQ(r.rc, 0) << e.path() << r.err;
     auto j = nlohmann::json::parse(r.out, nullptr, false);
     ASSERT_FALSE(j.is_discarded()) << e.path();

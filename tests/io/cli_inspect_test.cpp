@@ -25,7 +25,7 @@ TEST(CliInspect, JsonOfSmallFile) {
   const std::string bytes = good_st({{"enc.w", "F32", {2, 3}, 4}, {"enc.b", "BF16", {3}, 2}, {"dec.w", "U8", {0}, 1}},
                                     "{\"format\":\"pt\"}");
   write_bytes(path, bytes);
-  CliRun r = run_vlac("inspect --json --quiet '" + path + "'");
+  CliRun r = run_vlac("inspect --json --quiet " + clitest::sh_quote(path));
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_EQ(r.err, "");
   json j = json::parse(r.out, nullptr, false);
@@ -61,7 +61,7 @@ TEST(CliInspect, PolicyFolder) {
               "\"shape\":[32]}},\"unrelated\":1}");
   write_bytes(dir.file("policy_preprocessor.json"), "{}");
   write_bytes(dir.file("policy_preprocessor_step_3_normalizer_processor.safetensors"), good_st({}));
-  CliRun r = run_vlac("inspect --json --quiet '" + dir.path() + "'");
+  CliRun r = run_vlac("inspect --json --quiet " + clitest::sh_quote(dir.path()));
   ASSERT_EQ(r.rc, 0) << r.err;
   json j = json::parse(r.out, nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << r.out;
@@ -81,7 +81,7 @@ TEST(CliInspect, PolicyFolder) {
   EXPECT_EQ(kinds["policy_preprocessor_step_3_normalizer_processor.safetensors"], "stats");
 
   // Human output names the config and the tensors.
-  CliRun h = run_vlac("inspect '" + dir.path() + "'");
+  CliRun h = run_vlac("inspect " + clitest::sh_quote(dir.path()));
   ASSERT_EQ(h.rc, 0) << h.err;
   EXPECT_NE(h.out.find("config.json declares"), std::string::npos) << h.out;
   EXPECT_NE(h.out.find("model.b.z"), std::string::npos);
@@ -93,7 +93,7 @@ TEST(CliInspect, BadFileIsOneLineExitTwo) {
   TempDir dir;
   std::string path = dir.file("bad.safetensors");
   write_bytes(path, testing::st_bytes("{\"w\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,0]}}"));
-  CliRun r = run_vlac("inspect --quiet '" + path + "'");
+  CliRun r = run_vlac("inspect --quiet " + clitest::sh_quote(path));
   EXPECT_EQ(r.rc, 2);
   EXPECT_EQ(r.out, "");
   ASSERT_FALSE(r.err.empty());
@@ -101,7 +101,7 @@ TEST(CliInspect, BadFileIsOneLineExitTwo) {
   EXPECT_NE(r.err.find(path), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("tensor 'w'"), std::string::npos) << r.err;
 
-  CliRun m = run_vlac("inspect --quiet '" + dir.file("missing.safetensors") + "'");
+  CliRun m = run_vlac("inspect --quiet " + clitest::sh_quote(dir.file("missing.safetensors")));
   EXPECT_EQ(m.rc, 2);
   EXPECT_NE(m.err.find("missing.safetensors"), std::string::npos);
 }

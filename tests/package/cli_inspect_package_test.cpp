@@ -34,14 +34,14 @@ std::string write_demo(const TempDir& dir, const std::string& name) {
 TEST(CliInspectPackage, TextAndJson) {
   TempDir dir;
   std::string p = write_demo(dir, "demo.vlac");
-  CliRun t = run_vlac("inspect --quiet --verify '" + p + "'");
+  CliRun t = run_vlac("inspect --quiet --verify " + clitest::sh_quote(p));
   ASSERT_EQ(t.rc, 0) << t.err;
   for (const char* want : {"engines (run order): 2", "prefix", "expert", "engine/1", "segments: 3", "stats",
                            "crossing values: 1", "state_emb", "prefix -> expert", "normalization: segment 'stats'",
                            "tokenizer: none", "verify: all 3 segment checksums match"})
     EXPECT_NE(t.out.find(want), std::string::npos) << want << "\n" << t.out;
 
-  CliRun j = run_vlac("inspect --quiet --json '" + p + "'");
+  CliRun j = run_vlac("inspect --quiet --json " + clitest::sh_quote(p));
   ASSERT_EQ(j.rc, 0) << j.err;
   json o = json::parse(j.out, nullptr, false);
   ASSERT_FALSE(o.is_discarded()) << j.out;
@@ -61,7 +61,7 @@ TEST(CliInspectPackage, TextAndJson) {
   // Dispatch on the magic too, whatever the file is called.
   std::string renamed = dir.file("demo.bin");
   ASSERT_EQ(std::rename(p.c_str(), renamed.c_str()), 0);
-  CliRun m = run_vlac("inspect --quiet '" + renamed + "'");
+  CliRun m = run_vlac("inspect --quiet " + clitest::sh_quote(renamed));
   EXPECT_EQ(m.rc, 0) << m.err;
   EXPECT_NE(m.out.find("segments: 3"), std::string::npos) << m.out;
 }
@@ -74,12 +74,12 @@ TEST(CliInspectPackage, VerifyFailsWithExit2NamingTheSegment) {
   ASSERT_TRUE(pkg.is_ok());
   b[pkg->find("engine/1")->offset + 1234] ^= 0x40;
   write_file(p, b);
-  CliRun plain = run_vlac("inspect --quiet '" + p + "'");
+  CliRun plain = run_vlac("inspect --quiet " + clitest::sh_quote(p));
   EXPECT_EQ(plain.rc, 0) << "without --verify only the layout is checked";
-  CliRun v = run_vlac("inspect --quiet --verify '" + p + "'");
+  CliRun v = run_vlac("inspect --quiet --verify " + clitest::sh_quote(p));
   EXPECT_EQ(v.rc, 2) << v.err;
   EXPECT_NE(v.err.find(p + ": segment 'engine/1': checksum mismatch"), std::string::npos) << v.err;
-  CliRun vj = run_vlac("inspect --quiet --verify --json '" + p + "'");
+  CliRun vj = run_vlac("inspect --quiet --verify --json " + clitest::sh_quote(p));
   EXPECT_EQ(vj.rc, 2);
   json o = json::parse(vj.out, nullptr, false);
   ASSERT_FALSE(o.is_discarded()) << vj.out;
@@ -87,7 +87,7 @@ TEST(CliInspectPackage, VerifyFailsWithExit2NamingTheSegment) {
 
   // Truncated: rejected at open, exit 2, one line.
   write_file(p, b.substr(0, b.size() - 10));
-  CliRun t = run_vlac("inspect --quiet '" + p + "'");
+  CliRun t = run_vlac("inspect --quiet " + clitest::sh_quote(p));
   EXPECT_EQ(t.rc, 2);
   EXPECT_NE(t.err.find(p + ": truncated"), std::string::npos) << t.err;
 }

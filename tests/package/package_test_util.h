@@ -18,8 +18,8 @@
 #include <gtest/gtest.h>
 
 #include "package/format.h"
-#include "temp_dir_util.h"
 #include "package/manifest.h"
+#include "temp_dir_util.h"
 
 namespace vlac::pkgtest {
 
