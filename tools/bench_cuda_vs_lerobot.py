@@ -484,18 +484,28 @@ def main() -> int:
         result["seconds"]["total"] = now() - t_start
         args.out.write_text(json.dumps(result, indent=2, default=str) + "\n")
 
-    def run(cmd, step, env=None):
+    def run(cmd, step, env=None, stream=False):
+        """Runs one step. Progress, so a run cut off by a time limit shows how far it got (log and
+        JSON): a line when the step starts and when it ends; with stream, also every stderr line of
+        the step as it comes, with the seconds since the step began (a calibrated compile's phases)."""
         t0 = now()
-        p = subprocess.run([str(c) for c in cmd], capture_output=True, text=True,
-                           env={**os.environ, **env} if env else None)
+        print(f"[bench] {step}: started", flush=True)
+        p = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, **env} if env else None)
+        tail = []
+        for line in p.stderr:
+            tail = (tail + [line])[-60:]
+            if stream:
+                print(f"[bench] {step} +{now() - t0:.0f} s: {line.rstrip()}", flush=True)
+        p.wait()
+        err = "".join(tail)
         result["seconds"][step] = now() - t0
-        # Progress, so a run cut off by a time limit shows how far it got (log and JSON).
         print(f"[bench] {step}: {result['seconds'][step]:.1f} s, exit {p.returncode}", flush=True)
         save()
         if p.returncode != 0:
-            result.setdefault("errors", []).append({"step": step, "exit": p.returncode, "stderr": p.stderr[-3000:]})
+            result.setdefault("errors", []).append({"step": step, "exit": p.returncode, "stderr": err[-3000:]})
             save()
-            raise SystemExit(f"{step}: {' '.join(map(str, cmd))} exited {p.returncode}: {p.stderr[-1500:]}")
+            raise SystemExit(f"{step}: {' '.join(map(str, cmd))} exited {p.returncode}: {err[-1500:]}")
         return p
 
     # 1-2. folder and inputs
@@ -599,8 +609,10 @@ def main() -> int:
         if not (work / f"compile-{key}.json").exists():  # one package per dtype and method, whatever the settings
             # fp8-w8a8: the fp8 package compiled with e4m3 activations (same engines, run as W8A8).
             dargs = ["--dtype", "fp8", "--activations", "e4m3"] if dt == "fp8-w8a8" else ["--dtype", dt]
+            # Not --quiet: its log lines stream into the bench log (a calibrated compile runs the
+            # observations in fp32 on the CPU, minutes on a slow host).
             run([vlac, "compile", folder, "-o", xp, "--backend", backend, *dargs, *calib, "--report-json",
-                 work / f"compile-{key}.json", "--quiet"], f"vlac_compile_{key}")
+                 work / f"compile-{key}.json"], f"vlac_compile_{key}", stream=True)
         xc = json.loads((work / f"compile-{key}.json").read_text())
         run([bench, xp, "--obs", obs_path, "--noise", noise_path, "--warmup", args.warmup, "--rounds", args.rounds,
              "--chunks", args.extra_chunks, "--threads", args.threads, "--out", work / f"vlac_bench_{tag}.json",
