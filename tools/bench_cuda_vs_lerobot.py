@@ -47,6 +47,7 @@ Plumbing check on a CPU machine (demo size, CPU package, lerobot on the CPU):
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import json
 import os
@@ -492,9 +493,9 @@ def main() -> int:
         print(f"[bench] {step}: started", flush=True)
         p = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                              env={**os.environ, **env} if env else None)
-        tail = []
+        tail = collections.deque(maxlen=60)  # the last lines, for the error message
         for line in p.stderr:
-            tail = (tail + [line])[-60:]
+            tail.append(line)
             if stream:
                 print(f"[bench] {step} +{now() - t0:.0f} s: {line.rstrip()}", flush=True)
         p.wait()

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <thread>
 #include <vector>
 
 #include "core/quant.h"
@@ -116,22 +115,14 @@ void QuantCalibration::observe(const std::string& weight, const float* x, int64_
   // Threads only where the work pays for starting them (~1 M multiply-adds each).
   const int64_t work = rows * k * s.block;
   const int64_t nt = std::min<int64_t>({threads_, blocks, std::max<int64_t>(1, work >> 20)});
-  if (nt <= 1) {
-    add(0, blocks);
-  } else {
+  // The calibration run calls this between the CPU backend's OpenMP loops and oneDNN's, whose
+  // workers still spin for work: threads of its own would compete with them for the cores
+  // (session 40: 2 threads observed slower than 1), so the same pool takes this loop. Builds
+  // without OpenMP (the clang fuzz build) run it serially: the same ranges, the same bits.
 #if defined(_OPENMP)
-    // The calibration run calls this between the CPU backend's OpenMP loops and oneDNN's, whose
-    // workers still spin for work: threads of its own would compete with them for the cores
-    // (session 40: 2 threads observed slower than 1). The same pool takes this loop instead.
-#pragma omp parallel for schedule(static, 1) num_threads(int(nt))
-    for (int64_t t = 0; t < nt; ++t) add(blocks * t / nt, blocks * (t + 1) / nt);
-#else
-    std::vector<std::thread> pool;
-    for (int64_t t = 1; t < nt; ++t) pool.emplace_back(add, blocks * t / nt, blocks * (t + 1) / nt);
-    add(0, blocks / nt);
-    for (auto& th : pool) th.join();
+#pragma omp parallel for schedule(static, 1) num_threads(int(nt)) if (nt > 1)
 #endif
-  }
+  for (int64_t t = 0; t < nt; ++t) add(blocks * t / nt, blocks * (t + 1) / nt);
   s.rows += uint64_t(rows);
 }
 
